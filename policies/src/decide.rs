@@ -1,0 +1,145 @@
+//! Evaluation of one request against the loaded policy set, failing closed.
+//!
+//! Cedar skips a policy whose condition errors and decides without it. For a `forbid` that
+//! would turn a deny into an allow, so any evaluation error here is a deny, whatever Cedar
+//! decided. Strict validation at load time makes such errors rare; this is the backstop.
+
+use std::fmt;
+
+use cedar_policy::{Context, Entities, Entity, EntityUid, Request, RestrictedExpression};
+
+use crate::load::PolicyEngine;
+use crate::request::AccessRequest;
+use crate::schema::NAMESPACE;
+
+/// The outcome of evaluation. Exhaustive on purpose: a new outcome must break every caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// At least one permit matched and no forbid did.
+    Allow {
+        /// Ids of the permits that determined the decision.
+        policies: Vec<String>,
+    },
+    /// Anything else.
+    Deny {
+        /// Ids of the forbids that determined the decision (empty for a default deny).
+        policies: Vec<String>,
+        /// Why the request was denied.
+        reason: DenyReason,
+    },
+}
+
+impl Decision {
+    /// True for [`Decision::Allow`].
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Decision::Allow { .. })
+    }
+
+    /// The determining policy ids, whatever the outcome.
+    pub fn policies(&self) -> &[String] {
+        match self {
+            Decision::Allow { policies } | Decision::Deny { policies, .. } => policies,
+        }
+    }
+}
+
+/// Why a request was denied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DenyReason {
+    /// No permit matched (Cedar's default deny).
+    NoPermit,
+    /// A forbid matched.
+    Forbidden,
+    /// The request could not be built or a policy errored; fail closed.
+    EvaluationError(String),
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenyReason::NoPermit => f.write_str("no policy permits this request"),
+            DenyReason::Forbidden => f.write_str("a policy forbids this request"),
+            DenyReason::EvaluationError(e) => write!(f, "policy evaluation failed: {e}"),
+        }
+    }
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
+    let ty = format!("{NAMESPACE}::{kind}")
+        .parse()
+        .map_err(|e| format!("entity type {kind}: {e}"))?;
+    Ok(EntityUid::from_type_name_and_id(
+        ty,
+        id.parse().map_err(|e| format!("{e}"))?,
+    ))
+}
+
+impl PolicyEngine {
+    /// Decide one request. Never panics and never allows on error.
+    pub fn decide(&self, req: &AccessRequest) -> Decision {
+        match self.evaluate(req) {
+            Ok(decision) => decision,
+            Err(message) => Decision::Deny {
+                policies: Vec::new(),
+                reason: DenyReason::EvaluationError(message),
+            },
+        }
+    }
+
+    fn evaluate(&self, req: &AccessRequest) -> Result<Decision, String> {
+        let principal = uid("Agent", &req.agent)?;
+        let tenant = uid("Tenant", &req.tenant)?;
+        let resource = uid("Host", &req.host)?;
+        let action = uid("Action", req.action.id())?;
+
+        let context =
+            Context::from_json_value(req.action.context(), Some((self.schema(), &action)))
+                .map_err(|e| format!("context: {e}"))?;
+        let request = Request::new(
+            principal.clone(),
+            action,
+            resource.clone(),
+            context,
+            Some(self.schema()),
+        )
+        .map_err(|e| format!("request: {e}"))?;
+
+        let entities = [
+            Entity::new_no_attrs(principal, [tenant.clone()].into_iter().collect()),
+            Entity::new_no_attrs(tenant, Default::default()),
+            Entity::new(
+                resource,
+                [(
+                    "name".to_owned(),
+                    RestrictedExpression::new_string(req.host.clone()),
+                )]
+                .into_iter()
+                .collect(),
+                Default::default(),
+            )
+            .map_err(|e| format!("host entity: {e}"))?,
+        ];
+        let entities = Entities::from_entities(entities, Some(self.schema()))
+            .map_err(|e| format!("entities: {e}"))?;
+
+        let response = self
+            .authorizer()
+            .is_authorized(&request, self.policy_set(), &entities);
+        let diagnostics = response.diagnostics();
+        if let Some(error) = diagnostics.errors().next() {
+            return Err(error.to_string());
+        }
+        let policies: Vec<String> = diagnostics.reason().map(|id| id.to_string()).collect();
+        Ok(match response.decision() {
+            cedar_policy::Decision::Allow => Decision::Allow { policies },
+            cedar_policy::Decision::Deny if policies.is_empty() => Decision::Deny {
+                policies,
+                reason: DenyReason::NoPermit,
+            },
+            cedar_policy::Decision::Deny => Decision::Deny {
+                policies,
+                reason: DenyReason::Forbidden,
+            },
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! An audit record and the guard that guarantees one is written per request.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::writer::AuditSink;
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+
+/// One decision, as stored (as JSON) in the audit chain. Field order is the serialisation
+/// order, which the chain's hashes depend on: append fields, never reorder.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AuditRecord {
+    /// Milliseconds since the Unix epoch.
+    pub ts_ms: i64,
+    pub request_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// `http`, `connect`, `tunnel`, `tls`, `session` or `policy`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Path only: queries may carry values the agent should not have sent; they stay out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `allow`, `deny`, `error` or `cancel`.
+    pub decision: String,
+    /// The `error` kind of DESIGN §5 for refusals and failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub policies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The address actually dialed, when one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    pub duration_us: u64,
+}
+
+/// Holds the record of one request and writes it exactly once: on `finish`, or on drop if
+/// the request was abandoned (recorded as `cancel`).
+#[derive(Debug)]
+pub struct AuditGuard {
+    record: Option<AuditRecord>,
+    started: Instant,
+    sink: AuditSink,
+    /// Requests are counted where they are recorded, so metrics and audit always agree.
+    metrics: Arc<Metrics>,
+}
+
+impl AuditGuard {
+    /// Start the record of one request.
+    pub fn start(sink: &AuditSink, metrics: &Arc<Metrics>, request_id: &str, kind: &str) -> Self {
+        Self {
+            record: Some(AuditRecord {
+                ts_ms: crate::store::now_ms(),
+                request_id: request_id.to_owned(),
+                kind: kind.to_owned(),
+                ..Default::default()
+            }),
+            started: Instant::now(),
+            sink: sink.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Fill in fields as the phases learn them.
+    pub fn update(&mut self, f: impl FnOnce(&mut AuditRecord)) {
+        if let Some(record) = self.record.as_mut() {
+            f(record);
+        }
+    }
+
+    /// The request was forwarded (or answered) successfully.
+    pub fn allow(mut self, status: u16) {
+        self.write(|r| {
+            r.decision = "allow".into();
+            r.status = Some(status);
+        });
+    }
+
+    /// The request was refused or failed.
+    pub fn refuse(mut self, err: &ProxyError, status: u16) {
+        self.write(|r| {
+            r.decision = err.audit_decision().into();
+            r.error = Some(err.kind().into());
+            r.reason = Some(err.to_string());
+            if r.policies.is_empty() {
+                r.policies = err.policies().to_vec();
+            }
+            r.status = Some(status);
+        });
+    }
+
+    fn write(&mut self, f: impl FnOnce(&mut AuditRecord)) {
+        if let Some(mut record) = self.record.take() {
+            f(&mut record);
+            record.duration_us = self.started.elapsed().as_micros() as u64;
+            self.metrics.count(&record.kind, &record.decision);
+            self.sink.send(record);
+        }
+    }
+}
+
+impl Drop for AuditGuard {
+    fn drop(&mut self) {
+        self.write(|r| {
+            r.decision = "cancel".into();
+            if r.reason.is_none() {
+                r.reason = Some("the request was abandoned before it completed".into());
+            }
+        });
+    }
+}

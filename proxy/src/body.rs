@@ -1,0 +1,32 @@
+//! The one body type the proxy hands around: a boxed stream of `Bytes`, so upstream and
+//! agent bodies stream through without ever being collected.
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
+
+/// Errors carried by body streams.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Body of every request and response the proxy produces or forwards.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// A body made of one buffer (Ostiary's own small responses).
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty body.
+pub fn empty() -> ProxyBody {
+    Empty::new().map_err(|never| match never {}).boxed()
+}
+
+/// Box any streaming body whose error converts into [`BoxError`].
+pub fn stream<B>(body: B) -> ProxyBody
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}

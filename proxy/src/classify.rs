@@ -1,0 +1,231 @@
+//! Phase `classify`: what a request means — its scheme, canonical host, port, path and
+//! query — and whether it may be asked here at all.
+//!
+//! The path is taken exactly as received and forwarded exactly as received, so policy sees
+//! the path the upstream will see (no decoding, no normalisation in between). A request
+//! inside a tunnel must name the tunnel's own host: fronting (CONNECT/SNI to A, `Host` or
+//! `:authority` B) is refused with 421 before policy is consulted.
+
+use std::sync::Arc;
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, Uri};
+
+use crate::egress::address::{split_authority, Host};
+use crate::error::ProxyError;
+use crate::session::Principal;
+
+/// How a request reached the pipeline.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// Absolute-form `http://` on the proxy listener; authenticated per request.
+    Plain,
+    /// Inside an intercepted TLS tunnel; authenticated once at CONNECT.
+    Tunnel(Arc<Tunnel>),
+}
+
+/// An intercepted tunnel: where the agent said it was going, and who opened it.
+#[derive(Debug)]
+pub struct Tunnel {
+    pub host: Host,
+    pub port: u16,
+    pub principal: Arc<Principal>,
+}
+
+/// The destination and shape of one request.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub scheme: &'static str,
+    pub host: Host,
+    pub port: u16,
+    pub method: Method,
+    pub path: String,
+    pub query: String,
+}
+
+impl Target {
+    /// `host:port` for the upstream URI (IPv6 bracketed).
+    pub fn authority(&self) -> String {
+        match &self.host {
+            Host::Ip(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{}", self.port),
+            host => format!("{host}:{}", self.port),
+        }
+    }
+
+    /// The absolute URI the upstream request is sent to.
+    pub fn upstream_uri(&self) -> Result<Uri, ProxyError> {
+        let mut text = format!("{}://{}{}", self.scheme, self.authority(), self.path);
+        if !self.query.is_empty() {
+            text.push('?');
+            text.push_str(&self.query);
+        }
+        text.parse()
+            .map_err(|e| ProxyError::bad_request(format!("request target: {e}")))
+    }
+}
+
+/// Classify a request arriving by `origin`.
+pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError> {
+    check_headers(req.headers())?;
+    let uri = req.uri();
+    let (host, port, scheme) = match origin {
+        Origin::Plain => {
+            match uri.scheme_str() {
+                Some("http") => {}
+                Some("https") => {
+                    return Err(ProxyError::bad_request(
+                        "https:// must be requested through CONNECT",
+                    ))
+                }
+                Some(other) => {
+                    return Err(ProxyError::bad_request(format!(
+                        "unsupported scheme {other}"
+                    )))
+                }
+                None => {
+                    return Err(ProxyError::bad_request(
+                        "this is a forward proxy: send an absolute-form http:// URI or CONNECT",
+                    ))
+                }
+            }
+            let authority = uri
+                .authority()
+                .ok_or_else(|| ProxyError::bad_request("request URI has no host"))?;
+            let (host, port) = parse_authority(authority.as_str())?;
+            (host, port.unwrap_or(80), "http")
+        }
+        Origin::Tunnel(tunnel) => {
+            // h2 carries :authority in the URI; h1 carries Host (or, rarely, absolute-form).
+            let named = match uri.authority() {
+                Some(a) => a.as_str().to_owned(),
+                None => req
+                    .headers()
+                    .get(HOST)
+                    .ok_or_else(|| ProxyError::bad_request("request has no Host"))?
+                    .to_str()
+                    .map_err(|_| ProxyError::bad_request("Host is not ASCII"))?
+                    .to_owned(),
+            };
+            let (host, port) = parse_authority(&named)?;
+            if host != tunnel.host || port.unwrap_or(443) != tunnel.port {
+                return Err(ProxyError::Misdirected {
+                    tunnel: format!("{}:{}", tunnel.host, tunnel.port),
+                    host: named,
+                });
+            }
+            (host, tunnel.port, "https")
+        }
+    };
+    let path = match uri.path() {
+        "" => "/".to_owned(),
+        p if p.starts_with('/') => p.to_owned(),
+        "*" if req.method() == Method::OPTIONS => "*".to_owned(),
+        other => {
+            return Err(ProxyError::bad_request(format!(
+                "request path {other:?} does not start with /"
+            )))
+        }
+    };
+    Ok(Target {
+        scheme,
+        host,
+        port,
+        method: req.method().clone(),
+        path,
+        query: uri.query().unwrap_or("").to_owned(),
+    })
+}
+
+fn parse_authority(text: &str) -> Result<(Host, Option<u16>), ProxyError> {
+    split_authority(text).map_err(|e| ProxyError::bad_request(format!("host {text:?}: {e}")))
+}
+
+/// Header shapes refused on every protocol (the HTTP/1 wire guard refuses more, earlier).
+fn check_headers(headers: &HeaderMap) -> Result<(), ProxyError> {
+    if headers.get_all(CONTENT_LENGTH).iter().count() > 1 {
+        return Err(ProxyError::bad_request("duplicate Content-Length"));
+    }
+    if headers.contains_key(CONTENT_LENGTH) && headers.contains_key(TRANSFER_ENCODING) {
+        return Err(ProxyError::bad_request(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    if let Some((name, _)) = headers.iter().find(|(_, v)| v.to_str().is_err()) {
+        return Err(ProxyError::bad_request(format!(
+            "header {name} is not visible ASCII"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tunnel(host: &str, port: u16) -> Origin {
+        Origin::Tunnel(Arc::new(Tunnel {
+            host: crate::egress::address::normalize_host(host).unwrap(),
+            port,
+            principal: Arc::new(Principal {
+                session_id: "s".into(),
+                agent: "a".into(),
+                tenant: "t".into(),
+                depth: 0,
+                expires_at: i64::MAX,
+            }),
+        }))
+    }
+
+    #[test]
+    fn plain_absolute_form() {
+        let req = Request::get("http://Example.COM./a%2fb?x=1")
+            .body(())
+            .unwrap();
+        let t = target(&Origin::Plain, &req).unwrap();
+        assert_eq!(t.host.to_string(), "example.com");
+        assert_eq!((t.port, t.scheme), (80, "http"));
+        assert_eq!(t.path, "/a%2fb", "the path is passed as received");
+        assert_eq!(t.query, "x=1");
+    }
+
+    #[test]
+    fn origin_form_on_the_proxy_is_refused() {
+        let req = Request::get("/").body(()).unwrap();
+        assert!(matches!(
+            target(&Origin::Plain, &req),
+            Err(ProxyError::BadRequest { .. })
+        ));
+    }
+
+    #[test]
+    fn fronting_is_misdirected() {
+        let req = Request::get("/")
+            .header(HOST, "other.example")
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            target(&tunnel("api.example", 443), &req),
+            Err(ProxyError::Misdirected { .. })
+        ));
+        let ok = Request::get("/")
+            .header(HOST, "API.example")
+            .body(())
+            .unwrap();
+        assert!(target(&tunnel("api.example", 443), &ok).is_ok());
+        let port = Request::get("/")
+            .header(HOST, "api.example:8443")
+            .body(())
+            .unwrap();
+        assert!(target(&tunnel("api.example", 443), &port).is_err());
+    }
+
+    #[test]
+    fn cl_and_te_are_refused() {
+        let req = Request::post("http://a.example/")
+            .header(CONTENT_LENGTH, "1")
+            .header(TRANSFER_ENCODING, "chunked")
+            .body(())
+            .unwrap();
+        assert!(target(&Origin::Plain, &req).is_err());
+    }
+}

@@ -1,0 +1,372 @@
+//! The `ostiary` command line (DESIGN §7). Every command takes `--config` (or
+//! `OSTIARY_CONFIG`); with none, the built-in defaults apply, so `ostiary serve` works on a
+//! fresh machine with no file at all.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use ostiary_sdk::{ControlClient, NewSession, Session};
+
+use crate::audit::verify::{self, Query};
+use crate::config::Config;
+use crate::server::{Options, Ostiary};
+use crate::state::{self, files};
+
+/// Why a command failed; printed as one line by `main`.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Serve(#[from] crate::server::ServeError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Sdk(#[from] ostiary_sdk::SdkError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ostiary",
+    version,
+    about = "The authorization proxy between AI agents and their tools"
+)]
+pub struct Cli {
+    /// Config file (TOML). Without one, the built-in defaults apply.
+    #[arg(long, global = true, env = "OSTIARY_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy and the control API.
+    Serve,
+    /// Sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Run a command inside a new session; the session ends when the command does.
+    Run(RunArgs),
+    /// The interception CA.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// The audit chain.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// Policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Create a session and print shell `export` lines (or JSON with --json).
+    New(SessionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[arg(long)]
+    pub agent: String,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Lifetime, e.g. 30m (default: sessions.default_ttl).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    #[arg(long)]
+    pub max_calls: Option<u64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[arg(long)]
+    pub agent: String,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, required = true, last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCommand {
+    /// Print the CA certificate (PEM) that agents must trust.
+    Export,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Print matching records as JSON lines.
+    Query {
+        #[arg(long)]
+        session: Option<String>,
+        /// allow | deny | error | cancel
+        #[arg(long)]
+        decision: Option<String>,
+        /// Epoch milliseconds, RFC 3339, or a duration back from now (15m).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Recompute the chain; exit 1 if anything was altered, inserted or deleted.
+    Verify,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Parse and strictly validate the policy directory.
+    Validate,
+}
+
+/// Run a parsed command line.
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    match cli.command {
+        Command::Serve => serve(config).await,
+        Command::Session(SessionCommand::New(args)) => session_new(&config, args).await,
+        Command::Run(args) => run_child(&config, args).await,
+        Command::Ca(CaCommand::Export) => {
+            print!("{}", state::read_ca_cert(&config.state.dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit(cmd) => audit(&config, cmd),
+        Command::Policy(PolicyCommand::Validate) => {
+            let engine = crate::server::load_policies(&config)?;
+            println!(
+                "ok: {} policies in {} validate against the schema",
+                engine.len(),
+                config.policy.dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<ExitCode, CliError> {
+    let proxy_addr = config.listen.proxy;
+    let control_addr = config.listen.control;
+    let ostiary = Ostiary::build(config, Options::default())?;
+    let bind = |addr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| CliError::Io {
+                what: format!("binding {addr}"),
+                source,
+            })
+    };
+    let proxy = bind(proxy_addr).await?;
+    let control = bind(control_addr).await?;
+    eprintln!(
+        "ostiary: proxy on http://{}, control API on http://{}",
+        proxy.local_addr().map_err(|source| CliError::Io {
+            what: "proxy listener".into(),
+            source
+        })?,
+        control.local_addr().map_err(|source| CliError::Io {
+            what: "control listener".into(),
+            source
+        })?,
+    );
+    ostiary.serve(proxy, control, shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+fn control_client(config: &Config) -> Result<ControlClient, CliError> {
+    let token = match std::env::var("OSTIARY_ADMIN_TOKEN") {
+        Ok(t) if !t.is_empty() => t,
+        _ => state::read_admin_token(&config.state.dir)?
+            .expose()
+            .to_owned(),
+    };
+    let mut addr = config.listen.control;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    Ok(ControlClient::new(format!("http://{addr}"), token))
+}
+
+/// The CA bundle path given to children: the state directory's copy, absolute.
+fn ca_path(config: &Config, session: &Session) -> Result<PathBuf, CliError> {
+    let path = config.state.dir.join(files::CA_CERT);
+    if !path.exists() {
+        std::fs::write(&path, &session.ca_pem).map_err(|source| CliError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+    }
+    std::path::absolute(&path).map_err(|source| CliError::Io {
+        what: format!("resolving {}", path.display()),
+        source,
+    })
+}
+
+async fn session_new(config: &Config, args: SessionArgs) -> Result<ExitCode, CliError> {
+    let client = control_client(config)?;
+    let session = client
+        .create_session(&NewSession {
+            agent: args.agent,
+            tenant: args.tenant,
+            ttl: args.ttl,
+            max_calls: args.max_calls,
+            max_cost: None,
+        })
+        .await?;
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&session).map_err(|e| CliError::Usage(e.to_string()))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ca = ca_path(config, &session)?;
+    println!(
+        "# Ostiary session {} for agent {}",
+        session.session_id, session.agent
+    );
+    for (name, value) in session.env(&ca) {
+        println!("export {name}={}", shell_quote(&value));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "'\\''"))
+}
+
+async fn run_child(config: &Config, args: RunArgs) -> Result<ExitCode, CliError> {
+    let client = control_client(config)?;
+    let session = client
+        .create_session(&NewSession {
+            agent: args.agent,
+            tenant: args.tenant,
+            ttl: args.ttl,
+            ..Default::default()
+        })
+        .await?;
+    let ca = ca_path(config, &session)?;
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| CliError::Usage("run needs a command after --".into()))?;
+    let status = tokio::process::Command::new(program)
+        .args(rest)
+        .envs(session.env(&ca))
+        .status()
+        .await;
+    // Teardown whatever happened to the child.
+    let teardown = client.delete_session(&session.session_id).await;
+    let status = status.map_err(|source| CliError::Io {
+        what: format!("starting {program}"),
+        source,
+    })?;
+    teardown?;
+    Ok(exit_code_of(status))
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
+        // The shell convention: 128 + signal number.
+        (None, Some(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
+        (None, None) => ExitCode::FAILURE,
+    }
+}
+
+fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
+    let db = config.state.dir.join(files::DATABASE);
+    if !db.exists() {
+        return Err(CliError::Usage(format!(
+            "no audit database at {} (has `ostiary serve` run with this state dir?)",
+            db.display()
+        )));
+    }
+    let conn = crate::store::open_read_only(&db)?;
+    match cmd {
+        AuditCommand::Query {
+            session,
+            decision,
+            since,
+            limit,
+        } => {
+            let since_ms = match since {
+                None => None,
+                Some(text) => Some(crate::control::parse_since(&text).ok_or_else(|| {
+                    CliError::Usage(format!("--since {text:?}: not a time or duration"))
+                })?),
+            };
+            let records = verify::query(
+                &conn,
+                &Query {
+                    session,
+                    decision,
+                    since_ms,
+                    limit,
+                },
+            )?;
+            for r in records {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Verify => {
+            let key = read_audit_key(&config.state.dir)?;
+            let report = verify::verify(&conn, &key, &config.state.dir.join(files::AUDIT_HEAD))?;
+            if report.ok() {
+                println!("ok: {} records, chain intact", report.records);
+                Ok(ExitCode::SUCCESS)
+            } else {
+                println!("FAILED: {} records checked", report.records);
+                for p in &report.problems {
+                    println!("  {p}");
+                }
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    }
+}
+
+fn read_audit_key(dir: &Path) -> Result<Vec<u8>, CliError> {
+    let path = dir.join(files::AUDIT_KEY);
+    std::fs::read_to_string(&path)
+        .map(|k| k.trim().as_bytes().to_vec())
+        .map_err(|source| CliError::Io {
+            what: format!("reading {}", path.display()),
+            source,
+        })
+}

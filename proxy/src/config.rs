@@ -1,0 +1,299 @@
+//! `ostiary.toml`: one serde tree, `deny_unknown_fields` everywhere, every field documented.
+//!
+//! The names are the contract of DESIGN §8: fields may be added, none renamed. Sections
+//! that later capabilities implement (`broker`, `credential`, `approvals`, `tiers`, `checks`)
+//! are parsed and type-checked now so that a config written against the design loads, and
+//! `ostiary serve` says at start-up which of them are not enforced yet.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: Listen,
+    pub state: State,
+    pub policy: Policy,
+    pub egress: Egress,
+    pub sessions: Sessions,
+    pub proxy: ProxyLimits,
+    pub broker: Option<toml::Table>,
+    pub credential: Vec<toml::Table>,
+    pub approvals: Option<toml::Table>,
+    pub tiers: BTreeMap<String, toml::Table>,
+    pub checks: Option<toml::Table>,
+}
+
+/// Where the two listeners bind.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// What agents put in `HTTP_PROXY` / `HTTPS_PROXY`.
+    pub proxy: SocketAddr,
+    /// Sessions, audit, metrics; never reachable through the proxy.
+    pub control: SocketAddr,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            proxy: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            control: SocketAddr::from(([127, 0, 0, 1], 8081)),
+        }
+    }
+}
+
+/// Where Ostiary keeps its own state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct State {
+    /// CA key + cert, admin token, signing key, SQLite database.
+    pub dir: PathBuf,
+    /// `sqlite` (embedded). PostgreSQL arrives with the scale-out work.
+    pub store: String,
+    /// Optional Redis for counters shared by replicas (not used yet).
+    pub redis: Option<String>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from(".ostiary"),
+            store: "sqlite".to_owned(),
+            redis: None,
+        }
+    }
+}
+
+/// Where policies live.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// Directory of `*.cedar` files. When it is the default and does not exist, the copy
+    /// embedded in the binary is used so that `ostiary serve` works from any directory.
+    pub dir: PathBuf,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from(DEFAULT_POLICY_DIR),
+        }
+    }
+}
+
+/// The default policy directory (relative to the working directory).
+pub const DEFAULT_POLICY_DIR: &str = "policies/library";
+
+/// The egress guard.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Egress {
+    /// Ports CONNECT (and plain http) may reach unless a `connect` policy permits more.
+    pub ports: Vec<u16>,
+    /// CIDRs of private/loopback space that may be reached. Never the proxy's own listeners.
+    pub allow_private: Vec<ipnet::IpNet>,
+    /// Static name → IP map, like curl's `--resolve`.
+    pub resolve: BTreeMap<String, IpAddr>,
+    /// Extra roots trusted for upstream TLS (PEM file); empty for none.
+    pub ca_file: PathBuf,
+    /// Hosts relayed without interception, decided as `Action::"connect"`.
+    pub tunnel: Vec<String>,
+}
+
+impl Default for Egress {
+    fn default() -> Self {
+        Self {
+            ports: vec![80, 443],
+            allow_private: Vec::new(),
+            resolve: BTreeMap::new(),
+            ca_file: PathBuf::new(),
+            tunnel: Vec::new(),
+        }
+    }
+}
+
+/// Session defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sessions {
+    /// Lifetime of a session (and its token) when the creator names none.
+    #[serde(deserialize_with = "duration")]
+    pub default_ttl: Duration,
+    /// Longest lifetime a session may be given.
+    #[serde(deserialize_with = "duration")]
+    pub max_ttl: Duration,
+    /// Agent-to-agent spawn depth (enforced with child sessions).
+    pub max_depth: u32,
+    /// Live children per session (enforced with child sessions).
+    pub max_children: u32,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            default_ttl: Duration::from_secs(3600),
+            max_ttl: Duration::from_secs(24 * 3600),
+            max_depth: 3,
+            max_children: 16,
+        }
+    }
+}
+
+/// Connection-level limits of the proxy listener (added by Ostiary; not in DESIGN §8).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyLimits {
+    /// A request head must arrive within this time (slowloris).
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Dialing an upstream gives up after this long (504).
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// Waiting for an upstream's response head gives up after this long (504).
+    #[serde(deserialize_with = "duration")]
+    pub upstream_timeout: Duration,
+    /// An uninspected tunnel with no traffic either way is closed after this long.
+    #[serde(deserialize_with = "duration")]
+    pub tunnel_idle_timeout: Duration,
+    /// A TLS handshake with the agent must finish within this time.
+    #[serde(deserialize_with = "duration")]
+    pub tls_handshake_timeout: Duration,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            connect_timeout: Duration::from_secs(10),
+            upstream_timeout: Duration::from_secs(60),
+            tunnel_idle_timeout: Duration::from_secs(300),
+            tls_handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+impl Config {
+    /// Parse a config from TOML text; `path` is only used in messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Read and parse a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Checks that serde cannot express.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.state.store != "sqlite" {
+            return Err(ConfigError::Invalid(format!(
+                "state.store = {:?}: only \"sqlite\" is supported in this version",
+                self.state.store
+            )));
+        }
+        if self.egress.ports.contains(&0) {
+            return Err(ConfigError::Invalid("egress.ports contains 0".into()));
+        }
+        if self.sessions.default_ttl > self.sessions.max_ttl {
+            return Err(ConfigError::Invalid(
+                "sessions.default_ttl exceeds sessions.max_ttl".into(),
+            ));
+        }
+        if self.proxy.max_header_bytes < 1024 {
+            return Err(ConfigError::Invalid(
+                "proxy.max_header_bytes must be at least 1024".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sections accepted but not enforced by this version, for a start-up warning.
+    pub fn unenforced_sections(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.broker.is_some() {
+            out.push("broker");
+        }
+        if !self.credential.is_empty() {
+            out.push("credential");
+        }
+        if self.approvals.is_some() {
+            out.push("approvals");
+        }
+        if !self.tiers.is_empty() {
+            out.push("tiers");
+        }
+        if self.checks.is_some() {
+            out.push("checks");
+        }
+        if self.state.redis.is_some() {
+            out.push("state.redis");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_the_default() {
+        let c = Config::from_toml("", Path::new("t")).unwrap();
+        assert_eq!(c.listen.proxy, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.listen.control, "127.0.0.1:8081".parse().unwrap());
+        assert_eq!(c.egress.ports, vec![80, 443]);
+        assert_eq!(c.sessions.default_ttl, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e =
+            Config::from_toml("[listen]\nproxi = \"127.0.0.1:1\"\n", Path::new("t")).unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn durations_parse() {
+        let c = Config::from_toml("[sessions]\ndefault_ttl = \"15m\"\n", Path::new("t")).unwrap();
+        assert_eq!(c.sessions.default_ttl, Duration::from_secs(900));
+        assert!(Config::from_toml("[sessions]\ndefault_ttl = \"soon\"\n", Path::new("t")).is_err());
+    }
+}

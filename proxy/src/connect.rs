@@ -1,0 +1,232 @@
+//! `CONNECT`: authenticate, check the destination, then either intercept TLS (every inner
+//! request goes through the pipeline) or relay an uninspected tunnel for `egress.tunnel`
+//! hosts.
+//!
+//! Destinations that may not be reached at all (blocked addresses, ports outside
+//! `egress.ports`) are refused here with 403, before any TLS. The SNI of the agent's
+//! ClientHello must name the CONNECT host: otherwise nothing is minted and the connection is
+//! closed (fronting).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use ostiary_policies::Action;
+use tokio_rustls::LazyConfigAcceptor;
+
+use crate::audit::AuditGuard;
+use crate::body::{self, ProxyBody};
+use crate::classify::{Origin, Tunnel};
+use crate::egress::address::{normalize_host, split_authority, Host};
+use crate::egress::EgressError;
+use crate::error::ProxyError;
+use crate::server::Shared;
+use crate::wire_guard::StrictH1;
+use crate::{authenticate, evaluate, ids, pipeline, respond, tunnel};
+
+/// What an accepted CONNECT turns into.
+enum Plan {
+    Intercept(Arc<Tunnel>),
+    Relay {
+        tunnel: Arc<Tunnel>,
+        addrs: Vec<std::net::SocketAddr>,
+    },
+}
+
+/// Handle one CONNECT request on the proxy listener.
+pub async fn handle(shared: Arc<Shared>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    let request_id = ids::request_id();
+    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "connect");
+    match open(&shared, &req, &mut audit).await {
+        Ok(plan) => {
+            let on_upgrade = hyper::upgrade::on(&mut req);
+            audit.allow(200);
+            tokio::spawn(async move {
+                let upgraded = match on_upgrade.await {
+                    Ok(u) => TokioIo::new(u),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "CONNECT upgrade failed");
+                        return;
+                    }
+                };
+                match plan {
+                    Plan::Intercept(tunnel) => intercept(shared, upgraded, tunnel).await,
+                    Plan::Relay { tunnel, addrs } => {
+                        tunnel::relay(shared, upgraded, tunnel, addrs).await
+                    }
+                }
+            });
+            Response::new(body::empty())
+        }
+        Err(err) => {
+            let response = respond::error(&err, &request_id);
+            audit.refuse(&err, response.status().as_u16());
+            response
+        }
+    }
+}
+
+async fn open(
+    shared: &Shared,
+    req: &Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<Plan, ProxyError> {
+    let principal = authenticate::principal(&shared.sessions, req.headers())?;
+    audit.update(|r| {
+        r.session = Some(principal.session_id.clone());
+        r.agent = Some(principal.agent.clone());
+        r.tenant = Some(principal.tenant.clone());
+        r.method = Some("CONNECT".into());
+    });
+    let authority = req
+        .uri()
+        .authority()
+        .ok_or_else(|| ProxyError::bad_request("CONNECT needs host:port"))?;
+    let (host, port) = split_authority(authority.as_str())
+        .map_err(|e| ProxyError::bad_request(format!("CONNECT target: {e}")))?;
+    let port = port.ok_or_else(|| ProxyError::bad_request("CONNECT target has no port"))?;
+    audit.update(|r| {
+        r.host = Some(host.to_string());
+        r.port = Some(port);
+    });
+
+    let engine = shared.policies.clone();
+    evaluate::port(
+        &engine,
+        &shared.metrics,
+        &shared.config.egress.ports,
+        &principal,
+        &host,
+        port,
+    )?;
+    let addrs = shared
+        .guard
+        .resolve(&host, port)
+        .await
+        .map_err(egress_refusal)?;
+
+    let tunnel = Arc::new(Tunnel {
+        host: host.clone(),
+        port,
+        principal: principal.clone(),
+    });
+    if shared.is_tunnel_host(&host) {
+        // Uninspected: this is the only decision the tunnel gets.
+        audit.update(|r| r.kind = "tunnel".into());
+        let action = Action::Connect {
+            port,
+            sni: host.to_string(),
+        };
+        let policies = evaluate::decide(&engine, &shared.metrics, &principal, &host, action)?;
+        audit.update(|r| r.policies = policies);
+        return Ok(Plan::Relay { tunnel, addrs });
+    }
+    if let Host::Ip(ip) = host {
+        return Err(ProxyError::bad_request(format!(
+            "CONNECT to the address {ip} cannot be intercepted: TLS interception needs a host name"
+        )));
+    }
+    Ok(Plan::Intercept(tunnel))
+}
+
+/// The refusal an egress failure at CONNECT time stands for.
+pub fn egress_refusal(e: EgressError) -> ProxyError {
+    match e {
+        EgressError::Blocked { address, reason } => {
+            ProxyError::DestinationBlocked { address, reason }
+        }
+        EgressError::Timeout { .. } => ProxyError::UpstreamTimeout {
+            reason: e.to_string(),
+        },
+        other => ProxyError::Upstream {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// Terminate the agent's TLS with a leaf for the tunnel's host and serve the inner requests.
+async fn intercept(
+    shared: Arc<Shared>,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    tunnel: Arc<Tunnel>,
+) {
+    let limits = shared.config.proxy.clone();
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => return tls_refused(&shared, &tunnel, format!("reading ClientHello: {e}")),
+        Err(_) => return tls_refused(&shared, &tunnel, "no ClientHello in time".into()),
+    };
+    // The SNI must name the CONNECT host before anything is minted.
+    let sni = start.client_hello().server_name().map(str::to_owned);
+    let name = match sni.as_deref().map(normalize_host) {
+        Some(Ok(Host::Name(name))) if Host::Name(name.clone()) == tunnel.host => name,
+        Some(Ok(other)) => {
+            return tls_refused(
+                &shared,
+                &tunnel,
+                format!("SNI {other} differs from the CONNECT host"),
+            )
+        }
+        Some(Err(e)) => return tls_refused(&shared, &tunnel, format!("SNI is invalid: {e}")),
+        None => return tls_refused(&shared, &tunnel, "ClientHello carries no SNI".into()),
+    };
+    let config = match shared.minter.server_config(&name) {
+        Ok(c) => c,
+        Err(e) => return tls_refused(&shared, &tunnel, format!("minting a leaf: {e}")),
+    };
+    let tls =
+        match tokio::time::timeout(limits.tls_handshake_timeout, start.into_stream(config)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "agent TLS handshake failed"),
+            Err(_) => return tracing::debug!("agent TLS handshake timed out"),
+        };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let origin = Origin::Tunnel(tunnel);
+    let service = service_fn(move |req: Request<Incoming>| {
+        let shared = shared.clone();
+        let origin = origin.clone();
+        async move { Ok::<_, Infallible>(pipeline::handle(shared, origin, req).await) }
+    });
+    let result = if h2 {
+        http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(256)
+            .max_header_list_size(limits.max_header_bytes as u32)
+            .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+            .serve_connection(TokioIo::new(tls), service)
+            .await
+    } else {
+        http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(
+                TokioIo::new(StrictH1::new(tls, limits.max_header_bytes)),
+                service,
+            )
+            .with_upgrades()
+            .await
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// Record a tunnel whose TLS was refused before any leaf was minted.
+fn tls_refused(shared: &Shared, tunnel: &Tunnel, reason: String) {
+    let request_id = ids::request_id();
+    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "tls");
+    audit.update(|r| {
+        r.session = Some(tunnel.principal.session_id.clone());
+        r.agent = Some(tunnel.principal.agent.clone());
+        r.tenant = Some(tunnel.principal.tenant.clone());
+        r.host = Some(tunnel.host.to_string());
+        r.port = Some(tunnel.port);
+    });
+    tracing::info!(request_id, host = %tunnel.host, reason, "TLS interception refused");
+    audit.refuse(&ProxyError::bad_request(reason), 0);
+}

@@ -1,0 +1,269 @@
+//! The control API (DESIGN §6), on its own listener that the egress guard never lets the
+//! proxy reach: sessions, audit, metrics, health.
+//!
+//! Admin calls carry `Authorization: Bearer <admin token>`, compared in constant time.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::AUTHORIZATION;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::verify::{self, Query};
+use crate::body::{full, ProxyBody};
+use crate::ids;
+use crate::respond::json_response;
+use crate::server::Shared;
+use crate::session::{NewSession, SessionError};
+
+/// Largest control request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+/// Serve the control listener until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+    let tracker = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let shared = shared.clone();
+                tracker.spawn(async move {
+                    let service = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(route(shared, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(std::time::Duration::from_secs(10))
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+    tracker.close();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tracker.wait()).await;
+}
+
+struct Reply(StatusCode, serde_json::Value);
+
+fn problem(status: StatusCode, error: &str, message: impl Into<String>) -> Reply {
+    Reply(status, json!({ "error": error, "message": message.into() }))
+}
+
+async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let request_id = ids::request_id();
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["healthz"]) => {
+            return json_response(StatusCode::OK, &json!({"status": "ok"}), &request_id)
+        }
+        (&Method::GET, ["metrics"]) => {
+            let mut response = Response::new(full(shared.metrics.encode()));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            return response;
+        }
+        _ => {}
+    }
+    if !is_admin(&shared, &req) {
+        let Reply(status, mut body) = problem(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "this call needs Authorization: Bearer <admin token>",
+        );
+        body["request_id"] = json!(request_id);
+        return json_response(status, &body, &request_id);
+    }
+    let reply = match (req.method().clone(), segments.as_slice()) {
+        (Method::POST, ["v1", "sessions"]) => create_session(&shared, req).await,
+        (Method::DELETE, ["v1", "sessions", id]) => delete_session(&shared, id).await,
+        (Method::GET, ["v1", "audit"]) => {
+            return audit_lines(&shared, req.uri().query().unwrap_or(""), &request_id).await
+        }
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route {path}"),
+        ),
+    };
+    let Reply(status, mut body) = reply;
+    if status.is_client_error() || status.is_server_error() {
+        body["request_id"] = json!(request_id);
+    }
+    json_response(status, &body, &request_id)
+}
+
+fn is_admin<B>(shared: &Shared, req: &Request<B>) -> bool {
+    let Some(value) = req.headers().get(AUTHORIZATION) else {
+        return false;
+    };
+    let Some(token) = value.as_bytes().strip_prefix(b"Bearer ") else {
+        return false;
+    };
+    bool::from(token.ct_eq(shared.admin_token.expose().as_bytes()))
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Reply> {
+    let bytes: Bytes = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))?
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))
+}
+
+async fn create_session(shared: &Shared, req: Request<Incoming>) -> Reply {
+    let new: NewSession = match read_json(req).await {
+        Ok(n) => n,
+        Err(reply) => return reply,
+    };
+    match shared.sessions.create(new).await {
+        Ok((principal, token)) => {
+            shared.audit_session_event(
+                &principal.session_id,
+                &principal.agent,
+                &principal.tenant,
+                "session created",
+            );
+            Reply(
+                StatusCode::CREATED,
+                json!({
+                    "session_id": principal.session_id,
+                    "agent": principal.agent,
+                    "tenant": principal.tenant,
+                    "token": token,
+                    "expires_at": principal.expires_at,
+                    "proxy_url": shared.proxy_url(&token),
+                    "ca_pem": shared.ca_pem,
+                }),
+            )
+        }
+        Err(SessionError::Invalid(m)) => problem(StatusCode::BAD_REQUEST, "bad_request", m),
+        Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn delete_session(shared: &Shared, id: &str) -> Reply {
+    match shared.sessions.revoke(id).await {
+        Ok(true) => {
+            shared.audit_session_event(id, "", "", "session revoked");
+            Reply(
+                StatusCode::OK,
+                json!({"session_id": id, "status": "revoked"}),
+            )
+        }
+        Ok(false) => problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("session {id} is not active"),
+        ),
+        Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn audit_lines(shared: &Shared, query: &str, request_id: &str) -> Response<ProxyBody> {
+    let mut q = Query::default();
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "session" => q.session = Some(value.into_owned()),
+            "decision" => q.decision = Some(value.into_owned()),
+            "since" => match parse_since(&value) {
+                Some(ms) => q.since_ms = Some(ms),
+                None => {
+                    let Reply(s, b) = problem(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        "since must be milliseconds since the epoch, RFC 3339, or a duration like 15m",
+                    );
+                    return json_response(s, &b, request_id);
+                }
+            },
+            "limit" => q.limit = value.parse().ok(),
+            _ => {}
+        }
+    }
+    shared.audit.flush().await;
+    let db = shared.db_path.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let conn = crate::store::open_read_only(&db)?;
+        verify::query(&conn, &q)
+    })
+    .await;
+    match result {
+        Ok(Ok(records)) => {
+            let mut text = String::new();
+            for r in records {
+                if let Ok(line) = serde_json::to_string(&r) {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            }
+            let mut response = Response::new(full(text));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/x-ndjson"),
+            );
+            response
+        }
+        Ok(Err(e)) => {
+            let Reply(s, b) = problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            );
+            json_response(s, &b, request_id)
+        }
+        Err(e) => {
+            let Reply(s, b) = problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            );
+            json_response(s, &b, request_id)
+        }
+    }
+}
+
+/// `since` as epoch milliseconds, RFC 3339, or a duration back from now (`15m`).
+pub fn parse_since(text: &str) -> Option<i64> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Some(ms);
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return t
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as i64);
+    }
+    humantime::parse_duration(text)
+        .ok()
+        .map(|d| crate::store::now_ms() - d.as_millis() as i64)
+}

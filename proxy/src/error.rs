@@ -1,0 +1,97 @@
+//! The typed refusals and failures of the request path. Each variant is one row of the
+//! response table in DESIGN §5 and carries the reason, so that the response, the audit record
+//! and the log all say the same thing. Mapping to HTTP lives in [`crate::respond`] only.
+
+/// Who is at fault, for logs and metrics (pingora's "which side failed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Agent,
+    Policy,
+    Upstream,
+    Internal,
+}
+
+/// Everything that stops a request from being forwarded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProxyError {
+    #[error("proxy authentication failed: {reason}")]
+    Unauthenticated { reason: String },
+    #[error("malformed request: {reason}")]
+    BadRequest { reason: String },
+    #[error("request header fields too large")]
+    HeadersTooLarge,
+    #[error("request for {host} inside a tunnel to {tunnel}")]
+    Misdirected { tunnel: String, host: String },
+    #[error("denied by policy: {reason}")]
+    Denied {
+        policies: Vec<String>,
+        action: String,
+        resource: String,
+        reason: String,
+    },
+    #[error("destination {address} is blocked: {reason}")]
+    DestinationBlocked { address: String, reason: String },
+    #[error("upstream failed: {reason}")]
+    Upstream { reason: String },
+    #[error("upstream did not answer in time: {reason}")]
+    UpstreamTimeout { reason: String },
+    #[error("internal error: {reason}")]
+    Internal { reason: String },
+}
+
+impl ProxyError {
+    /// The `error` kind of the JSON body (DESIGN §5).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::Unauthenticated { .. } => "unauthenticated",
+            ProxyError::BadRequest { .. } | ProxyError::HeadersTooLarge => "bad_request",
+            ProxyError::Misdirected { .. } => "misdirected_request",
+            ProxyError::Denied { .. } => "denied",
+            ProxyError::DestinationBlocked { .. } => "destination_blocked",
+            ProxyError::Upstream { .. } => "upstream_error",
+            ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
+            ProxyError::Internal { .. } => "internal_error",
+        }
+    }
+
+    /// Which side failed.
+    pub fn side(&self) -> Side {
+        match self {
+            ProxyError::Unauthenticated { .. }
+            | ProxyError::BadRequest { .. }
+            | ProxyError::HeadersTooLarge
+            | ProxyError::Misdirected { .. } => Side::Agent,
+            ProxyError::Denied { .. } | ProxyError::DestinationBlocked { .. } => Side::Policy,
+            ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
+            ProxyError::Internal { .. } => Side::Internal,
+        }
+    }
+
+    /// The audit decision this outcome records: a refusal is a deny, a failure an error.
+    pub fn audit_decision(&self) -> &'static str {
+        match self.side() {
+            Side::Agent | Side::Policy => "deny",
+            Side::Upstream | Side::Internal => "error",
+        }
+    }
+
+    /// Determining policies, when policy decided.
+    pub fn policies(&self) -> &[String] {
+        match self {
+            ProxyError::Denied { policies, .. } => policies,
+            _ => &[],
+        }
+    }
+
+    pub(crate) fn bad_request(reason: impl Into<String>) -> Self {
+        ProxyError::BadRequest {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unauthenticated(reason: impl Into<String>) -> Self {
+        ProxyError::Unauthenticated {
+            reason: reason.into(),
+        }
+    }
+}

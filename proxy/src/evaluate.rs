@@ -1,0 +1,70 @@
+//! Phase `evaluate`: the Cedar decision for a classified request, and the port rule of the
+//! egress guard (a port outside `egress.ports` needs a `connect` permit naming it).
+//!
+//! Fail closed: the policy crate turns every evaluation error into a deny, and this phase
+//! turns every deny into a typed refusal with the determining policies.
+
+use std::time::Instant;
+
+use ostiary_policies::{AccessRequest, Action, Decision, PolicyEngine};
+
+use crate::egress::address::Host;
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use crate::session::Principal;
+
+/// Evaluate one question, timing it.
+pub fn decide(
+    engine: &PolicyEngine,
+    metrics: &Metrics,
+    principal: &Principal,
+    host: &Host,
+    action: Action,
+) -> Result<Vec<String>, ProxyError> {
+    let request = AccessRequest {
+        agent: principal.agent.clone(),
+        tenant: principal.tenant.clone(),
+        host: host.to_string(),
+        action,
+    };
+    let started = Instant::now();
+    let decision = engine.decide(&request);
+    metrics
+        .decision_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match decision {
+        Decision::Allow { policies } => Ok(policies),
+        Decision::Deny { policies, reason } => Err(ProxyError::Denied {
+            policies,
+            action: format!("Ostiary::Action::\"{}\"", request.action.id()),
+            resource: format!("Ostiary::Host::\"{}\"", request.host),
+            reason: reason.to_string(),
+        }),
+    }
+}
+
+/// The port rule: `egress.ports`, or a `connect` permit for this host and port.
+pub fn port(
+    engine: &PolicyEngine,
+    metrics: &Metrics,
+    allowed_ports: &[u16],
+    principal: &Principal,
+    host: &Host,
+    port: u16,
+) -> Result<(), ProxyError> {
+    if allowed_ports.contains(&port) {
+        return Ok(());
+    }
+    let action = Action::Connect {
+        port,
+        sni: host.to_string(),
+    };
+    decide(engine, metrics, principal, host, action)
+        .map(|_| ())
+        .map_err(|denied| ProxyError::DestinationBlocked {
+            address: format!("{host}:{port}"),
+            reason: format!(
+                "port {port} is not in egress.ports and no connect policy permits it ({denied})"
+            ),
+        })
+}

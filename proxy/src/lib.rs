@@ -1,0 +1,47 @@
+//! Ostiary: the authorization proxy between AI agents and everything they reach.
+//!
+//! # Layout
+//! The request path, in the order a request meets it:
+//! - [`accept`] — the proxy listener; strict HTTP/1 framing ([`wire_guard`]), timeouts.
+//! - [`connect`] — `CONNECT`: destination checks, TLS interception with leaves minted by
+//!   [`tls::ca`], or uninspected relays ([`tunnel`]) for `egress.tunnel` hosts.
+//! - [`pipeline`] — the one function listing the phases:
+//!   [`authenticate`] → [`classify`] → [`evaluate`] → [`inject`] → [`forward`], with an
+//!   [`audit`] guard around them.
+//! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
+//! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
+//!
+//! Around it: [`session`] (tokens and live sessions), [`control`] (the control API),
+//! [`metrics`], [`store`] (SQLite), [`state`] (the state directory), [`config`], [`server`]
+//! (assembly), [`cli`] (the `ostiary` command).
+#![forbid(unsafe_code)]
+
+pub mod accept;
+pub mod audit;
+pub mod authenticate;
+pub mod body;
+pub mod classify;
+pub mod cli;
+pub mod config;
+pub mod connect;
+pub mod connector;
+pub mod control;
+pub mod egress;
+pub mod error;
+pub mod evaluate;
+pub mod forward;
+pub mod ids;
+pub mod inject;
+pub mod metrics;
+pub mod pipeline;
+pub mod respond;
+pub mod server;
+pub mod session;
+pub mod state;
+pub mod store;
+pub mod tls;
+pub mod tunnel;
+pub mod wire_guard;
+
+pub use config::Config;
+pub use server::{Options, Ostiary};

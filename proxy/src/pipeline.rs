@@ -1,0 +1,164 @@
+//! The request pipeline: the one function that lists the phases of DESIGN §3 in order.
+//!
+//! ```text
+//! authenticate → classify → evaluate → inject → forward        (audit: a guard around all)
+//! ```
+//! Phases still to come slot in where the comments say (`check` after `evaluate`, `escalate`
+//! after `check`); nothing else in the crate decides the order.
+
+use std::sync::Arc;
+
+use http::header::{CONNECTION, UPGRADE};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use ostiary_policies::Action;
+
+use crate::audit::AuditGuard;
+use crate::body::{self, ProxyBody};
+use crate::classify::{self, Origin};
+use crate::connector::DialedAddr;
+use crate::error::ProxyError;
+use crate::server::Shared;
+use crate::{authenticate, evaluate, ids, inject, respond};
+
+/// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
+/// inside an intercepted tunnel). Always answers; always leaves one audit record.
+pub async fn handle(
+    shared: Arc<Shared>,
+    origin: Origin,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let request_id = ids::request_id();
+    // Outermost, so that every path below — including a dropped future when the agent hangs
+    // up — leaves a record.
+    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
+    match run(&shared, &origin, req, &mut audit).await {
+        Ok(response) => {
+            audit.allow(response.status().as_u16());
+            response
+        }
+        Err(err) => {
+            let response = respond::error(&err, &request_id);
+            tracing::info!(request_id, error = %err, "request refused");
+            audit.refuse(&err, response.status().as_u16());
+            response
+        }
+    }
+}
+
+async fn run(
+    shared: &Shared,
+    origin: &Origin,
+    mut req: Request<Incoming>,
+    audit: &mut AuditGuard,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    // authenticate — first: nothing about an unauthenticated request is examined further. In
+    // a tunnel the token was checked at CONNECT; the session is re-checked on every request
+    // so that teardown cuts off open tunnels too.
+    let principal = match origin {
+        Origin::Plain => authenticate::principal(&shared.sessions, req.headers())?,
+        Origin::Tunnel(tunnel) => {
+            if !shared.sessions.is_live(&tunnel.principal.session_id) {
+                return Err(ProxyError::unauthenticated(
+                    "the session is not active (revoked or expired)",
+                ));
+            }
+            tunnel.principal.clone()
+        }
+    };
+    audit.update(|r| {
+        r.session = Some(principal.session_id.clone());
+        r.agent = Some(principal.agent.clone());
+        r.tenant = Some(principal.tenant.clone());
+    });
+
+    // classify — before policy: fronting (421) and malformed targets never reach Cedar.
+    let target = classify::target(origin, &req)?;
+    audit.update(|r| {
+        r.method = Some(target.method.to_string());
+        r.scheme = Some(target.scheme.into());
+        r.host = Some(target.host.to_string());
+        r.port = Some(target.port);
+        r.path = Some(target.path.clone());
+    });
+
+    // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
+    // The engine is taken once so the whole request is decided under one policy set.
+    let engine = shared.policies.clone();
+    if matches!(origin, Origin::Plain) {
+        evaluate::port(
+            &engine,
+            &shared.metrics,
+            &shared.config.egress.ports,
+            &principal,
+            &target.host,
+            target.port,
+        )?;
+    }
+    let action = Action::Http {
+        method: target.method.to_string(),
+        scheme: target.scheme.into(),
+        port: target.port,
+        path: target.path.clone(),
+        query: target.query.clone(),
+    };
+    let policies = evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
+    audit.update(|r| r.policies = policies);
+
+    // check, escalate — the tier checks and the approval queue arrive with the tool catalog.
+
+    // inject — after the decision, so nothing is prepared for a request that is refused.
+    // The WebSocket handshake is only honoured once authorized.
+    let upgrade = is_websocket(&req);
+    let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let upstream_req = inject::prepare(req.map(body::stream), &target, upgrade)?;
+
+    // forward — the egress guard runs inside the connector, on every dial.
+    let mut response = shared
+        .upstreams
+        .send(upstream_req, upgrade, &shared.metrics)
+        .await?;
+    if let Some(DialedAddr(addr)) = response.extensions().get::<DialedAddr>() {
+        let addr = addr.to_string();
+        audit.update(|r| r.upstream = Some(addr));
+    }
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if let (Some(agent), true) = (agent_upgrade, switching) {
+        splice(agent, hyper::upgrade::on(&mut response));
+    }
+    inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
+    Ok(response.map(body::stream))
+}
+
+/// A WebSocket handshake (HTTP/1.1 `Upgrade`); other upgrades are not passed.
+fn is_websocket<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req
+            .headers()
+            .get(UPGRADE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+        && req
+            .headers()
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Join the agent's and the upstream's upgraded connections once both sides switched.
+fn splice(agent: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        match tokio::try_join!(agent, upstream) {
+            Ok((agent, upstream)) => {
+                let mut agent = TokioIo::new(agent);
+                let mut upstream = TokioIo::new(upstream);
+                if let Err(e) = tokio::io::copy_bidirectional(&mut agent, &mut upstream).await {
+                    tracing::debug!(error = %e, "upgraded connection ended");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
+        }
+    });
+}

@@ -1,0 +1,141 @@
+//! The one place where outcomes become HTTP responses (linkerd's `errors/respond.rs`).
+//!
+//! Every response Ostiary itself produces carries `Ostiary-Request-Id` and a JSON body
+//! `{"error", "message", "request_id", ...details}` as in DESIGN §5. Nothing else in the
+//! crate picks a status code for an error.
+
+use http::header::{HeaderValue, CONTENT_TYPE, PROXY_AUTHENTICATE};
+use http::{Response, StatusCode};
+use serde_json::{json, Map, Value};
+
+use crate::body::{full, ProxyBody};
+use crate::error::ProxyError;
+
+/// Header carrying the request id on every response Ostiary produces.
+pub const REQUEST_ID: &str = "ostiary-request-id";
+
+/// Status and JSON body for a refusal or failure.
+pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
+    let (status, message, details) = describe(err);
+    let mut body = Map::new();
+    body.insert("error".into(), json!(err.kind()));
+    body.insert("message".into(), json!(message));
+    body.insert("request_id".into(), json!(request_id));
+    if let Value::Object(extra) = details {
+        body.extend(extra);
+    }
+    let mut response = json_response(status, &Value::Object(body), request_id);
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        response.headers_mut().insert(
+            PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"ostiary\""),
+        );
+    }
+    response
+}
+
+/// A JSON response of Ostiary's own (control API and errors).
+pub fn json_response(status: StatusCode, body: &Value, request_id: &str) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(id) = HeaderValue::from_str(request_id) {
+        headers.insert(REQUEST_ID, id);
+    }
+    response
+}
+
+fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
+    match err {
+        ProxyError::Unauthenticated { reason } => (
+            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            "A valid Ostiary session token is required in Proxy-Authorization.".into(),
+            json!({ "reason": reason }),
+        ),
+        ProxyError::BadRequest { reason } => (
+            StatusCode::BAD_REQUEST,
+            format!("The request is malformed: {reason}."),
+            json!({ "reason": reason }),
+        ),
+        ProxyError::HeadersTooLarge => (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "The request head is larger than this proxy accepts.".into(),
+            json!({ "reason": "header_too_large" }),
+        ),
+        ProxyError::Misdirected { tunnel, host } => (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!("This tunnel was opened to {tunnel}; a request for {host} must use its own."),
+            json!({ "tunnel": tunnel, "host": host }),
+        ),
+        ProxyError::Denied {
+            policies,
+            action,
+            resource,
+            reason,
+        } => (
+            StatusCode::FORBIDDEN,
+            format!("Denied by policy: {reason}."),
+            json!({ "policies": policies, "action": action, "resource": resource }),
+        ),
+        ProxyError::DestinationBlocked { address, reason } => (
+            StatusCode::FORBIDDEN,
+            format!("The destination {address} may not be reached ({reason})."),
+            json!({ "address": address, "reason": reason }),
+        ),
+        ProxyError::Upstream { reason } => (
+            StatusCode::BAD_GATEWAY,
+            format!("The upstream failed: {reason}."),
+            json!({ "reason": reason }),
+        ),
+        ProxyError::UpstreamTimeout { reason } => (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("The upstream did not answer in time: {reason}."),
+            json!({ "reason": reason }),
+        ),
+        ProxyError::Internal { .. } => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Ostiary failed to handle this request; the audit record has the details.".into(),
+            json!({}),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_json(response: Response<ProxyBody>) -> Value {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn denied_carries_policies_and_request_id() {
+        let err = ProxyError::Denied {
+            policies: vec!["p1".into()],
+            action: "Ostiary::Action::\"http\"".into(),
+            resource: "Ostiary::Host::\"x\"".into(),
+            reason: "a policy forbids this request".into(),
+        };
+        let response = error(&err, "abc");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert_eq!(response.headers()[REQUEST_ID], "abc");
+        let body = body_json(response).await;
+        assert_eq!(body["error"], "denied");
+        assert_eq!(body["request_id"], "abc");
+        assert_eq!(body["policies"], json!(["p1"]));
+    }
+
+    #[tokio::test]
+    async fn unauthenticated_asks_for_basic() {
+        let response = error(&ProxyError::unauthenticated("missing"), "r");
+        assert_eq!(response.status(), StatusCode::PROXY_AUTHENTICATION_REQUIRED);
+        assert_eq!(
+            response.headers()[PROXY_AUTHENTICATE],
+            "Basic realm=\"ostiary\""
+        );
+        assert_eq!(body_json(response).await["reason"], "missing");
+    }
+}

@@ -1,0 +1,248 @@
+//! Assembling a running proxy: state directory, policies, store, sessions, guard, pools,
+//! audit writer — and serving the two listeners until shutdown.
+//!
+//! Servers take bound listeners and a shutdown future (tests bind port 0); nothing here
+//! binds a socket by itself.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use ostiary_policies::{PolicyEngine, PolicySource, EMBEDDED_LIBRARY};
+use tokio::net::TcpListener;
+
+use crate::audit::{AuditGuard, AuditSink, AuditWriter};
+use crate::config::{Config, DEFAULT_POLICY_DIR};
+use crate::egress::address::Host;
+use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
+use crate::forward::Upstreams;
+use crate::metrics::Metrics;
+use crate::session::{SessionRegistry, TokenKeys};
+use crate::state::{files, SecretString, StateDir};
+use crate::tls::ca::LeafMinter;
+use crate::{accept, control, ids, store, tls};
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error("policies: {0}")]
+    Policy(#[from] ostiary_policies::LoadError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
+    #[error(transparent)]
+    Ca(#[from] crate::tls::ca::CaError),
+    #[error(transparent)]
+    UpstreamTls(#[from] crate::tls::upstream::UpstreamTlsError),
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+}
+
+/// Seams for tests: where names are resolved and how sockets are dialed.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub resolver: Arc<dyn Resolve>,
+    pub dialer: Arc<dyn Dial>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            resolver: Arc::new(SystemResolver),
+            dialer: Arc::new(TcpDialer),
+        }
+    }
+}
+
+/// Everything the request path shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: Config,
+    pub policies: Arc<PolicyEngine>,
+    pub sessions: SessionRegistry,
+    pub guard: Arc<Guard>,
+    pub upstreams: Upstreams,
+    pub minter: LeafMinter,
+    pub audit: AuditSink,
+    pub metrics: Arc<Metrics>,
+    pub ca_pem: String,
+    pub admin_token: SecretString,
+    pub db_path: PathBuf,
+    tunnel_hosts: HashSet<Host>,
+    proxy_addr: OnceLock<SocketAddr>,
+}
+
+impl Shared {
+    /// Whether CONNECTs to `host` are relayed uninspected.
+    pub fn is_tunnel_host(&self, host: &Host) -> bool {
+        self.tunnel_hosts.contains(host)
+    }
+
+    /// The proxy URL an agent uses, with its token as the password.
+    pub fn proxy_url(&self, token: &str) -> String {
+        let addr = self
+            .proxy_addr
+            .get()
+            .copied()
+            .unwrap_or(self.config.listen.proxy);
+        format!("http://agent:{token}@{addr}")
+    }
+
+    /// Record a session lifecycle event in the audit chain.
+    pub fn audit_session_event(&self, session: &str, agent: &str, tenant: &str, what: &str) {
+        let request_id = ids::request_id();
+        let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "session");
+        audit.update(|r| {
+            r.session = Some(session.to_owned());
+            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
+            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
+            r.reason = Some(what.to_owned());
+        });
+        audit.allow(0);
+    }
+}
+
+/// A built proxy, ready to serve.
+#[derive(Debug)]
+pub struct Ostiary {
+    shared: Arc<Shared>,
+    writer: AuditWriter,
+}
+
+/// Load the policy directory, or the embedded library when the default directory is absent.
+pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
+    let dir = &config.policy.dir;
+    if dir.as_os_str() == DEFAULT_POLICY_DIR && !dir.exists() {
+        tracing::info!(
+            "policy directory {DEFAULT_POLICY_DIR} not found; using the embedded library"
+        );
+        let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
+            .iter()
+            .map(|(name, text)| PolicySource {
+                name: (*name).to_owned(),
+                text: (*text).to_owned(),
+            })
+            .collect();
+        return Ok(PolicyEngine::from_sources(&sources)?);
+    }
+    Ok(PolicyEngine::load_dir(dir)?)
+}
+
+impl Ostiary {
+    /// Open state, load policies, start the audit writer.
+    pub fn build(config: Config, options: Options) -> Result<Self, ServeError> {
+        for section in config.unenforced_sections() {
+            tracing::warn!(
+                section,
+                "config section accepted but not enforced by this version"
+            );
+        }
+        let state = StateDir::open_or_create(&config.state.dir)?;
+        let policies = Arc::new(load_policies(&config)?);
+        tracing::info!(policies = policies.len(), dir = %config.policy.dir.display(), "policies loaded");
+
+        let db_path = state.path(files::DATABASE);
+        let (writer, audit) = AuditWriter::start(
+            store::open(&db_path)?,
+            state.audit_key.expose().as_bytes().to_vec(),
+            state.path(files::AUDIT_HEAD),
+        )?;
+        let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
+            .map_err(crate::session::SessionError::from)?;
+        let sessions = SessionRegistry::load(
+            keys,
+            store::open(&db_path)?,
+            config.sessions.default_ttl,
+            config.sessions.max_ttl,
+        )?;
+        let guard = Arc::new(Guard::new(
+            options.resolver,
+            options.dialer,
+            config.egress.resolve.clone(),
+            config.egress.allow_private.clone(),
+            config.proxy.connect_timeout,
+        ));
+        let upstream_tls = tls::upstream::client_config(&config.egress.ca_file)?;
+        let upstreams = Upstreams::new(guard.clone(), upstream_tls, config.proxy.upstream_timeout);
+        let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
+        let tunnel_hosts = config
+            .egress
+            .tunnel
+            .iter()
+            .filter_map(|h| match crate::egress::address::normalize_host(h) {
+                Ok(host) => Some(host),
+                Err(e) => {
+                    tracing::error!(host = %h, error = %e, "egress.tunnel entry ignored");
+                    None
+                }
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            policies,
+            sessions,
+            guard,
+            upstreams,
+            minter,
+            audit,
+            metrics: Arc::new(Metrics::default()),
+            ca_pem: state.ca_cert_pem.clone(),
+            admin_token: state.admin_token.clone(),
+            db_path,
+            tunnel_hosts,
+            proxy_addr: OnceLock::new(),
+            config,
+        });
+        Ok(Self { shared, writer })
+    }
+
+    /// The admin token (from the state directory, or `OSTIARY_ADMIN_TOKEN` if the caller
+    /// replaced it in config loading).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Serve both listeners until `shutdown` resolves; then drain and flush the audit chain.
+    pub async fn serve(
+        self,
+        proxy: TcpListener,
+        control: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let proxy_addr = proxy.local_addr()?;
+        let control_addr = control.local_addr()?;
+        let _ = self.shared.proxy_addr.set(proxy_addr);
+        self.shared
+            .guard
+            .set_own_listeners(vec![proxy_addr, control_addr]);
+        tracing::info!(%proxy_addr, %control_addr, "ostiary serving");
+
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let proxy_task = tokio::spawn(accept::serve(
+            proxy,
+            self.shared.clone(),
+            stopped(stop_rx.clone()),
+        ));
+        let control_task = tokio::spawn(control::serve(
+            control,
+            self.shared.clone(),
+            stopped(stop_rx),
+        ));
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        let _ = tokio::join!(proxy_task, control_task);
+        self.shared.audit.flush().await;
+        let Ostiary { shared, writer } = self;
+        drop(shared);
+        // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.
+        tokio::task::spawn_blocking(move || writer.join());
+        Ok(())
+    }
+}

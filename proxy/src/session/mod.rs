@@ -1,0 +1,11 @@
+//! Sessions: who an agent is while it runs, and the token that proves it.
+//!
+//! - [`token`] — signing and verifying session tokens (Ed25519 JWTs, strict validation,
+//!   a cache of verified tokens so a request does not pay a signature check).
+//! - [`registry`] — live sessions (memory, backed by SQLite): creation, lookup, teardown.
+
+pub mod registry;
+pub mod token;
+
+pub use registry::{NewSession, Principal, SessionError, SessionRegistry};
+pub use token::{TokenError, TokenKeys};

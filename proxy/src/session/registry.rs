@@ -1,0 +1,268 @@
+//! Live sessions: created through the control API, looked up on every request, torn down on
+//! `DELETE` or expiry. Memory is the hot path; SQLite makes sessions survive a restart.
+//!
+//! A token is accepted only while its session is live here: a valid signature on a revoked
+//! or expired session is still a 407, so a token replayed after teardown is refused.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use rusqlite::{params, Connection};
+use serde::Deserialize;
+
+use super::token::{Claims, TokenError, TokenKeys, AUDIENCE, ISSUER};
+use crate::store::{now_ms, StoreError};
+
+/// The authenticated caller of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub session_id: String,
+    pub agent: String,
+    pub tenant: String,
+    /// Spawn depth (0 for a session created by an operator).
+    pub depth: u32,
+    /// Seconds since the epoch.
+    pub expires_at: i64,
+}
+
+/// Body of `POST /v1/sessions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSession {
+    pub agent: String,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Lifetime, e.g. `"30m"`; `sessions.default_ttl` when absent.
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// Recorded with the session; enforced by session guardrails (not in this version).
+    #[serde(default)]
+    pub max_calls: Option<u64>,
+    #[serde(default)]
+    pub max_cost: Option<f64>,
+}
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("session {0} is not active (unknown, revoked or expired)")]
+    NotActive(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The registry of live sessions.
+pub struct SessionRegistry {
+    keys: TokenKeys,
+    db: Arc<Mutex<Connection>>,
+    live: RwLock<HashMap<String, Arc<Principal>>>,
+    /// Verified tokens, so that a request does not pay a signature check. Keyed by the token
+    /// itself; an entry never outlives the token's own `exp` (checked on every hit).
+    verified: moka::sync::Cache<String, Arc<Principal>>,
+    default_ttl: Duration,
+    max_ttl: Duration,
+}
+
+impl std::fmt::Debug for SessionRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRegistry")
+            .field("live", &self.live.read().map(|l| l.len()).unwrap_or(0))
+            .finish_non_exhaustive()
+    }
+}
+
+fn valid_name(what: &str, name: &str) -> Result<(), SessionError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-@:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(SessionError::Invalid(format!(
+            "{what} must be 1-128 characters of A-Z a-z 0-9 . _ - @ :"
+        )))
+    }
+}
+
+impl SessionRegistry {
+    /// Load the live sessions from the store.
+    pub fn load(
+        keys: TokenKeys,
+        conn: Connection,
+        default_ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<Self, SessionError> {
+        let now = now_ms() / 1000;
+        let mut live = HashMap::new();
+        {
+            let mut stmt = conn
+                .prepare(
+                    "SELECT id, agent, tenant, depth, expires_at FROM sessions
+                     WHERE revoked_at IS NULL AND expires_at > ?1",
+                )
+                .map_err(StoreError::from)?;
+            let rows = stmt
+                .query_map([now], |row| {
+                    Ok(Principal {
+                        session_id: row.get(0)?,
+                        agent: row.get(1)?,
+                        tenant: row.get(2)?,
+                        depth: row.get(3)?,
+                        expires_at: row.get(4)?,
+                    })
+                })
+                .map_err(StoreError::from)?;
+            for row in rows {
+                let p = row.map_err(StoreError::from)?;
+                live.insert(p.session_id.clone(), Arc::new(p));
+            }
+        }
+        Ok(Self {
+            keys,
+            db: Arc::new(Mutex::new(conn)),
+            live: RwLock::new(live),
+            verified: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(Duration::from_secs(300))
+                .build(),
+            default_ttl,
+            max_ttl,
+        })
+    }
+
+    /// Create a session and sign its token.
+    pub async fn create(&self, new: NewSession) -> Result<(Arc<Principal>, String), SessionError> {
+        valid_name("agent", &new.agent)?;
+        let tenant = new.tenant.unwrap_or_else(|| "default".to_owned());
+        valid_name("tenant", &tenant)?;
+        let ttl = match new.ttl.as_deref() {
+            None => self.default_ttl,
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|e| SessionError::Invalid(format!("ttl {text:?}: {e}")))?,
+        };
+        if ttl.is_zero() || ttl > self.max_ttl {
+            return Err(SessionError::Invalid(format!(
+                "ttl must be between 1s and {} (sessions.max_ttl)",
+                humantime::format_duration(self.max_ttl)
+            )));
+        }
+        let now = now_ms() / 1000;
+        let principal = Arc::new(Principal {
+            session_id: crate::ids::session_id(),
+            agent: new.agent,
+            tenant,
+            depth: 0,
+            expires_at: now + ttl.as_secs() as i64,
+        });
+        let token = self.keys.sign(&Claims {
+            iss: ISSUER.into(),
+            aud: AUDIENCE.into(),
+            sub: principal.agent.clone(),
+            exp: principal.expires_at,
+            nbf: now,
+            iat: now,
+            jti: principal.session_id.clone(),
+            ten: principal.tenant.clone(),
+        })?;
+
+        let db = self.db.clone();
+        let row = principal.clone();
+        let (max_calls, max_cost) = (new.max_calls.map(|c| c as i64), new.max_cost);
+        tokio::task::spawn_blocking(move || {
+            let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
+            conn.execute(
+                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost],
+            )
+            .map_err(StoreError::from)?;
+            Ok::<_, StoreError>(())
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+
+        self.live
+            .write()
+            .map_err(|e| StoreError::Task(e.to_string()))?
+            .insert(principal.session_id.clone(), principal.clone());
+        Ok((principal, token))
+    }
+
+    /// Tear a session down. Returns false when it was not live. Idempotent.
+    pub async fn revoke(&self, session_id: &str) -> Result<bool, SessionError> {
+        let removed = self
+            .live
+            .write()
+            .map_err(|e| StoreError::Task(e.to_string()))?
+            .remove(session_id)
+            .is_some();
+        // Cached verifications of its token are refused by the live check; drop them anyway.
+        let id = session_id.to_owned();
+        self.verified
+            .invalidate_entries_if(move |_, p| p.session_id == id)
+            .map_err(|e| StoreError::Task(e.to_string()))?;
+        let db = self.db.clone();
+        let id = session_id.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
+            conn.execute(
+                "UPDATE sessions SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
+                params![now_ms() / 1000, id],
+            )
+            .map_err(StoreError::from)?;
+            Ok::<_, StoreError>(())
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+        Ok(removed)
+    }
+
+    /// The principal a token stands for, if its signature, claims and session are valid.
+    pub fn authenticate(&self, token: &str) -> Result<Arc<Principal>, SessionError> {
+        let now = now_ms() / 1000;
+        let principal = match self.verified.get(token) {
+            Some(p) => p,
+            None => {
+                let claims = self.keys.verify(token)?;
+                let p = self.lookup(&claims.jti)?;
+                if p.agent != claims.sub || p.tenant != claims.ten {
+                    return Err(SessionError::Invalid(
+                        "token claims do not match the session".into(),
+                    ));
+                }
+                self.verified.insert(token.to_owned(), p.clone());
+                p
+            }
+        };
+        // Checked on every request, cached or not: teardown and expiry take effect at once.
+        if principal.expires_at <= now {
+            return Err(SessionError::NotActive(principal.session_id.clone()));
+        }
+        self.lookup(&principal.session_id)
+    }
+
+    /// Whether a session is still live (for requests inside an already authenticated tunnel).
+    pub fn is_live(&self, session_id: &str) -> bool {
+        let now = now_ms() / 1000;
+        self.live
+            .read()
+            .map(|l| l.get(session_id).is_some_and(|p| p.expires_at > now))
+            .unwrap_or(false)
+    }
+
+    fn lookup(&self, session_id: &str) -> Result<Arc<Principal>, SessionError> {
+        self.live
+            .read()
+            .map_err(|e| StoreError::Task(e.to_string()))?
+            .get(session_id)
+            .cloned()
+            .ok_or_else(|| SessionError::NotActive(session_id.to_owned()))
+    }
+}

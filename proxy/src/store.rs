@@ -1,0 +1,70 @@
+//! The embedded SQLite store: one database file in the state directory holding sessions and
+//! the audit chain. WAL mode so that the CLI can read (`ostiary audit query`) while the
+//! server writes.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+/// Why the store could not be opened or used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("database task failed: {0}")]
+    Task(String),
+}
+
+const MIGRATION: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+    id          TEXT PRIMARY KEY,
+    agent       TEXT NOT NULL,
+    tenant      TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    revoked_at  INTEGER,
+    parent      TEXT,
+    depth       INTEGER NOT NULL DEFAULT 0,
+    max_calls   INTEGER,
+    max_cost    REAL
+);
+CREATE TABLE IF NOT EXISTS audit (
+    seq       INTEGER PRIMARY KEY,
+    ts_ms     INTEGER NOT NULL,
+    session   TEXT,
+    decision  TEXT NOT NULL,
+    record    TEXT NOT NULL,
+    prev      TEXT NOT NULL,
+    hash      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_session ON audit(session);
+CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts_ms);
+";
+
+/// Open (and migrate) the database file.
+pub fn open(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.execute_batch(MIGRATION)?;
+    Ok(conn)
+}
+
+/// Open an existing database read-only (CLI queries), without migrating.
+pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

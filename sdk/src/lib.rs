@@ -1,0 +1,186 @@
+//! Ostiary's Rust SDK: create and tear down sessions through the control API, and build the
+//! environment a child process needs to send all its traffic through the proxy.
+//!
+//! The SDK depends on no other Ostiary crate: it speaks the wire contract of DESIGN §5–§7.
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+
+/// Why a control API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SdkError {
+    #[error("control API at {url}: {message}")]
+    Transport { url: String, message: String },
+    #[error("control API answered {status}: {message}")]
+    Api { status: u16, message: String },
+    #[error("control API answer does not parse: {0}")]
+    Decode(String),
+}
+
+/// What to ask for when creating a session (`POST /v1/sessions`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NewSession {
+    pub agent: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_calls: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+}
+
+/// A created session.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Session {
+    pub session_id: String,
+    pub agent: String,
+    pub tenant: String,
+    pub token: String,
+    /// Seconds since the epoch.
+    pub expires_at: i64,
+    pub proxy_url: String,
+    pub ca_pem: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("session_id", &self.session_id)
+            .field("agent", &self.agent)
+            .field("tenant", &self.tenant)
+            .field("token", &"***")
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Environment variables naming the CA bundle, for the clients that read each (DESIGN §7).
+pub const CA_BUNDLE_VARS: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+impl Session {
+    /// The variables a child process needs: proxy URLs (both cases, as clients differ) with
+    /// the token, and the CA bundle at `ca_path`. `NO_PROXY` is cleared so nothing bypasses.
+    pub fn env(&self, ca_path: &Path) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        for name in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            env.push((name.to_owned(), self.proxy_url.clone()));
+        }
+        env.push(("NO_PROXY".to_owned(), String::new()));
+        env.push(("no_proxy".to_owned(), String::new()));
+        for name in CA_BUNDLE_VARS {
+            env.push((name.to_owned(), ca_path.display().to_string()));
+        }
+        env.push(("OSTIARY_SESSION_ID".to_owned(), self.session_id.clone()));
+        env
+    }
+}
+
+/// Client of the control API.
+#[derive(Debug, Clone)]
+pub struct ControlClient {
+    base: String,
+    admin_token: String,
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+#[derive(Deserialize)]
+struct Problem {
+    #[serde(default)]
+    message: String,
+}
+
+impl ControlClient {
+    /// A client of the control API at `base` (`http://127.0.0.1:8081`).
+    pub fn new(base: impl Into<String>, admin_token: impl Into<String>) -> Self {
+        Self {
+            base: base.into().trim_end_matches('/').to_owned(),
+            admin_token: admin_token.into(),
+            http: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// Create a session.
+    pub async fn create_session(&self, new: &NewSession) -> Result<Session, SdkError> {
+        let body = serde_json::to_vec(new).map_err(|e| SdkError::Decode(e.to_string()))?;
+        let (status, bytes) = self.call(Method::POST, "/v1/sessions", body).await?;
+        if status != StatusCode::CREATED {
+            return Err(api_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))
+    }
+
+    /// Tear a session down. An already ended session is not an error.
+    pub async fn delete_session(&self, session_id: &str) -> Result<(), SdkError> {
+        let path = format!("/v1/sessions/{session_id}");
+        let (status, bytes) = self.call(Method::DELETE, &path, Vec::new()).await?;
+        match status {
+            StatusCode::OK | StatusCode::NOT_FOUND => Ok(()),
+            other => Err(api_error(other, &bytes)),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes), SdkError> {
+        let url = format!("{}{}", self.base, path);
+        let transport = |message: String| SdkError::Transport {
+            url: url.clone(),
+            message,
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("authorization", format!("Bearer {}", self.admin_token))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| transport(e.to_string()))?;
+        let response = self
+            .http
+            .request(req)
+            .await
+            .map_err(|e| transport(format!("{e} (is `ostiary serve` running?)")))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| transport(e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+}
+
+fn api_error(status: StatusCode, bytes: &[u8]) -> SdkError {
+    let message = serde_json::from_slice::<Problem>(bytes)
+        .map(|p| p.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned());
+    SdkError::Api {
+        status: status.as_u16(),
+        message,
+    }
+}

@@ -1,0 +1,178 @@
+//! Real client programs (curl, Python `requests`/`httpx`/`websockets`) run as subprocesses.
+//!
+//! Ostiary's users never call it through our own Rust client: agent runtimes set
+//! `HTTPS_PROXY` and a CA bundle and then use curl, requests, httpx, Go's net/http...
+//! Each of those has its own idea of proxy auth, CONNECT, ALPN and CA loading, so the
+//! end-to-end tests drive the real programs and assert on what they print.
+//!
+//! Every helper is async (a blocking wait would freeze a current-thread test runtime
+//! that is also serving the upstream and the proxy), starts the program with proxy and
+//! CA variables scrubbed from the inherited environment (so the machine's settings cannot
+//! leak into a test; the test passes the ones it means), closes stdin, and kills the
+//! child if it outlives [`CLIENT_TIMEOUT`].
+//!
+//! The Python scripts live in `tests/clients/` and print one JSON line; see
+//! [`client_script`].
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// How long a client may run before it is killed and reported as timed out.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Environment variables removed from every child before the test's own are applied.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "wss_proxy",
+    "ws_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "OSTIARY_HTTP2",
+    "CURL_HOME",
+];
+
+/// What a finished client printed.
+#[derive(Debug, Clone)]
+pub struct CmdOutput {
+    /// Exit code; `-1` when the program was killed by a signal or by the timeout.
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdOutput {
+    pub fn success(&self) -> bool {
+        self.status == 0
+    }
+
+    /// The last non-empty line of stdout parsed as JSON (the Python clients print one
+    /// line; curl with `-w '%{json}'` does too). Panics with the whole output if it is
+    /// not JSON, since the test cannot go on without it.
+    pub fn json(&self) -> serde_json::Value {
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("client output is not JSON ({e}):\n{self}"))
+    }
+}
+
+impl fmt::Display for CmdOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "exit status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `curl -q -sS <args>`: `-q` first so a `~/.curlrc` cannot change the request,
+/// `-sS` so stderr carries errors but no progress meter. Add `-v`, `-w`, `-o` as needed.
+pub async fn curl(args: &[&str], env: &[(&str, &str)]) -> CmdOutput {
+    let mut all = vec!["-q", "-sS"];
+    all.extend_from_slice(args);
+    run("curl", &all, env, CLIENT_TIMEOUT).await
+}
+
+/// Runs `script` (a path, e.g. from [`client_script`]) with [`python_bin`].
+pub async fn python(script: impl AsRef<Path>, args: &[&str], env: &[(&str, &str)]) -> CmdOutput {
+    let script = script.as_ref();
+    assert!(
+        script.is_file(),
+        "python client script {} does not exist",
+        script.display()
+    );
+    let mut all: Vec<&OsStr> = vec![script.as_os_str()];
+    all.extend(args.iter().map(OsStr::new));
+    // Unbuffered so a killed client still shows what it printed; no .pyc in the tree.
+    let mut env = env.to_vec();
+    env.push(("PYTHONUNBUFFERED", "1"));
+    env.push(("PYTHONDONTWRITEBYTECODE", "1"));
+    run(python_bin(), &all, &env, CLIENT_TIMEOUT).await
+}
+
+/// The Python interpreter that has the clients' packages: `$OSTIARY_TEST_PYTHON` (set by
+/// `scripts/test.sh`), else the workspace's `.venv/bin/python`, else `python3` on PATH.
+pub fn python_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("OSTIARY_TEST_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("python3")
+}
+
+/// Path of a client script shipped in `tests/clients/` (e.g. `"py_requests.py"`).
+pub fn client_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("clients")
+        .join(name)
+}
+
+/// Runs any program the same way as the helpers above: scrubbed environment plus `env`,
+/// no stdin, killed after `timeout`. Panics if the program cannot be started at all, with
+/// a message naming it: a missing client is a broken test machine, never a skip.
+pub async fn run<P, A>(program: P, args: &[A], env: &[(&str, &str)], timeout: Duration) -> CmdOutput
+where
+    P: AsRef<OsStr>,
+    A: AsRef<OsStr>,
+{
+    let program = program.as_ref();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for name in SCRUBBED_ENV {
+        cmd.env_remove(name);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start {}: {e} (scripts/test.sh installs the test clients)",
+            program.to_string_lossy()
+        )
+    });
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => CmdOutput {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        },
+        Ok(Err(e)) => panic!("waiting for {}: {e}", program.to_string_lossy()),
+        // The future owned the child; dropping it killed the process (kill_on_drop).
+        Err(_) => CmdOutput {
+            status: -1,
+            stdout: String::new(),
+            stderr: format!(
+                "{} timed out after {timeout:?} and was killed",
+                program.to_string_lossy()
+            ),
+        },
+    }
+}

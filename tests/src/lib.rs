@@ -1,0 +1,8 @@
+//! Ostiary's end-to-end test harness: test upstreams with their own CA ([`upstream`],
+//! [`pki`]), real client programs ([`clients`]), and a proxy started in-process on port 0
+//! ([`proxy`]).
+#![forbid(unsafe_code)]
+
+pub mod clients;
+pub mod pki;
+pub mod upstream;

@@ -1,0 +1,858 @@
+//! A real HTTPS (or plain HTTP) upstream for end-to-end tests, which remembers what it saw.
+//!
+//! Ostiary's promises are about what reaches the upstream: a denied request is *never
+//! forwarded*, a held request is executed *exactly once* after approval, injected
+//! credentials arrive while agent-supplied ones do not, bodies and trailers stream through
+//! intact. Asserting any of that needs a server on the far side that is as real as the
+//! proxy's clients (TLS with ALPN `h2`/`http/1.1`, h2 trailers, WebSocket upgrades,
+//! streaming bodies) and that records every request it receives. [`Upstream`] is that
+//! server: it binds `127.0.0.1:0`, serves a fixed set of routes, and keeps a [`Seen`] per
+//! request in shared memory for the test to inspect.
+//!
+//! Routes (any method unless said otherwise):
+//! - `/echo` — 200 JSON describing the request (method, path, query, version, headers,
+//!   body length and SHA-256), so a test can see exactly what the proxy forwarded;
+//! - `/stream?chunks=N&size=S[&delay_ms=D]` — N chunks of S bytes, D ms apart (default 5),
+//!   produced one by one, to prove the proxy streams instead of buffering;
+//! - `/upload` — consumes the request body as a stream and answers `{"received": n, "sha256"}`;
+//! - `/grpc` — a gRPC-style unary echo: `application/grpc`, the request's length-prefixed
+//!   message(s) echoed, and trailers `grpc-status: 0`, `grpc-message: ok` (h2 only carries them);
+//! - `/ws` — a WebSocket echo over an HTTP/1.1 Upgrade;
+//! - `/status/{code}` — answers with that status;
+//! - anything else — 404.
+//!
+//! The request body is always read to the end before answering (streamed, never held
+//! whole except for `/grpc`), so `Seen::body_len`/`Seen::body_complete` tell whether the
+//! proxy delivered the whole body.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::pki::TestCa;
+
+/// The names an upstream answers to unless the test says otherwise.
+pub const DEFAULT_NAMES: &[&str] = &["api.example.test", "localhost"];
+
+/// The body type of every response the upstream sends.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// One request as the upstream received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Arrival order, unique per server.
+    pub id: u64,
+    pub method: Method,
+    /// Path and query as received, e.g. `/echo?a=1`.
+    pub path: String,
+    /// The full request target as hyper parsed it (absolute for h2 and absolute-form h1).
+    pub uri: String,
+    pub version: Version,
+    /// Header names are lowercase (hyper normalises them).
+    pub headers: HeaderMap,
+    /// Body bytes received so far; final once `body_complete` is true.
+    pub body_len: u64,
+    /// The body reached its end (as opposed to the peer resetting or hanging up mid-body).
+    pub body_complete: bool,
+    /// Trailers that came after the body, if any.
+    pub trailers: Option<HeaderMap>,
+    /// The TLS SNI the client sent, `None` on plain HTTP or when no SNI was sent.
+    pub sni: Option<String>,
+    pub peer: SocketAddr,
+}
+
+impl Seen {
+    /// The first value of header `name` (case-insensitive), if present and valid UTF-8.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The path without its query string.
+    pub fn path_only(&self) -> &str {
+        self.path.split('?').next().unwrap_or_default()
+    }
+}
+
+/// Configures an [`Upstream`] before it starts.
+#[derive(Debug, Clone)]
+pub struct UpstreamBuilder {
+    names: Vec<String>,
+    tls: bool,
+    http2: bool,
+    ca: Option<TestCa>,
+}
+
+impl Default for UpstreamBuilder {
+    fn default() -> Self {
+        Self {
+            names: DEFAULT_NAMES.iter().map(|s| s.to_string()).collect(),
+            tls: true,
+            http2: true,
+            ca: None,
+        }
+    }
+}
+
+impl UpstreamBuilder {
+    /// Names the certificate covers (DNS names or IP addresses); the first one is also
+    /// the host of [`Upstream::url`]. Default: `["api.example.test", "localhost"]`.
+    pub fn names(mut self, names: &[&str]) -> Self {
+        self.names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// HTTPS (default) or plain HTTP (`false`; h1 and h2c with prior knowledge).
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// `false` makes the server speak HTTP/1.1 only and advertise only `http/1.1` in
+    /// ALPN, to test a proxy talking to an upstream that lacks h2.
+    pub fn http2(mut self, http2: bool) -> Self {
+        self.http2 = http2;
+        self
+    }
+
+    /// Issue the server certificate from this CA instead of a fresh one, so several
+    /// upstreams can be trusted through one CA file.
+    pub fn ca(mut self, ca: &TestCa) -> Self {
+        self.ca = Some(ca.clone());
+        self
+    }
+
+    /// Binds `127.0.0.1:0` and starts serving in the background of the current tokio
+    /// runtime. Panics on failure: a test without its upstream cannot say anything.
+    pub async fn start(self) -> Upstream {
+        self.try_start().await.expect("starting the test upstream")
+    }
+
+    /// Like [`UpstreamBuilder::start`], with the error returned.
+    pub async fn try_start(self) -> Result<Upstream> {
+        let (upstream, listener, launch) = self.prepare()?;
+        let listener = TcpListener::from_std(listener).context("registering the listener")?;
+        tokio::spawn(launch.run(listener));
+        Ok(upstream)
+    }
+
+    /// Starts the server on a runtime of its own, in a background thread, for tests that
+    /// block (a synchronous `#[test]`, `std::process::Command`, or a current-thread runtime
+    /// busy with something else). Dropping the [`Upstream`] stops the thread and waits for it.
+    pub fn start_detached(self) -> Upstream {
+        self.try_start_detached()
+            .expect("starting the detached test upstream")
+    }
+
+    /// Like [`UpstreamBuilder::start_detached`], with the error returned.
+    pub fn try_start_detached(self) -> Result<Upstream> {
+        let (mut upstream, listener, launch) = self.prepare()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("building the upstream's runtime")?;
+        let thread = std::thread::Builder::new()
+            .name(format!("test-upstream-{}", upstream.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => launch.run(listener).await,
+                        Err(e) => eprintln!("test upstream: registering the listener: {e}"),
+                    }
+                });
+                // Connection tasks die with the runtime, which is the point of a shutdown.
+                runtime.shutdown_background();
+            })
+            .context("spawning the upstream's thread")?;
+        upstream.thread = Some(thread);
+        Ok(upstream)
+    }
+
+    /// Everything but the runtime: bound listener, certificate, the handle the test keeps.
+    fn prepare(self) -> Result<(Upstream, std::net::TcpListener, Launch)> {
+        anyhow::ensure!(
+            !self.names.is_empty(),
+            "an upstream needs at least one name"
+        );
+        let ca = self.ca.unwrap_or_default();
+        let acceptor = if self.tls {
+            let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+            let alpn: &[&[u8]] = if self.http2 {
+                &[b"h2", b"http/1.1"]
+            } else {
+                &[b"http/1.1"]
+            };
+            Some(tls_acceptor(&ca, &names, alpn)?)
+        } else {
+            None
+        };
+        // Bound here, synchronously, so the port is known and accepting before start returns.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let state = ServerState::default();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let launch = Launch {
+            acceptor,
+            state: state.clone(),
+            options: ServeOptions {
+                http2: self.http2,
+                ..ServeOptions::default()
+            },
+            stop: stop_rx,
+        };
+        let upstream = Upstream {
+            addr,
+            names: self.names,
+            tls: self.tls,
+            ca,
+            state,
+            stop: stop_tx,
+            thread: None,
+        };
+        Ok((upstream, listener, launch))
+    }
+}
+
+/// What the server task needs, ready to run on whichever runtime.
+struct Launch {
+    acceptor: Option<TlsAcceptor>,
+    state: ServerState,
+    options: ServeOptions,
+    stop: watch::Receiver<bool>,
+}
+
+impl Launch {
+    async fn run(self, listener: TcpListener) {
+        let mut stop = self.stop;
+        let shutdown = async move {
+            // A dropped sender means the Upstream is gone, which is also a shutdown.
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        serve(listener, self.acceptor, self.state, self.options, shutdown).await;
+    }
+}
+
+/// A running test upstream; it stops when dropped.
+#[derive(Debug)]
+pub struct Upstream {
+    addr: SocketAddr,
+    names: Vec<String>,
+    tls: bool,
+    ca: TestCa,
+    state: ServerState,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Upstream {
+    pub fn builder() -> UpstreamBuilder {
+        UpstreamBuilder::default()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The names the certificate covers; the first is the one [`Upstream::url`] uses.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The first name, which tests map to 127.0.0.1 (`egress.resolve`, `curl --resolve`).
+    pub fn host(&self) -> &str {
+        &self.names[0]
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// `https://<first name>:<port><path>` (or `http://` without TLS).
+    pub fn url(&self, path: &str) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}:{}{path}", self.host(), self.port())
+    }
+
+    /// `<first name>:<port>:127.0.0.1`, the argument of `curl --resolve`.
+    pub fn resolve_arg(&self) -> String {
+        format!("{}:{}:127.0.0.1", self.host(), self.port())
+    }
+
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
+    }
+
+    /// PEM of the CA that issued this upstream's certificate.
+    pub fn ca_pem(&self) -> String {
+        self.ca.ca_pem()
+    }
+
+    /// Writes the CA PEM into `dir` and returns the file's path.
+    pub fn write_ca(&self, dir: impl AsRef<Path>) -> PathBuf {
+        self.ca.write_ca(dir)
+    }
+
+    /// A snapshot of every request received so far, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.lock().clone()
+    }
+
+    /// The requests whose path (query excluded) is `path`.
+    pub fn seen_path(&self, path: &str) -> Vec<Seen> {
+        self.state
+            .lock()
+            .iter()
+            .filter(|s| s.path_only() == path)
+            .cloned()
+            .collect()
+    }
+
+    /// How many requests for `path` (query excluded) arrived.
+    pub fn count(&self, path: &str) -> usize {
+        self.state
+            .lock()
+            .iter()
+            .filter(|s| s.path_only() == path)
+            .count()
+    }
+
+    /// The shared record itself, for tests that want to clear it between phases.
+    pub fn seen_handle(&self) -> Arc<Mutex<Vec<Seen>>> {
+        self.state.seen.clone()
+    }
+
+    /// TCP connections accepted so far, TLS handshake or not: zero proves that nothing
+    /// (not even a CONNECT that was later denied) reached this server.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `n` requests for `path` arrived, for effects the proxy
+    /// produces asynchronously (an approved request executed in the background).
+    /// Returns whether the count was reached before `timeout`.
+    pub async fn wait_for_count(&self, path: &str, n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.count(path) >= n {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            // Joined so the port is closed once drop returns; the thread needs nothing
+            // from the caller's runtime, so this cannot deadlock.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What a server shares with its test: the request record and a connection count.
+#[derive(Debug, Clone, Default)]
+pub struct ServerState {
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub connections: Arc<AtomicUsize>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl ServerState {
+    fn lock(&self) -> MutexGuard<'_, Vec<Seen>> {
+        // A panicking test thread must not hide what the server saw from the others.
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, req: &Request<Incoming>, peer: SocketAddr, sni: Option<&str>) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let seen = Seen {
+            id,
+            method: req.method().clone(),
+            path: req
+                .uri()
+                .path_and_query()
+                .map(|pq| pq.as_str().to_owned())
+                .unwrap_or_else(|| "/".to_owned()),
+            uri: req.uri().to_string(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            body_len: 0,
+            body_complete: false,
+            trailers: None,
+            sni: sni.map(str::to_owned),
+            peer,
+        };
+        self.lock().push(seen);
+        id
+    }
+
+    fn update(&self, id: u64, f: impl FnOnce(&mut Seen)) {
+        // Searched by id rather than index because a test may clear the record mid-request.
+        if let Some(seen) = self.lock().iter_mut().rev().find(|s| s.id == id) {
+            f(seen);
+        }
+    }
+}
+
+/// Knobs of [`serve`].
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Serve h2 as well as HTTP/1.1.
+    pub http2: bool,
+    /// Give up on a client that has not finished the TLS handshake by then.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            http2: true,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A rustls acceptor with a certificate from `ca` for `names`, offering `alpn`.
+pub fn tls_acceptor(ca: &TestCa, names: &[&str], alpn: &[&[u8]]) -> Result<TlsAcceptor> {
+    let (chain, key) = ca.issue_rustls(names);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .context("server certificate")?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves the upstream routes on `listener` until `shutdown` completes; then stops
+/// accepting and drops every open connection (WebSockets included).
+///
+/// [`Upstream`] wraps this; it is public for tests that need the server on a listener
+/// of their own (a fixed port, a second replica sharing one `state`).
+pub async fn serve(
+    listener: TcpListener,
+    acceptor: Option<TlsAcceptor>,
+    state: ServerState,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    // Connection tasks outlive the accept loop's borrow of `shutdown`, so they get
+    // their own signal, raised when `shutdown` completes.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Usually EMFILE; back off instead of spinning.
+                    eprintln!("test upstream: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        let conn = Connection {
+            state: state.clone(),
+            options: options.clone(),
+            peer,
+            stop: stop_rx.clone(),
+        };
+        tokio::spawn(conn.run(stream, acceptor.clone()));
+    }
+    let _ = stop_tx.send(true);
+}
+
+#[derive(Clone)]
+struct Connection {
+    state: ServerState,
+    options: ServeOptions,
+    peer: SocketAddr,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream, acceptor: Option<TlsAcceptor>) {
+        let _ = stream.set_nodelay(true);
+        match acceptor {
+            None => self.serve_io(stream, None).await,
+            Some(acceptor) => {
+                let accepted =
+                    tokio::time::timeout(self.options.handshake_timeout, acceptor.accept(stream))
+                        .await;
+                // Handshake failures are expected in tests (a client that distrusts the CA);
+                // the client reports them, so the server stays quiet.
+                if let Ok(Ok(tls)) = accepted {
+                    let sni = tls.get_ref().1.server_name().map(str::to_owned);
+                    self.serve_io(tls, sni).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_io<I>(self, io: I, sni: Option<String>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut stop = self.stop.clone();
+        let sni: Option<Arc<str>> = sni.map(Into::into);
+        let http2 = self.options.http2;
+        let this = Arc::new(self);
+        let service = hyper::service::service_fn(move |req| {
+            let this = this.clone();
+            let sni = sni.clone();
+            async move { Ok::<_, Infallible>(this.handle(req, sni.as_deref()).await) }
+        });
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        if !http2 {
+            builder = builder.http1_only();
+        }
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = stop.wait_for(|stop| *stop) => {}
+        }
+    }
+
+    async fn handle(&self, mut req: Request<Incoming>, sni: Option<&str>) -> Response<Body> {
+        let id = self.state.record(&req, self.peer, sni);
+        let path = req.uri().path().to_owned();
+        if path == "/ws" {
+            // The upgrade must be claimed before the request is consumed.
+            return self.websocket(&mut req, id);
+        }
+        let keep = path == "/grpc";
+        let (parts, body) = req.into_parts();
+        let read = read_body(body, &self.state, id, keep).await;
+        if !read.complete {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "request body did not complete", "received": read.len}),
+            );
+        }
+        match path.as_str() {
+            "/echo" => echo(&parts, sni, &read),
+            "/stream" => stream(parts.uri.query()),
+            "/upload" => json_response(
+                StatusCode::OK,
+                json!({"received": read.len, "sha256": hex(&read.sha256)}),
+            ),
+            "/grpc" => grpc(read.data.unwrap_or_default()),
+            _ => match path.strip_prefix("/status/") {
+                Some(code) => status(code),
+                None => json_response(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "not_found", "path": path}),
+                ),
+            },
+        }
+    }
+
+    fn websocket(&self, req: &mut Request<Incoming>, id: u64) -> Response<Body> {
+        let headers = req.headers();
+        let has_token = |name: HeaderName, token: &str| {
+            headers.get_all(name).iter().any(|v| {
+                v.to_str()
+                    .unwrap_or_default()
+                    .split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case(token))
+            })
+        };
+        let is_upgrade = req.version() == Version::HTTP_11
+            && has_token(hyper::header::CONNECTION, "upgrade")
+            && has_token(hyper::header::UPGRADE, "websocket");
+        let key = headers.get(hyper::header::SEC_WEBSOCKET_KEY).cloned();
+        let (true, Some(key)) = (is_upgrade, key) else {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "expected an HTTP/1.1 WebSocket upgrade"}),
+            );
+        };
+        // An upgrade request carries no body, so its record is complete as it stands.
+        self.state.update(id, |s| s.body_complete = true);
+        let on_upgrade = hyper::upgrade::on(req);
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let mut ws =
+                WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+            loop {
+                let msg = tokio::select! {
+                    msg = ws.next() => msg,
+                    _ = stop.wait_for(|stop| *stop) => break,
+                };
+                match msg {
+                    Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
+                        if ws.send(msg).await.is_err() {
+                            break;
+                        }
+                    }
+                    // tungstenite answers pings and closes by itself while we keep reading.
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                }
+            }
+        });
+        let mut resp = Response::new(empty());
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        h.insert(
+            hyper::header::CONNECTION,
+            HeaderValue::from_static("upgrade"),
+        );
+        h.insert(
+            hyper::header::UPGRADE,
+            HeaderValue::from_static("websocket"),
+        );
+        h.insert(
+            hyper::header::SEC_WEBSOCKET_ACCEPT,
+            HeaderValue::from_str(&derive_accept_key(key.as_bytes()))
+                .expect("base64 is a valid header value"),
+        );
+        resp
+    }
+}
+
+struct BodyRead {
+    len: u64,
+    sha256: [u8; 32],
+    complete: bool,
+    data: Option<Bytes>,
+}
+
+async fn read_body(mut body: Incoming, state: &ServerState, id: u64, keep: bool) -> BodyRead {
+    let mut len = 0u64;
+    let mut hasher = Sha256::new();
+    let mut data = keep.then(Vec::new);
+    let complete = loop {
+        match body.frame().await {
+            None => break true,
+            Some(Err(_)) => break false,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(chunk) => {
+                    len += chunk.len() as u64;
+                    hasher.update(&chunk);
+                    if let Some(data) = data.as_mut() {
+                        data.extend_from_slice(&chunk);
+                    }
+                    // Updated per chunk so a test can observe a partial delivery.
+                    state.update(id, |s| s.body_len = len);
+                }
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        state.update(id, |s| s.trailers = Some(trailers));
+                    }
+                }
+            },
+        }
+    };
+    state.update(id, |s| s.body_complete = complete);
+    BodyRead {
+        len,
+        sha256: hasher.finalize().into(),
+        complete,
+        data: data.map(Bytes::from),
+    }
+}
+
+fn echo(parts: &hyper::http::request::Parts, sni: Option<&str>, read: &BodyRead) -> Response<Body> {
+    let mut headers = Map::new();
+    for name in parts.headers.keys() {
+        let values: Vec<Value> = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect();
+        let value = if values.len() == 1 {
+            values.into_iter().next().unwrap_or_default()
+        } else {
+            Value::Array(values)
+        };
+        headers.insert(name.as_str().to_owned(), value);
+    }
+    let authority = parts.uri.authority().map(|a| a.to_string()).or_else(|| {
+        parts
+            .headers
+            .get(hyper::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    });
+    json_response(
+        StatusCode::OK,
+        json!({
+            "method": parts.method.as_str(),
+            "path": parts.uri.path(),
+            "query": parts.uri.query(),
+            "uri": parts.uri.to_string(),
+            "authority": authority,
+            "version": format!("{:?}", parts.version),
+            "headers": headers,
+            "body_len": read.len,
+            "body_sha256": hex(&read.sha256),
+            "sni": sni,
+        }),
+    )
+}
+
+fn stream(query: Option<&str>) -> Response<Body> {
+    let param = |name: &str, default: u64| -> u64 {
+        query
+            .unwrap_or_default()
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let chunks = param("chunks", 8);
+    let size = param("size", 1024) as usize;
+    let delay = Duration::from_millis(param("delay_ms", 5));
+    // Bounded so a typo in a test cannot exhaust the machine.
+    if chunks > 1_000_000 || size > 16 << 20 || chunks.saturating_mul(size as u64) > 4 << 30 {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "stream too large", "max_chunks": 1_000_000, "max_size": 16 << 20}),
+        );
+    }
+    let frames = futures_util::stream::unfold(0u64, move |i| async move {
+        if i >= chunks {
+            return None;
+        }
+        if i > 0 && !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let byte = b'a' + (i % 26) as u8;
+        let frame = Frame::data(Bytes::from(vec![byte; size]));
+        Some((Ok::<_, Infallible>(frame), i + 1))
+    });
+    let mut resp = Response::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
+}
+
+fn grpc(body: Bytes) -> Response<Body> {
+    let well_framed = grpc_frames_ok(&body);
+    let mut trailers = HeaderMap::new();
+    let (status, message, data) = if well_framed {
+        ("0", "ok", body)
+    } else {
+        ("13", "malformed length-prefixed message", Bytes::new())
+    };
+    trailers.insert("grpc-status", HeaderValue::from_static(status));
+    trailers.insert("grpc-message", HeaderValue::from_static(message));
+    let frames = vec![
+        Ok::<_, Infallible>(Frame::data(data)),
+        Ok(Frame::trailers(trailers)),
+    ];
+    let mut resp = Response::new(BodyExt::boxed_unsync(StreamBody::new(
+        futures_util::stream::iter(frames),
+    )));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    resp
+}
+
+/// Whether `body` is a sequence of whole gRPC messages: 1 flag byte, a 4-byte
+/// big-endian length, then that many bytes.
+fn grpc_frames_ok(mut body: &[u8]) -> bool {
+    while !body.is_empty() {
+        if body.len() < 5 {
+            return false;
+        }
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        let Some(rest) = body[5..].get(len..) else {
+            return false;
+        };
+        body = rest;
+    }
+    true
+}
+
+fn status(code: &str) -> Response<Body> {
+    let Some(status) = code
+        .parse::<u16>()
+        .ok()
+        .filter(|c| *c >= 200)
+        .and_then(|c| StatusCode::from_u16(c).ok())
+    else {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "expected a final status code 200..=999", "got": code}),
+        );
+    };
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        let mut resp = Response::new(empty());
+        *resp.status_mut() = status;
+        return resp;
+    }
+    json_response(status, json!({"status": status.as_u16()}))
+}
+
+fn json_response(status: StatusCode, value: Value) -> Response<Body> {
+    let mut resp = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::from(
+        value.to_string(),
+    ))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn empty() -> Body {
+    BodyExt::boxed_unsync(Full::new(Bytes::new()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
