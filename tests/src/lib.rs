@@ -5,4 +5,5 @@
 
 pub mod clients;
 pub mod pki;
+pub mod proxy;
 pub mod upstream;

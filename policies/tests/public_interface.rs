@@ -1,0 +1,151 @@
+//! The policy crate through its public API only: loading, strict validation, decisions,
+//! and failing closed.
+
+use ostiary_policies::{
+    AccessRequest, Action, Decision, DenyReason, LoadError, PolicyEngine, PolicySource,
+    EMBEDDED_LIBRARY,
+};
+
+fn engine(text: &str) -> Result<PolicyEngine, LoadError> {
+    PolicyEngine::from_sources(&[PolicySource {
+        name: "t.cedar".into(),
+        text: text.into(),
+    }])
+}
+
+fn http(host: &str, method: &str, path: &str) -> AccessRequest {
+    AccessRequest {
+        agent: "demo".into(),
+        tenant: "default".into(),
+        host: host.into(),
+        action: Action::Http {
+            method: method.into(),
+            scheme: "https".into(),
+            port: 443,
+            path: path.into(),
+            query: String::new(),
+        },
+    }
+}
+
+#[test]
+fn default_deny_and_named_permit() {
+    let e = engine(
+        r#"@id("gh") permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.github.com");"#,
+    )
+    .unwrap();
+    assert_eq!(
+        e.decide(&http("api.github.com", "GET", "/")),
+        Decision::Allow {
+            policies: vec!["gh".into()]
+        }
+    );
+    assert_eq!(
+        e.decide(&http("evil.com", "GET", "/")),
+        Decision::Deny {
+            policies: vec![],
+            reason: DenyReason::NoPermit
+        }
+    );
+}
+
+#[test]
+fn forbid_wins_and_is_named() {
+    let e = engine(
+        r#"
+        @id("all") permit (principal, action, resource);
+        @id("no-delete") forbid (principal, action == Ostiary::Action::"http", resource)
+          when { context.method == "DELETE" };
+        "#,
+    )
+    .unwrap();
+    let d = e.decide(&http("x.com", "DELETE", "/"));
+    assert_eq!(
+        d,
+        Decision::Deny {
+            policies: vec!["no-delete".into()],
+            reason: DenyReason::Forbidden
+        }
+    );
+}
+
+#[test]
+fn suffix_rules_anchor_at_a_dot() {
+    let e = engine(
+        r#"@id("sfx") permit (principal, action == Ostiary::Action::"http", resource)
+           when { resource.name like "*.example.com" };"#,
+    )
+    .unwrap();
+    assert!(e.decide(&http("api.example.com", "GET", "/")).is_allow());
+    assert!(!e.decide(&http("evilexample.com", "GET", "/")).is_allow());
+    assert!(!e
+        .decide(&http("example.com.evil.net", "GET", "/"))
+        .is_allow());
+}
+
+#[test]
+fn strict_validation_rejects_unknown_attributes_and_names_the_file() {
+    // A forbid reading an attribute that does not exist would error at evaluation time and
+    // be skipped by Cedar (failing open); strict validation refuses it at load.
+    let err = engine(
+        r#"@id("bad") forbid (principal, action == Ostiary::Action::"http", resource)
+           when { context.tier == "write" };"#,
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, LoadError::Validation(_)), "{text}");
+    assert!(text.contains("t.cedar") && text.contains("bad"), "{text}");
+}
+
+#[test]
+fn parse_errors_carry_file_and_line() {
+    let err = engine("// comment\n\npermit (principal, action, resource) when { ; };").unwrap_err();
+    match err {
+        LoadError::Parse { file, line, .. } => {
+            assert_eq!(file, "t.cedar");
+            assert_eq!(line, 3);
+        }
+        other => panic!("expected a parse error, got {other}"),
+    }
+}
+
+#[test]
+fn duplicate_ids_are_refused() {
+    let err = engine(
+        r#"@id("a") permit (principal, action, resource);
+           @id("a") permit (principal, action, resource);"#,
+    )
+    .unwrap_err();
+    assert!(matches!(err, LoadError::DuplicateId { .. }), "{err}");
+}
+
+#[test]
+fn invalid_entity_ids_fail_closed() {
+    let e = engine(r#"@id("all") permit (principal, action, resource);"#).unwrap();
+    let mut req = http("x.com", "GET", "/");
+    req.agent = "\"quote".into();
+    // Entity ids are strings in Cedar, so odd names are still valid ids: the request is
+    // evaluated, not an error. A port out of range for Long cannot happen (u16).
+    assert!(e.decide(&req).is_allow());
+}
+
+#[test]
+fn the_embedded_library_loads_and_allows_registries_read_only() {
+    let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
+        .iter()
+        .map(|(n, t)| PolicySource {
+            name: (*n).into(),
+            text: (*t).into(),
+        })
+        .collect();
+    let e = PolicyEngine::from_sources(&sources).unwrap();
+    assert!(e
+        .decide(&http("pypi.org", "GET", "/simple/requests/"))
+        .is_allow());
+    assert!(!e.decide(&http("pypi.org", "POST", "/legacy/")).is_allow());
+    assert!(!e.decide(&http("169.254.169.254", "GET", "/")).is_allow());
+    let on_disk =
+        PolicyEngine::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("library"))
+            .unwrap();
+    assert_eq!(on_disk.len(), e.len());
+}
