@@ -1,1 +1,39 @@
-//! placeholder
+//! Shared fixtures of Ostiary's benchmarks: generated policy sets and requests, so that
+//! every bench measures against the same inputs (and a baseline in the same run).
+#![forbid(unsafe_code)]
+
+use ostiary_policies::{AccessRequest, Action, PolicyEngine, PolicySource};
+
+/// A policy set of `n` host permits (one per generated host), plus a metadata forbid.
+pub fn engine_with_hosts(n: usize) -> PolicyEngine {
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&format!(
+            "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource == Ostiary::Host::\"host{i}.example.com\") when {{ context.method == \"GET\" }};\n"
+        ));
+    }
+    text.push_str(
+        "@id(\"no-meta\") forbid (principal, action, resource == Ostiary::Host::\"169.254.169.254\");\n",
+    );
+    PolicyEngine::from_sources(&[PolicySource {
+        name: "bench.cedar".into(),
+        text,
+    }])
+    .expect("generated policies validate")
+}
+
+/// A GET to `host{i}.example.com`.
+pub fn request(i: usize) -> AccessRequest {
+    AccessRequest {
+        agent: "bench".into(),
+        tenant: "default".into(),
+        host: format!("host{i}.example.com"),
+        action: Action::Http {
+            method: "GET".into(),
+            scheme: "https".into(),
+            port: 443,
+            path: "/v1/items".into(),
+            query: String::new(),
+        },
+    }
+}

@@ -6,10 +6,12 @@
 
 use std::fmt;
 
-use cedar_policy::{Context, Entities, Entity, EntityUid, Request, RestrictedExpression};
+use cedar_policy::{
+    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, Request, RestrictedExpression,
+};
 
 use crate::load::PolicyEngine;
-use crate::request::AccessRequest;
+use crate::request::{AccessRequest, Action};
 use crate::schema::NAMESPACE;
 
 /// The outcome of evaluation. Exhaustive on purpose: a new outcome must break every caller.
@@ -64,14 +66,33 @@ impl fmt::Display for DenyReason {
     }
 }
 
-fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
-    let ty = format!("{NAMESPACE}::{kind}")
-        .parse()
-        .map_err(|e| format!("entity type {kind}: {e}"))?;
-    Ok(EntityUid::from_type_name_and_id(
-        ty,
-        id.parse().map_err(|e| format!("{e}"))?,
-    ))
+/// Entity type names and action ids, parsed once per policy set: parsing a name goes through
+/// Cedar's grammar and would otherwise cost more than evaluating a small policy set.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    agent: EntityTypeName,
+    tenant: EntityTypeName,
+    host: EntityTypeName,
+    http: EntityUid,
+    connect: EntityUid,
+}
+
+impl Names {
+    pub(crate) fn new() -> Result<Self, String> {
+        let ty = |kind: &str| -> Result<EntityTypeName, String> {
+            format!("{NAMESPACE}::{kind}")
+                .parse()
+                .map_err(|e| format!("entity type {kind}: {e}"))
+        };
+        let action = ty("Action")?;
+        Ok(Self {
+            agent: ty("Agent")?,
+            tenant: ty("Tenant")?,
+            host: ty("Host")?,
+            http: EntityUid::from_type_name_and_id(action.clone(), EntityId::new("http")),
+            connect: EntityUid::from_type_name_and_id(action, EntityId::new("connect")),
+        })
+    }
 }
 
 impl PolicyEngine {
@@ -87,10 +108,17 @@ impl PolicyEngine {
     }
 
     fn evaluate(&self, req: &AccessRequest) -> Result<Decision, String> {
-        let principal = uid("Agent", &req.agent)?;
-        let tenant = uid("Tenant", &req.tenant)?;
-        let resource = uid("Host", &req.host)?;
-        let action = uid("Action", req.action.id())?;
+        let names = self.names();
+        let uid = |ty: &EntityTypeName, id: &str| {
+            EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
+        };
+        let principal = uid(&names.agent, &req.agent);
+        let tenant = uid(&names.tenant, &req.tenant);
+        let resource = uid(&names.host, &req.host);
+        let action = match req.action {
+            Action::Http { .. } => names.http.clone(),
+            Action::Connect { .. } => names.connect.clone(),
+        };
 
         let context =
             Context::from_json_value(req.action.context(), Some((self.schema(), &action)))
@@ -119,8 +147,10 @@ impl PolicyEngine {
             )
             .map_err(|e| format!("host entity: {e}"))?,
         ];
-        let entities = Entities::from_entities(entities, Some(self.schema()))
-            .map_err(|e| format!("entities: {e}"))?;
+        // Built here from observed facts, so they are well-formed by construction; validating
+        // them against the schema on every request costs more than the evaluation itself.
+        let entities =
+            Entities::from_entities(entities, None).map_err(|e| format!("entities: {e}"))?;
 
         let response = self
             .authorizer()

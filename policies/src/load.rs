@@ -60,6 +60,7 @@ pub struct PolicyEngine {
     schema: Schema,
     policies: PolicySet,
     authorizer: Authorizer,
+    names: crate::decide::Names,
     /// Which file each policy came from, for audit and explanations.
     origins: HashMap<String, String>,
 }
@@ -154,6 +155,7 @@ impl PolicyEngine {
             schema,
             policies,
             authorizer: Authorizer::new(),
+            names: crate::decide::Names::new().map_err(LoadError::Schema)?,
             origins,
         })
     }
@@ -170,6 +172,10 @@ impl PolicyEngine {
 
     pub(crate) fn authorizer(&self) -> &Authorizer {
         &self.authorizer
+    }
+
+    pub(crate) fn names(&self) -> &crate::decide::Names {
+        &self.names
     }
 
     /// Number of policies in the set.

@@ -15,9 +15,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::task::TaskTracker;
 
-use crate::classify::Origin;
+use crate::audit::AuditGuard;
+use crate::classify::{Origin, Tunnel};
+use crate::error::ProxyError;
 use crate::server::Shared;
-use crate::wire_guard::StrictH1;
+use crate::wire_guard::{Observer, StrictH1};
 use crate::{connect, pipeline};
 
 /// How long in-flight connections may finish after shutdown was requested.
@@ -51,7 +53,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
 async fn connection(shared: Arc<Shared>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let limits = shared.config.proxy.clone();
-    let io = TokioIo::new(StrictH1::new(stream, limits.max_header_bytes));
+    let io = TokioIo::new(
+        StrictH1::new(stream, limits.max_header_bytes)
+            .with_observer(audit_violations(shared.clone(), None)),
+    );
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
         async move {
@@ -72,4 +77,26 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) {
     if let Err(e) = result {
         tracing::debug!(error = %e, "proxy connection ended with an error");
     }
+}
+
+/// An observer that writes an audit record for every framing violation the wire guard
+/// refuses: those requests never reach the pipeline, but they are decisions too.
+pub fn audit_violations(shared: Arc<Shared>, tunnel: Option<Arc<Tunnel>>) -> Observer {
+    Box::new(move |violation, request_id| {
+        let request_id = request_id
+            .map(str::to_owned)
+            .unwrap_or_else(crate::ids::request_id);
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
+        if let Some(t) = &tunnel {
+            audit.update(|r| {
+                r.session = Some(t.principal.session_id.clone());
+                r.agent = Some(t.principal.agent.clone());
+                r.tenant = Some(t.principal.tenant.clone());
+                r.host = Some(t.host.to_string());
+                r.port = Some(t.port);
+            });
+        }
+        let err = ProxyError::bad_request(violation.reason());
+        audit.refuse(&err, violation.status());
+    })
 }

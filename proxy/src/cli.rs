@@ -99,8 +99,10 @@ pub struct RunArgs {
     pub tenant: Option<String>,
     #[arg(long)]
     pub ttl: Option<String>,
-    /// The command and its arguments.
-    #[arg(trailing_var_arg = true, required = true, last = true)]
+    /// The command and its arguments, after `--` (so that its own flags are never taken
+    /// for ostiary's). `last` alone says this; clap refuses it combined with
+    /// `trailing_var_arg` and panics at parse time.
+    #[arg(required = true, last = true)]
     pub command: Vec<String>,
 }
 
@@ -369,4 +371,30 @@ fn read_audit_key(dir: &Path) -> Result<Vec<u8>, CliError> {
             what: format!("reading {}", path.display()),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// clap checks argument definitions only when a command is parsed (and then panics);
+    /// this runs the same checks for every subcommand at test time.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_double_dash() {
+        let cli =
+            Cli::try_parse_from(["ostiary", "run", "--agent", "a", "--", "sh", "-c", "exit 7"])
+                .expect("parses");
+        let Command::Run(args) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        assert_eq!(args.command, ["sh", "-c", "exit 7"]);
+        assert!(Cli::try_parse_from(["ostiary", "run", "--agent", "a"]).is_err());
+    }
 }

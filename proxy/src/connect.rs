@@ -63,7 +63,13 @@ pub async fn handle(shared: Arc<Shared>, mut req: Request<Incoming>) -> Response
             Response::new(body::empty())
         }
         Err(err) => {
-            let response = respond::error(&err, &request_id);
+            let mut response = respond::error(&err, &request_id);
+            // The wire guard stops inspecting after a CONNECT head; a refused CONNECT must
+            // not leave a connection whose next requests go unchecked.
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
             audit.refuse(&err, response.status().as_u16());
             response
         }
@@ -186,6 +192,7 @@ async fn intercept(
             Err(_) => return tracing::debug!("agent TLS handshake timed out"),
         };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let observer = crate::accept::audit_violations(shared.clone(), Some(tunnel.clone()));
     let origin = Origin::Tunnel(tunnel);
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
@@ -205,7 +212,7 @@ async fn intercept(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .serve_connection(
-                TokioIo::new(StrictH1::new(tls, limits.max_header_bytes)),
+                TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),
                 service,
             )
             .with_upgrades()

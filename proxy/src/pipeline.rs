@@ -33,13 +33,26 @@ pub async fn handle(
     // Outermost, so that every path below — including a dropped future when the agent hangs
     // up — leaves a record.
     let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
+    // The wire guard stops inspecting after an Upgrade head; a declined upgrade must not
+    // leave a connection whose next requests go unchecked.
+    let upgrade_asked = req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE);
     match run(&shared, &origin, req, &mut audit).await {
-        Ok(response) => {
+        Ok(mut response) => {
+            if upgrade_asked && response.status() != StatusCode::SWITCHING_PROTOCOLS {
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, http::HeaderValue::from_static("close"));
+            }
             audit.allow(response.status().as_u16());
             response
         }
         Err(err) => {
-            let response = respond::error(&err, &request_id);
+            let mut response = respond::error(&err, &request_id);
+            if upgrade_asked {
+                response
+                    .headers_mut()
+                    .insert(CONNECTION, http::HeaderValue::from_static("close"));
+            }
             tracing::info!(request_id, error = %err, "request refused");
             audit.refuse(&err, response.status().as_u16());
             response
@@ -58,20 +71,20 @@ async fn run(
     // so that teardown cuts off open tunnels too.
     let principal = match origin {
         Origin::Plain => authenticate::principal(&shared.sessions, req.headers())?,
-        Origin::Tunnel(tunnel) => {
-            if !shared.sessions.is_live(&tunnel.principal.session_id) {
-                return Err(ProxyError::unauthenticated(
-                    "the session is not active (revoked or expired)",
-                ));
-            }
-            tunnel.principal.clone()
-        }
+        Origin::Tunnel(tunnel) => tunnel.principal.clone(),
     };
+    // Recorded before the liveness check below, so that a request refused inside the tunnel
+    // of a revoked or expired session still says whose tunnel it came through.
     audit.update(|r| {
         r.session = Some(principal.session_id.clone());
         r.agent = Some(principal.agent.clone());
         r.tenant = Some(principal.tenant.clone());
     });
+    if matches!(origin, Origin::Tunnel(_)) && !shared.sessions.is_live(&principal.session_id) {
+        return Err(ProxyError::unauthenticated(
+            "the session is not active (revoked or expired)",
+        ));
+    }
 
     // classify — before policy: fronting (421) and malformed targets never reach Cedar.
     let target = classify::target(origin, &req)?;

@@ -131,6 +131,9 @@ impl SessionRegistry {
             verified: moka::sync::Cache::builder()
                 .max_capacity(100_000)
                 .time_to_live(Duration::from_secs(300))
+                // `revoke` drops a session's entries with `invalidate_entries_if`, which moka
+                // refuses (and teardown would fail half-done) unless enabled here.
+                .support_invalidation_closures()
                 .build(),
             default_ttl,
             max_ttl,
