@@ -120,17 +120,13 @@ impl PolicyEngine {
             Action::Connect { .. } => names.connect.clone(),
         };
 
+        // The context is built from typed fields, so it matches the schema by construction;
+        // re-validating it per request would cost more than evaluating a small policy set.
+        // The schema test below keeps the two in step.
         let context =
-            Context::from_json_value(req.action.context(), Some((self.schema(), &action)))
-                .map_err(|e| format!("context: {e}"))?;
-        let request = Request::new(
-            principal.clone(),
-            action,
-            resource.clone(),
-            context,
-            Some(self.schema()),
-        )
-        .map_err(|e| format!("request: {e}"))?;
+            Context::from_pairs(req.action.context_pairs()).map_err(|e| format!("context: {e}"))?;
+        let request = Request::new(principal.clone(), action, resource.clone(), context, None)
+            .map_err(|e| format!("request: {e}"))?;
 
         let entities = [
             Entity::new_no_attrs(principal, [tenant.clone()].into_iter().collect()),
@@ -171,5 +167,47 @@ impl PolicyEngine {
                 reason: DenyReason::Forbidden,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cedar_policy::{Context, EntityUid, Request};
+
+    use crate::load::{PolicyEngine, PolicySource};
+    use crate::request::Action;
+
+    /// Evaluation skips schema validation of the context for speed; this test validates the
+    /// contexts the proxy builds against the schema, so the two cannot drift apart.
+    #[test]
+    fn built_contexts_match_the_schema() {
+        let engine = PolicyEngine::from_sources(&[PolicySource {
+            name: "t".into(),
+            text: "permit (principal, action, resource);".into(),
+        }])
+        .unwrap();
+        let actions = [
+            Action::Http {
+                method: "GET".into(),
+                scheme: "https".into(),
+                port: 443,
+                path: "/".into(),
+                query: String::new(),
+            },
+            Action::Connect {
+                port: 443,
+                sni: "a.example".into(),
+            },
+        ];
+        for action in actions {
+            let uid: EntityUid = format!("Ostiary::Action::\"{}\"", action.id())
+                .parse()
+                .unwrap();
+            let context = Context::from_pairs(action.context_pairs()).unwrap();
+            let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
+            let resource: EntityUid = "Ostiary::Host::\"h\"".parse().unwrap();
+            Request::new(principal, uid, resource, context, Some(engine.schema()))
+                .unwrap_or_else(|e| panic!("{action:?}: {e}"));
+        }
     }
 }

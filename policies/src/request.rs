@@ -4,6 +4,7 @@
 //! request line, the session record). Nothing the agent claims in headers is ever copied into
 //! the context: an agent cannot talk its way into a different tier or budget.
 
+use cedar_policy::RestrictedExpression;
 use serde_json::{json, Value};
 
 /// One authorization question: may this agent perform this action on this host?
@@ -43,7 +44,31 @@ impl Action {
         }
     }
 
-    /// The Cedar context record for this action.
+    /// The context as Cedar expressions (the evaluation path: no JSON round trip).
+    pub fn context_pairs(&self) -> Vec<(String, RestrictedExpression)> {
+        let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
+        let n = |v: u16| RestrictedExpression::new_long(i64::from(v));
+        match self {
+            Action::Http {
+                method,
+                scheme,
+                port,
+                path,
+                query,
+            } => vec![
+                ("method".into(), s(method)),
+                ("scheme".into(), s(scheme)),
+                ("port".into(), n(*port)),
+                ("path".into(), s(path)),
+                ("query".into(), s(query)),
+            ],
+            Action::Connect { port, sni } => {
+                vec![("port".into(), n(*port)), ("sni".into(), s(sni))]
+            }
+        }
+    }
+
+    /// The Cedar context record for this action, as JSON (explanations, tests).
     pub fn context(&self) -> Value {
         match self {
             Action::Http {

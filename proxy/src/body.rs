@@ -1,6 +1,8 @@
 //! The one body type the proxy hands around: a boxed stream of `Bytes`, so upstream and
 //! agent bodies stream through without ever being collected.
 
+use std::sync::{Arc, OnceLock};
+
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full};
 
@@ -29,4 +31,24 @@ where
     B::Error: Into<BoxError>,
 {
     body.map_err(Into::into).boxed()
+}
+
+/// Box the agent's request body and remember why it failed, if it does: a failure of the
+/// agent's own stream (framing broken mid-body, a hang-up) surfaces upstream-side as an
+/// opaque send error, and must be reported as the agent's, not blamed on the upstream.
+pub fn watched<B>(body: B) -> (ProxyBody, Arc<OnceLock<String>>)
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    let failed = Arc::new(OnceLock::new());
+    let slot = failed.clone();
+    let body = body
+        .map_err(move |e| {
+            let e: BoxError = e.into();
+            let _ = slot.set(e.to_string());
+            e
+        })
+        .boxed();
+    (body, failed)
 }

@@ -101,7 +101,7 @@ async fn open(
     });
 
     let engine = shared.policies.clone();
-    evaluate::port(
+    let opened_by = evaluate::port(
         &engine,
         &shared.metrics,
         &shared.config.egress.ports,
@@ -109,6 +109,7 @@ async fn open(
         &host,
         port,
     )?;
+    audit.update(|r| r.add_policies(opened_by));
     let addrs = shared
         .guard
         .resolve(&host, port)
@@ -128,7 +129,7 @@ async fn open(
             sni: host.to_string(),
         };
         let policies = evaluate::decide(&engine, &shared.metrics, &principal, &host, action)?;
-        audit.update(|r| r.policies = policies);
+        audit.update(|r| r.add_policies(policies));
         return Ok(Plan::Relay { tunnel, addrs });
     }
     if let Host::Ip(ip) = host {
@@ -203,6 +204,11 @@ async fn intercept(
         http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(256)
+            // Rapid reset (CVE-2023-44487): streams reset by the client before the service
+            // saw them are bounded, and a connection that keeps provoking errors is closed.
+            .max_pending_accept_reset_streams(Some(64))
+            .max_local_error_reset_streams(Some(256))
+            // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
             .max_header_list_size(limits.max_header_bytes as u32)
             .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
             .serve_connection(TokioIo::new(tls), service)

@@ -43,7 +43,8 @@ pub fn decide(
     }
 }
 
-/// The port rule: `egress.ports`, or a `connect` permit for this host and port.
+/// The port rule: `egress.ports`, or a `connect` permit for this host and port. Returns the
+/// policies that opened the port (none for a listed port), which the audit record names.
 pub fn port(
     engine: &PolicyEngine,
     metrics: &Metrics,
@@ -51,20 +52,20 @@ pub fn port(
     principal: &Principal,
     host: &Host,
     port: u16,
-) -> Result<(), ProxyError> {
+) -> Result<Vec<String>, ProxyError> {
     if allowed_ports.contains(&port) {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let action = Action::Connect {
         port,
         sni: host.to_string(),
     };
-    decide(engine, metrics, principal, host, action)
-        .map(|_| ())
-        .map_err(|denied| ProxyError::DestinationBlocked {
+    decide(engine, metrics, principal, host, action).map_err(|denied| {
+        ProxyError::DestinationBlocked {
             address: format!("{host}:{port}"),
             reason: format!(
                 "port {port} is not in egress.ports and no connect policy permits it ({denied})"
             ),
-        })
+        }
+    })
 }

@@ -100,7 +100,7 @@ async fn run(
     // The engine is taken once so the whole request is decided under one policy set.
     let engine = shared.policies.clone();
     if matches!(origin, Origin::Plain) {
-        evaluate::port(
+        let opened_by = evaluate::port(
             &engine,
             &shared.metrics,
             &shared.config.egress.ports,
@@ -108,6 +108,7 @@ async fn run(
             &target.host,
             target.port,
         )?;
+        audit.update(|r| r.add_policies(opened_by));
     }
     let action = Action::Http {
         method: target.method.to_string(),
@@ -117,7 +118,7 @@ async fn run(
         query: target.query.clone(),
     };
     let policies = evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
-    audit.update(|r| r.policies = policies);
+    audit.update(|r| r.add_policies(policies));
 
     // check, escalate — the tier checks and the approval queue arrive with the tool catalog.
 
@@ -125,13 +126,24 @@ async fn run(
     // The WebSocket handshake is only honoured once authorized.
     let upgrade = is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let upstream_req = inject::prepare(req.map(body::stream), &target, upgrade)?;
+    let (parts, agent_body) = req.into_parts();
+    let (agent_body, agent_body_failed) = body::watched(agent_body);
+    let upstream_req = inject::prepare(Request::from_parts(parts, agent_body), &target, upgrade)?;
 
     // forward — the egress guard runs inside the connector, on every dial.
-    let mut response = shared
+    let sent = shared
         .upstreams
         .send(upstream_req, upgrade, &shared.metrics)
-        .await?;
+        .await;
+    let mut response = match (sent, agent_body_failed.get()) {
+        (Ok(response), _) => response,
+        // The send failed because the agent's own body did (e.g. the wire guard refused a
+        // chunk header mid-body): a malformed request, not an upstream failure.
+        (Err(_), Some(reason)) => {
+            return Err(ProxyError::bad_request(format!("request body: {reason}")))
+        }
+        (Err(e), None) => return Err(e),
+    };
     if let Some(DialedAddr(addr)) = response.extensions().get::<DialedAddr>() {
         let addr = addr.to_string();
         audit.update(|r| r.upstream = Some(addr));

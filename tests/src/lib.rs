@@ -1,9 +1,10 @@
 //! Ostiary's end-to-end test harness: test upstreams with their own CA ([`upstream`],
-//! [`pki`]), real client programs ([`clients`]), and a proxy started in-process on port 0
-//! ([`proxy`]).
+//! [`pki`]), real client programs ([`clients`]), a proxy started in-process on port 0
+//! ([`proxy`]), and hand-driven wire clients for adversarial tests ([`raw`]).
 #![forbid(unsafe_code)]
 
 pub mod clients;
 pub mod pki;
 pub mod proxy;
+pub mod raw;
 pub mod upstream;

@@ -414,6 +414,11 @@ async fn grpc_over_h2_gets_its_trailers() {
     let seen = upstream.seen_path("/grpc");
     assert_eq!(seen.len(), 1);
     assert_eq!(
+        seen[0].version,
+        Version::HTTP_2,
+        "h2 on the upstream side too"
+    );
+    assert_eq!(
         seen[0].header("te"),
         Some("trailers"),
         "te: trailers passes end to end"
@@ -461,7 +466,7 @@ async fn large_bodies_stream_intact_both_ways() {
                 &out_arg,
                 "-w",
                 "%{http_code} %{size_download}",
-                &upstream.url("/stream?chunks=64&size=65536&delay_ms=0"),
+                &upstream.url("/stream?chunks=64&size=65536"),
             ],
             &env,
         )

@@ -52,6 +52,18 @@ pub struct AuditRecord {
     pub duration_us: u64,
 }
 
+impl AuditRecord {
+    /// Name determining policies, each once: a request can be decided by the port rule (a
+    /// `connect` permit opening an unlisted port) and by its own action.
+    pub fn add_policies(&mut self, policies: impl IntoIterator<Item = String>) {
+        for policy in policies {
+            if !self.policies.contains(&policy) {
+                self.policies.push(policy);
+            }
+        }
+    }
+}
+
 /// Holds the record of one request and writes it exactly once: on `finish`, or on drop if
 /// the request was abandoned (recorded as `cancel`).
 #[derive(Debug)]
@@ -100,9 +112,8 @@ impl AuditGuard {
             r.decision = err.audit_decision().into();
             r.error = Some(err.kind().into());
             r.reason = Some(err.to_string());
-            if r.policies.is_empty() {
-                r.policies = err.policies().to_vec();
-            }
+            // Added to any policies that opened the port, rather than lost behind them.
+            r.add_policies(err.policies().iter().cloned());
             r.status = Some(status);
         });
     }
