@@ -4,10 +4,13 @@
 //! Errors name the file and line so that a security engineer can fix a policy without
 //! guessing; a set that fails any step is never returned, so callers keep their last good one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use cedar_policy::{Authorizer, PolicyId, PolicySet, Schema, ValidationMode, Validator};
+use cedar_policy::{
+    ActionConstraint, Authorizer, Effect, EntityUid, PolicyId, PolicySet, ResourceConstraint,
+    Schema, ValidationMode, Validator,
+};
 use miette::Diagnostic;
 
 use crate::schema::CORE_SCHEMA;
@@ -61,6 +64,9 @@ pub struct PolicyEngine {
     policies: PolicySet,
     authorizer: Authorizer,
     names: crate::decide::Names,
+    /// Hosts some `http` permit names in its scope; `None` when a permit's scope admits any
+    /// host (then only evaluation can tell). Lets CONNECT refuse hosts no request could reach.
+    http_permit_hosts: Option<HashSet<String>>,
     /// Which file each policy came from, for audit and explanations.
     origins: HashMap<String, String>,
 }
@@ -152,6 +158,7 @@ impl PolicyEngine {
         }
 
         Ok(Self {
+            http_permit_hosts: http_permit_hosts(&policies),
             schema,
             policies,
             authorizer: Authorizer::new(),
@@ -188,10 +195,52 @@ impl PolicyEngine {
         self.origins.is_empty()
     }
 
+    /// Whether any `http` request to `host` could be permitted, judged from the scopes of
+    /// the permits alone (sound: `false` only when no permit's scope can match the host).
+    pub fn may_permit_http(&self, host: &str) -> bool {
+        self.http_permit_hosts
+            .as_ref()
+            .is_none_or(|hosts| hosts.contains(host))
+    }
+
     /// The file a policy came from.
     pub fn origin(&self, policy_id: &str) -> Option<&str> {
         self.origins.get(policy_id).map(String::as_str)
     }
+}
+
+/// The hosts named by the resource scopes of permits that can apply to `Action::"http"`, or
+/// `None` if one of them admits any host (unscoped, `in`, or `is`).
+fn http_permit_hosts(policies: &PolicySet) -> Option<HashSet<String>> {
+    let mut hosts = HashSet::new();
+    for policy in policies.policies() {
+        if policy.effect() != Effect::Permit {
+            continue;
+        }
+        let applies = match policy.action_constraint() {
+            ActionConstraint::Any => true,
+            ActionConstraint::Eq(a) => is_http(&a),
+            ActionConstraint::In(list) => list.iter().any(is_http),
+            // Future constraint kinds: assume the permit may apply (sound).
+            #[allow(unreachable_patterns)]
+            _ => true,
+        };
+        if !applies {
+            continue;
+        }
+        match policy.resource_constraint() {
+            ResourceConstraint::Eq(uid) if uid.type_name().to_string() == "Ostiary::Host" => {
+                hosts.insert(uid.id().unescaped().to_owned());
+            }
+            ResourceConstraint::Eq(_) => {}
+            _ => return None,
+        }
+    }
+    Some(hosts)
+}
+
+fn is_http(uid: &EntityUid) -> bool {
+    uid.type_name().to_string() == "Ostiary::Action" && uid.id().unescaped() == "http"
 }
 
 /// Turn Cedar's parse error into `file:line: message`, taking the line from the first label.

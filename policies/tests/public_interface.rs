@@ -149,3 +149,36 @@ fn the_embedded_library_loads_and_allows_registries_read_only() {
             .unwrap();
     assert_eq!(on_disk.len(), e.len());
 }
+
+#[test]
+fn scopes_tell_which_hosts_could_ever_be_permitted() {
+    let scoped = engine(
+        r#"@id("a") permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"a.example");
+           @id("c") permit (principal, action == Ostiary::Action::"connect", resource);
+           @id("f") forbid (principal, action, resource);"#,
+    )
+    .unwrap();
+    assert!(scoped.may_permit_http("a.example"));
+    assert!(
+        !scoped.may_permit_http("b.example"),
+        "connect permits and forbids do not count"
+    );
+
+    let unscoped = engine(
+        r#"@id("any") permit (principal, action, resource) when { resource.name like "*.example" };"#,
+    )
+    .unwrap();
+    assert!(
+        unscoped.may_permit_http("b.example"),
+        "an unscoped permit may match any host"
+    );
+
+    let library =
+        PolicyEngine::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("library"))
+            .unwrap();
+    assert!(library.may_permit_http("pypi.org"));
+    assert!(
+        !library.may_permit_http("example.net"),
+        "the library scopes every permit"
+    );
+}

@@ -126,6 +126,14 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
             )))
         }
     };
+    if has_dot_segment(&path) {
+        // Upstreams disagree on resolving `.`/`..` (and their %2e spellings), so a rule on
+        // `/admin` could be walked around with `/x/../admin`. Clients resolve them before
+        // sending (RFC 3986 §5.2.4); a request that still carries one is refused.
+        return Err(ProxyError::bad_request(
+            "the path contains a dot-segment (. or ..); send the resolved path",
+        ));
+    }
     Ok(Target {
         scheme,
         host,
@@ -133,6 +141,14 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
         method: req.method().clone(),
         path,
         query: uri.query().unwrap_or("").to_owned(),
+    })
+}
+
+/// A `.` or `..` segment, literally or percent-encoded (`%2e`), anywhere in the path.
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+        decoded == "." || decoded == ".."
     })
 }
 
@@ -217,6 +233,28 @@ mod tests {
             .body(())
             .unwrap();
         assert!(target(&tunnel("api.example", 443), &port).is_err());
+    }
+
+    #[test]
+    fn dot_segments_are_refused() {
+        for path in ["/a/../b", "/a/./b", "/a/%2e%2E/b", "/..", "/a/.%2e"] {
+            let req = Request::get(format!("http://a.example{path}"))
+                .body(())
+                .unwrap();
+            assert!(
+                matches!(
+                    target(&Origin::Plain, &req),
+                    Err(ProxyError::BadRequest { .. })
+                ),
+                "{path}"
+            );
+        }
+        for path in ["/a..b/", "/.well-known/x", "/a/...", "/%2e%2e%2e"] {
+            let req = Request::get(format!("http://a.example{path}"))
+                .body(())
+                .unwrap();
+            assert!(target(&Origin::Plain, &req).is_ok(), "{path}");
+        }
     }
 
     #[test]

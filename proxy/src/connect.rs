@@ -110,6 +110,17 @@ async fn open(
         port,
     )?;
     audit.update(|r| r.add_policies(opened_by));
+    // A host that no permit's scope names is refused here, before any TLS and before any
+    // DNS lookup (a lookup of a name the agent chose is itself a way to leak data).
+    let tunnel_host = shared.is_tunnel_host(&host);
+    if !tunnel_host && !engine.may_permit_http(&host.to_string()) {
+        return Err(ProxyError::Denied {
+            policies: Vec::new(),
+            action: "Ostiary::Action::\"http\"".into(),
+            resource: format!("Ostiary::Host::\"{host}\""),
+            reason: "no policy permits any request to this host".into(),
+        });
+    }
     let addrs = shared
         .guard
         .resolve(&host, port)
@@ -121,7 +132,7 @@ async fn open(
         port,
         principal: principal.clone(),
     });
-    if shared.is_tunnel_host(&host) {
+    if tunnel_host {
         // Uninspected: this is the only decision the tunnel gets.
         audit.update(|r| r.kind = "tunnel".into());
         let action = Action::Connect {

@@ -436,7 +436,26 @@ async fn session_new_exports_drive_curl_and_both_outcomes_are_audited() {
         "{echo}"
     );
 
-    let denied_url = format!("https://other.example.test:{}/echo", upstream.port());
+    // A host that no permit names is refused at CONNECT (curl shows only "CONNECT tunnel
+    // failed, response 403"); absolute-form http:// shows the JSON body of the refusal.
+    let refused_connect = clients::run(
+        "bash",
+        &[
+            "-c",
+            script,
+            "_",
+            &exports_arg,
+            &format!("https://other.example.test:{}/echo", upstream.port()),
+        ],
+        &[],
+        CLI_TIMEOUT,
+    )
+    .await;
+    assert!(
+        refused_connect.stderr.contains("response 403"),
+        "{refused_connect}"
+    );
+    let denied_url = format!("http://other.example.test:{}/echo", upstream.port());
     let denied = clients::run(
         "bash",
         &["-c", script, "_", &exports_arg, &denied_url],
@@ -476,6 +495,13 @@ async fn session_new_exports_drive_curl_and_both_outcomes_are_audited() {
     .await;
     let http = of_kind(&records, "http");
     assert_eq!(http.len(), 2, "{records:#?}");
+    let connects = of_kind(&records, "connect");
+    assert!(
+        connects
+            .iter()
+            .any(|r| r["decision"] == "deny" && r["host"] == "other.example.test"),
+        "the refused CONNECT is audited: {records:#?}"
+    );
     assert_eq!(http[0]["decision"], "allow");
     assert_eq!(http[0]["host"], "api.example.test");
     assert_eq!(http[0]["path"], "/echo");

@@ -643,16 +643,11 @@ permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host:
         );
         assert_eq!(body["action"], "Ostiary::Action::\"http\"");
     }
-    // CONNECT by IP cannot be intercepted at all (no name to mint a leaf for): 400.
+    // CONNECT by IP: no permit's scope names the address, so it is refused at CONNECT,
+    // before any TLS or dial.
     let reply = connect_as(&proxy, &session, &format!("127.0.0.1:{port}")).await;
-    let (body, _) = assert_refused(&proxy, &reply, 400, "bad_request").await;
-    assert!(
-        body["reason"]
-            .as_str()
-            .unwrap()
-            .contains("needs a host name"),
-        "{body}"
-    );
+    let (body, _) = assert_refused(&proxy, &reply, 403, "denied").await;
+    assert_eq!(body["resource"], "Ostiary::Host::\"127.0.0.1\"", "{body}");
     assert_eq!(upstream.connections(), 0);
     let reply = get_as(&proxy, &session, &upstream.url("/echo"), "").await;
     assert_eq!(

@@ -492,18 +492,24 @@ async fn last_http_record(proxy: &TestProxy) -> ostiary::audit::AuditRecord {
 }
 
 const CONFUSING_PATHS: &[&str] = &[
-    "/a/%2e%2e/secret",
     "/a;x=1",
     "//double",
-    "/a/../b",
-    "/a/./b",
     "/a%2fb",
     "/a%2Fb",
     "/%61dmin",
     "/ADMIN",
-    // Not refused: the policy saw `/echo/../admin`, which is what the upstream receives; an
-    // upstream that resolves dot-segments itself would serve /admin (see the report).
+    "/.well-known/x",
+    "/a..b",
+];
+
+/// Dot-segments are refused outright: upstreams resolve them differently, so a path rule
+/// could be walked around with them.
+const DOT_SEGMENT_PATHS: &[&str] = &[
+    "/a/%2e%2e/secret",
+    "/a/../b",
+    "/a/./b",
     "/echo/../admin",
+    "/echo/%2E%2e/admin",
 ];
 
 /// Asserts, for one forwarded request, that the path the policy saw (audit) is the path the
@@ -540,6 +546,30 @@ async fn the_policy_sees_exactly_the_path_the_upstream_receives() {
         let reply = absolute_get(&fx.proxy, &url, &auth_line(&fx.session.token)).await;
         assert_same_path(&fx.proxy, &fx.plain, path, &reply).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_are_refused_and_never_forwarded() {
+    let fx = fixture(NO_ADMIN).await;
+    let mut wire = Wire::new(fx.tunnel(&[b"http/1.1"]).await);
+    for &path in DOT_SEGMENT_PATHS {
+        wire.send(format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", fx.authority()).as_bytes())
+            .await
+            .unwrap();
+        let reply = wire.response().await.unwrap();
+        let (body, record) = assert_refused(&fx.proxy, &reply, 400, "bad_request").await;
+        assert!(
+            body["reason"].as_str().unwrap().contains("dot-segment"),
+            "{body}"
+        );
+        assert_eq!(record.path, None, "refused before the path was accepted");
+    }
+    for &path in DOT_SEGMENT_PATHS {
+        let url = format!("http://api.example.test:{}{path}", fx.plain.port());
+        let reply = absolute_get(&fx.proxy, &url, &auth_line(&fx.session.token)).await;
+        assert_refused(&fx.proxy, &reply, 400, "bad_request").await;
+    }
+    assert!(fx.tls.seen().is_empty() && fx.plain.seen().is_empty());
 }
 
 /// The path is never decoded: `/%61dmin` is not `/admin` to the policy, and the upstream
