@@ -107,7 +107,9 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
                     .to_owned(),
             };
             let (host, port) = parse_authority(&named)?;
-            if host != tunnel.host || port.unwrap_or(443) != tunnel.port {
+            // A port-less Host means "the tunnel's port" in practice (some clients omit
+            // non-default ports); a port that is present must match.
+            if host != tunnel.host || port.is_some_and(|p| p != tunnel.port) {
                 return Err(ProxyError::Misdirected {
                     tunnel: format!("{}:{}", tunnel.host, tunnel.port),
                     host: named,

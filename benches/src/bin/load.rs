@@ -184,13 +184,31 @@ async fn main() -> Result<()> {
         p.rps / d.rps
     );
     let metrics = proxy.shared.metrics.encode();
-    for line in metrics
-        .lines()
-        .filter(|l| l.starts_with("ostiary_decision_seconds_"))
-    {
-        if line.contains("_sum") || line.contains("_count") {
-            println!("{line}");
+    println!(
+        "decision latency from /metrics: p50 bucket <= {}",
+        histogram_p50(&metrics, "ostiary_decision_seconds")
+    );
+    Ok(())
+}
+
+/// The upper bound of the bucket holding the median of a Prometheus histogram.
+fn histogram_p50(text: &str, name: &str) -> String {
+    let mut buckets = Vec::new();
+    let mut count = 0.0;
+    let bucket_prefix = format!("{name}_bucket{{le=\"");
+    let count_prefix = format!("{name}_count ");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix(&bucket_prefix) {
+            if let Some((le, value)) = rest.split_once("\"} ") {
+                buckets.push((le.to_owned(), value.trim().parse::<f64>().unwrap_or(0.0)));
+            }
+        } else if let Some(rest) = line.strip_prefix(&count_prefix) {
+            count = rest.trim().parse().unwrap_or(0.0);
         }
     }
-    Ok(())
+    buckets
+        .into_iter()
+        .find(|(_, cumulative)| *cumulative >= count / 2.0)
+        .map(|(le, _)| format!("{le}s ({count} decisions)"))
+        .unwrap_or_else(|| "n/a".into())
 }
