@@ -88,13 +88,7 @@ pub fn audit_violations(shared: Arc<Shared>, tunnel: Option<Arc<Tunnel>>) -> Obs
             .unwrap_or_else(crate::ids::request_id);
         let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
         if let Some(t) = &tunnel {
-            audit.update(|r| {
-                r.session = Some(t.principal.session_id.clone());
-                r.agent = Some(t.principal.agent.clone());
-                r.tenant = Some(t.principal.tenant.clone());
-                r.host = Some(t.host.to_string());
-                r.port = Some(t.port);
-            });
+            audit.update(|r| r.set_tunnel(t));
         }
         let err = ProxyError::bad_request(violation.reason());
         audit.refuse(&err, violation.status());

@@ -83,9 +83,7 @@ async fn open(
 ) -> Result<Plan, ProxyError> {
     let principal = authenticate::principal(&shared.sessions, req.headers())?;
     audit.update(|r| {
-        r.session = Some(principal.session_id.clone());
-        r.agent = Some(principal.agent.clone());
-        r.tenant = Some(principal.tenant.clone());
+        r.set_principal(&principal);
         r.method = Some("CONNECT".into());
     });
     let authority = req
@@ -176,26 +174,30 @@ async fn intercept(
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
     let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
         Ok(Ok(start)) => start,
-        Ok(Err(e)) => return tls_refused(&shared, &tunnel, format!("reading ClientHello: {e}")),
-        Err(_) => return tls_refused(&shared, &tunnel, "no ClientHello in time".into()),
+        Ok(Err(e)) => {
+            return shared.refuse_tunnel(&tunnel, "tls", format!("reading ClientHello: {e}"))
+        }
+        Err(_) => return shared.refuse_tunnel(&tunnel, "tls", "no ClientHello in time".into()),
     };
     // The SNI must name the CONNECT host before anything is minted.
     let sni = start.client_hello().server_name().map(str::to_owned);
     let name = match sni.as_deref().map(normalize_host) {
         Some(Ok(Host::Name(name))) if Host::Name(name.clone()) == tunnel.host => name,
         Some(Ok(other)) => {
-            return tls_refused(
-                &shared,
+            return shared.refuse_tunnel(
                 &tunnel,
+                "tls",
                 format!("SNI {other} differs from the CONNECT host"),
             )
         }
-        Some(Err(e)) => return tls_refused(&shared, &tunnel, format!("SNI is invalid: {e}")),
-        None => return tls_refused(&shared, &tunnel, "ClientHello carries no SNI".into()),
+        Some(Err(e)) => {
+            return shared.refuse_tunnel(&tunnel, "tls", format!("SNI is invalid: {e}"))
+        }
+        None => return shared.refuse_tunnel(&tunnel, "tls", "ClientHello carries no SNI".into()),
     };
     let config = match shared.minter.server_config(&name) {
         Ok(c) => c,
-        Err(e) => return tls_refused(&shared, &tunnel, format!("minting a leaf: {e}")),
+        Err(e) => return shared.refuse_tunnel(&tunnel, "tls", format!("minting a leaf: {e}")),
     };
     let tls =
         match tokio::time::timeout(limits.tls_handshake_timeout, start.into_stream(config)).await {
@@ -238,19 +240,4 @@ async fn intercept(
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");
     }
-}
-
-/// Record a tunnel whose TLS was refused before any leaf was minted.
-fn tls_refused(shared: &Shared, tunnel: &Tunnel, reason: String) {
-    let request_id = ids::request_id();
-    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "tls");
-    audit.update(|r| {
-        r.session = Some(tunnel.principal.session_id.clone());
-        r.agent = Some(tunnel.principal.agent.clone());
-        r.tenant = Some(tunnel.principal.tenant.clone());
-        r.host = Some(tunnel.host.to_string());
-        r.port = Some(tunnel.port);
-    });
-    tracing::info!(request_id, host = %tunnel.host, reason, "TLS interception refused");
-    audit.refuse(&ProxyError::bad_request(reason), 0);
 }

@@ -75,11 +75,7 @@ async fn run(
     };
     // Recorded before the liveness check below, so that a request refused inside the tunnel
     // of a revoked or expired session still says whose tunnel it came through.
-    audit.update(|r| {
-        r.session = Some(principal.session_id.clone());
-        r.agent = Some(principal.agent.clone());
-        r.tenant = Some(principal.tenant.clone());
-    });
+    audit.update(|r| r.set_principal(&principal));
     if matches!(origin, Origin::Tunnel(_)) && !shared.sessions.is_live(&principal.session_id) {
         return Err(ProxyError::unauthenticated(
             "the session is not active (revoked or expired)",

@@ -14,6 +14,7 @@ use ostiary_policies::{PolicyEngine, PolicySource, EMBEDDED_LIBRARY};
 use tokio::net::TcpListener;
 
 use crate::audit::{AuditGuard, AuditSink, AuditWriter};
+use crate::classify::Tunnel;
 use crate::config::{Config, DEFAULT_POLICY_DIR};
 use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
@@ -91,6 +92,17 @@ impl Shared {
             .copied()
             .unwrap_or(self.config.listen.proxy);
         format!("http://agent:{token}@{addr}")
+    }
+
+    /// Record a tunnel cut off after CONNECT was accepted (TLS or SNI refused): there is no
+    /// HTTP exchange left to answer, so the audit record is the only trace. `kind` is `tls`
+    /// for intercepted tunnels and `tunnel` for uninspected ones.
+    pub fn refuse_tunnel(&self, tunnel: &Tunnel, kind: &str, reason: String) {
+        let request_id = ids::request_id();
+        let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, kind);
+        audit.update(|r| r.set_tunnel(tunnel));
+        tracing::info!(request_id, host = %tunnel.host, kind, reason, "tunnel refused");
+        audit.refuse(&crate::error::ProxyError::bad_request(reason), 0);
     }
 
     /// Record a session lifecycle event in the audit chain.

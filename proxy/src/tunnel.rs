@@ -9,11 +9,8 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::audit::AuditGuard;
 use crate::classify::Tunnel;
 use crate::egress::address::normalize_host;
-use crate::error::ProxyError;
-use crate::ids;
 use crate::server::Shared;
 
 /// Largest ClientHello read before giving up (a real one is a few hundred bytes).
@@ -32,24 +29,30 @@ pub async fn relay(
             .await
         {
             Ok(Ok(hello)) => hello,
-            Ok(Err(reason)) => return refuse(&shared, &tunnel, reason),
-            Err(_) => return refuse(&shared, &tunnel, "no ClientHello in time".into()),
+            Ok(Err(reason)) => return shared.refuse_tunnel(&tunnel, "tunnel", reason),
+            Err(_) => {
+                return shared.refuse_tunnel(&tunnel, "tunnel", "no ClientHello in time".into())
+            }
         };
     match hello.sni.as_deref().map(normalize_host) {
         Some(Ok(host)) if host == tunnel.host => {}
         Some(Ok(other)) => {
-            return refuse(
-                &shared,
+            return shared.refuse_tunnel(
                 &tunnel,
+                "tunnel",
                 format!("SNI {other} differs from the CONNECT host"),
             )
         }
-        Some(Err(e)) => return refuse(&shared, &tunnel, format!("SNI is invalid: {e}")),
-        None => return refuse(&shared, &tunnel, "ClientHello carries no SNI".into()),
+        Some(Err(e)) => {
+            return shared.refuse_tunnel(&tunnel, "tunnel", format!("SNI is invalid: {e}"))
+        }
+        None => {
+            return shared.refuse_tunnel(&tunnel, "tunnel", "ClientHello carries no SNI".into())
+        }
     }
     let (mut upstream, _addr) = match shared.guard.dial_checked(&addrs).await {
         Ok(dialed) => dialed,
-        Err(e) => return refuse(&shared, &tunnel, e.to_string()),
+        Err(e) => return shared.refuse_tunnel(&tunnel, "tunnel", e.to_string()),
     };
     if let Err(e) = upstream.write_all(&hello.bytes).await {
         return tracing::debug!(error = %e, "tunnel upstream write failed");
@@ -131,18 +134,4 @@ async fn pump<R, W>(
         }
     }
     let _ = to.shutdown().await;
-}
-
-fn refuse(shared: &Shared, tunnel: &Tunnel, reason: String) {
-    let request_id = ids::request_id();
-    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "tunnel");
-    audit.update(|r| {
-        r.session = Some(tunnel.principal.session_id.clone());
-        r.agent = Some(tunnel.principal.agent.clone());
-        r.tenant = Some(tunnel.principal.tenant.clone());
-        r.host = Some(tunnel.host.to_string());
-        r.port = Some(tunnel.port);
-    });
-    tracing::info!(request_id, host = %tunnel.host, reason, "tunnel refused");
-    audit.refuse(&ProxyError::bad_request(reason), 0);
 }

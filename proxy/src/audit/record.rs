@@ -6,8 +6,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::writer::AuditSink;
+use crate::classify::Tunnel;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::session::Principal;
 
 /// One decision, as stored (as JSON) in the audit chain. Field order is the serialisation
 /// order, which the chain's hashes depend on: append fields, never reorder.
@@ -61,6 +63,22 @@ impl AuditRecord {
                 self.policies.push(policy);
             }
         }
+    }
+}
+
+impl AuditRecord {
+    /// Who asked: the session, agent and tenant of `principal`.
+    pub fn set_principal(&mut self, principal: &Principal) {
+        self.session = Some(principal.session_id.clone());
+        self.agent = Some(principal.agent.clone());
+        self.tenant = Some(principal.tenant.clone());
+    }
+
+    /// The principal and destination of an intercepted or relayed tunnel.
+    pub fn set_tunnel(&mut self, tunnel: &Tunnel) {
+        self.set_principal(&tunnel.principal);
+        self.host = Some(tunnel.host.to_string());
+        self.port = Some(tunnel.port);
     }
 }
 

@@ -191,10 +191,16 @@ impl SessionRegistry {
         .await
         .map_err(|e| StoreError::Task(e.to_string()))??;
 
-        self.live
-            .write()
-            .map_err(|e| StoreError::Task(e.to_string()))?
-            .insert(principal.session_id.clone(), principal.clone());
+        {
+            let mut live = self
+                .live
+                .write()
+                .map_err(|e| StoreError::Task(e.to_string()))?;
+            // Expired sessions are refused on lookup; dropping them here keeps the map bounded
+            // by the sessions alive now, not every session ever created.
+            live.retain(|_, p| p.expires_at > now);
+            live.insert(principal.session_id.clone(), principal.clone());
+        }
         Ok((principal, token))
     }
 
