@@ -7,7 +7,8 @@
 use std::fmt;
 
 use cedar_policy::{
-    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, Request, RestrictedExpression,
+    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicySet, Request,
+    RestrictedExpression,
 };
 
 use crate::load::PolicyEngine;
@@ -95,10 +96,26 @@ impl Names {
     }
 }
 
+impl Names {
+    /// The Cedar action entity of a request's action.
+    pub(crate) fn action(&self, action: &Action) -> &EntityUid {
+        match action {
+            Action::Http { .. } => &self.http,
+            Action::Connect { .. } => &self.connect,
+        }
+    }
+}
+
 impl PolicyEngine {
     /// Decide one request. Never panics and never allows on error.
     pub fn decide(&self, req: &AccessRequest) -> Decision {
-        match self.evaluate(req) {
+        self.decide_with(req, self.policy_set())
+    }
+
+    /// Decide against another set built from this one's policies (explanations ask what the
+    /// decision would be without some of them). Same fail-closed rule as [`Self::decide`].
+    pub(crate) fn decide_with(&self, req: &AccessRequest, policies: &PolicySet) -> Decision {
+        match self.evaluate(req, policies) {
             Ok(decision) => decision,
             Err(message) => Decision::Deny {
                 policies: Vec::new(),
@@ -107,7 +124,7 @@ impl PolicyEngine {
         }
     }
 
-    fn evaluate(&self, req: &AccessRequest) -> Result<Decision, String> {
+    fn evaluate(&self, req: &AccessRequest, policies: &PolicySet) -> Result<Decision, String> {
         let names = self.names();
         let uid = |ty: &EntityTypeName, id: &str| {
             EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
@@ -115,10 +132,7 @@ impl PolicyEngine {
         let principal = uid(&names.agent, &req.agent);
         let tenant = uid(&names.tenant, &req.tenant);
         let resource = uid(&names.host, &req.host);
-        let action = match req.action {
-            Action::Http { .. } => names.http.clone(),
-            Action::Connect { .. } => names.connect.clone(),
-        };
+        let action = names.action(&req.action).clone();
 
         // The context is built from typed fields, so it matches the schema by construction;
         // re-validating it per request would cost more than evaluating a small policy set.
@@ -150,7 +164,7 @@ impl PolicyEngine {
 
         let response = self
             .authorizer()
-            .is_authorized(&request, self.policy_set(), &entities);
+            .is_authorized(&request, policies, &entities);
         let diagnostics = response.diagnostics();
         if let Some(error) = diagnostics.errors().next() {
             return Err(error.to_string());

@@ -7,21 +7,29 @@
 //! - [`load`] — reading `*.cedar` files, naming policies by their `@id`, strict validation.
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
 //! - [`decide`] — evaluation; fail closed (an evaluation error is a deny).
+//! - [`testing`] — data-driven policy tests (`<policy dir>/tests/*.toml`, `ostiary policy test`).
+//! - [`explain`] — a decision with its determining policies and what would change it
+//!   (`ostiary policy explain`).
 //!
 //! The proxy depends on this crate, never the reverse: the types here describe requests in
 //! Cedar's vocabulary and know nothing of HTTP plumbing.
 #![forbid(unsafe_code)]
 
 pub mod decide;
+pub mod explain;
 pub mod load;
 pub mod request;
 pub mod schema;
+pub mod testing;
 
 pub use decide::{Decision, DenyReason};
+pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};
 pub use request::{AccessRequest, Action};
+pub use testing::{run_dir, TestError, TestReport};
 
 /// The library shipped with Ostiary, embedded so that `ostiary serve` works from any
 /// directory with no config at all. The files on disk under `policies/library/` are the same.
+/// Only `*.cedar` files belong here: the library's `tests/*.toml` are test cases, not policies.
 pub const EMBEDDED_LIBRARY: &[(&str, &str)] =
     &[("egress.cedar", include_str!("../library/egress.cedar"))];

@@ -182,3 +182,37 @@ fn scopes_tell_which_hosts_could_ever_be_permitted() {
         "the library scopes every permit"
     );
 }
+
+/// The shipped library's own test cases (`library/tests/*.toml`) all pass, so a change to a
+/// library policy without a matching change to its cases fails CI.
+#[test]
+fn the_library_passes_its_own_tests() {
+    let library = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("library");
+    let engine = PolicyEngine::load_dir(&library).unwrap();
+    let report = ostiary_policies::run_dir(&engine, &library.join("tests")).unwrap();
+    let failures: Vec<String> = report
+        .failures()
+        .map(|c| {
+            format!(
+                "{} / {}: {}",
+                c.file,
+                c.name,
+                c.failure.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(report.passed() >= 20, "{report:?}");
+
+    // Every policy of the library determines at least one case.
+    let covered: std::collections::HashSet<&str> = report
+        .cases
+        .iter()
+        .flat_map(|c| c.decision.policies())
+        .map(String::as_str)
+        .collect();
+    for policy in engine.policy_set().policies() {
+        let id = policy.id().to_string();
+        assert!(covered.contains(id.as_str()), "no test case for {id}");
+    }
+}

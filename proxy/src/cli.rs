@@ -26,6 +26,10 @@ pub enum CliError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Sdk(#[from] ostiary_sdk::SdkError),
+    #[error(transparent)]
+    Policy(#[from] ostiary_policies::LoadError),
+    #[error(transparent)]
+    PolicyTest(#[from] ostiary_policies::TestError),
     #[error("{0}")]
     Usage(String),
     #[error("{what}: {source}")]
@@ -135,6 +139,53 @@ pub enum AuditCommand {
 pub enum PolicyCommand {
     /// Parse and strictly validate the policy directory.
     Validate,
+    /// Run the test cases in `<policy dir>/tests/*.toml`. Exit 0 if all pass, 1 if any
+    /// fails, 2 if the tests cannot be run.
+    Test {
+        /// Policy directory (default: the config's `policy.dir`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Decide one request; print the decision, the policies that determined it and what
+    /// would change it.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[arg(long)]
+    pub agent: String,
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// Destination host; canonicalised as the proxy does before policies see it.
+    #[arg(long)]
+    pub host: String,
+    /// HTTP method (default GET).
+    #[arg(long)]
+    pub method: Option<String>,
+    /// Request path (default /).
+    #[arg(long)]
+    pub path: Option<String>,
+    /// Query string without `?` (default empty).
+    #[arg(long)]
+    pub query: Option<String>,
+    /// Default 443, or 80 with `--scheme http`.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// http or https (default https).
+    #[arg(long)]
+    pub scheme: Option<String>,
+    /// Decide an uninspected tunnel (`Action::"connect"`) instead of an HTTP request.
+    #[arg(long, conflicts_with_all = ["method", "path", "query", "scheme"])]
+    pub connect: bool,
+    /// TLS server name of the tunnel (default: the host).
+    #[arg(long, requires = "connect")]
+    pub sni: Option<String>,
+    /// Policy directory (default: the config's `policy.dir`).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Run a parsed command line.
@@ -161,6 +212,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
+        Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, args),
     }
 }
 
@@ -189,8 +242,36 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
             source
         })?,
     );
-    ostiary.serve(proxy, control, shutdown_signal()).await?;
+    // Registered before the listeners answer, so a hangup never takes the default action
+    // (terminating the proxy).
+    let reloader = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => Some(tokio::spawn(reload_on_hangup(
+            hangups,
+            ostiary.shared().clone(),
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP cannot be handled; policy reload by signal is off");
+            None
+        }
+    };
+    let served = ostiary.serve(proxy, control, shutdown_signal()).await;
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
+    served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `SIGHUP` reloads the policy set: the same reload as `POST /v1/policy/reload`, which logs,
+/// counts and audits its outcome.
+async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    shared: std::sync::Arc<crate::server::Shared>,
+) {
+    use crate::policy_store::{reload, Trigger};
+    while hangups.recv().await.is_some() {
+        let _ = reload(shared.clone(), Trigger::Signal).await;
+    }
 }
 
 async fn shutdown_signal() {
@@ -361,6 +442,82 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             }
         }
     }
+}
+
+/// The policy set `policy test` and `explain` work on, and its directory: `--dir` if given,
+/// else what `serve` would load (the config's dir, or the embedded library in its absence).
+fn policy_engine(
+    config: &Config,
+    dir: Option<PathBuf>,
+) -> Result<(ostiary_policies::PolicyEngine, PathBuf), CliError> {
+    match dir {
+        Some(dir) => Ok((ostiary_policies::PolicyEngine::load_dir(&dir)?, dir)),
+        None => Ok((
+            crate::server::load_policies(config)?,
+            config.policy.dir.clone(),
+        )),
+    }
+}
+
+fn policy_test(config: &Config, dir: Option<PathBuf>) -> Result<ExitCode, CliError> {
+    let (engine, dir) = policy_engine(config, dir)?;
+    let report = ostiary_policies::run_dir(&engine, &dir.join("tests"))?;
+    for case in &report.cases {
+        match &case.failure {
+            None => println!("ok   {}: {}", case.file, case.name),
+            Some(difference) => {
+                println!("FAIL {}: {}", case.file, case.name);
+                println!("     {difference}");
+            }
+        }
+    }
+    println!("{} passed, {} failed", report.passed(), report.failed());
+    Ok(if report.failed() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliError> {
+    use ostiary_policies::{AccessRequest, Action};
+
+    let (engine, _) = policy_engine(config, args.dir)?;
+    // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
+    // explain a request the proxy never decides.
+    let host = crate::egress::address::normalize_host(&args.host)
+        .map_err(|e| CliError::Usage(format!("--host {:?}: {e}", args.host)))?
+        .to_string();
+    let action = if args.connect {
+        Action::Connect {
+            port: args.port.unwrap_or(443),
+            sni: args.sni.unwrap_or_else(|| host.clone()),
+        }
+    } else {
+        let scheme = args.scheme.unwrap_or_else(|| "https".to_owned());
+        let default_port = if scheme == "http" { 80 } else { 443 };
+        Action::Http {
+            method: args.method.unwrap_or_else(|| "GET".to_owned()),
+            port: args.port.unwrap_or(default_port),
+            scheme,
+            path: args.path.unwrap_or_else(|| "/".to_owned()),
+            query: args.query.unwrap_or_default(),
+        }
+    };
+    let explanation = engine.explain(&AccessRequest {
+        agent: args.agent,
+        tenant: args.tenant,
+        host,
+        action,
+    });
+    if args.json {
+        let text = serde_json::to_string_pretty(&explanation)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        println!("{text}");
+    } else {
+        print!("{explanation}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn read_audit_key(dir: &Path) -> Result<Vec<u8>, CliError> {

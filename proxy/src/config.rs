@@ -92,12 +92,17 @@ pub struct Policy {
     /// Directory of `*.cedar` files. When it is the default and does not exist, the copy
     /// embedded in the binary is used so that `ostiary serve` works from any directory.
     pub dir: PathBuf,
+    /// How often the directory is polled for changes, which are then hot-reloaded; `0s`
+    /// turns watching off (`SIGHUP` and `POST /v1/policy/reload` still reload).
+    #[serde(deserialize_with = "duration")]
+    pub watch_interval: Duration,
 }
 
 impl Default for Policy {
     fn default() -> Self {
         Self {
             dir: PathBuf::from(DEFAULT_POLICY_DIR),
+            watch_interval: Duration::from_secs(2),
         }
     }
 }

@@ -98,7 +98,7 @@ async fn open(
         r.port = Some(port);
     });
 
-    let engine = shared.policies.clone();
+    let engine = shared.policies.current();
     let opened_by = evaluate::port(
         &engine,
         &shared.metrics,

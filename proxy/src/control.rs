@@ -1,5 +1,5 @@
 //! The control API (DESIGN §6), on its own listener that the egress guard never lets the
-//! proxy reach: sessions, audit, metrics, health.
+//! proxy reach: sessions, audit, policy reload, metrics, health.
 //!
 //! Admin calls carry `Authorization: Bearer <admin token>`, compared in constant time.
 
@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::audit::verify::{self, Query};
 use crate::body::{full, ProxyBody};
 use crate::ids;
+use crate::policy_store::{self, ReloadError, Trigger};
 use crate::respond::json_response;
 use crate::server::Shared;
 use crate::session::{NewSession, SessionError};
@@ -96,6 +97,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
     let reply = match (req.method().clone(), segments.as_slice()) {
         (Method::POST, ["v1", "sessions"]) => create_session(&shared, req).await,
         (Method::DELETE, ["v1", "sessions", id]) => delete_session(&shared, id).await,
+        (Method::POST, ["v1", "policy", "reload"]) => reload_policies(&shared).await,
         (Method::GET, ["v1", "audit"]) => {
             return audit_lines(&shared, req.uri().query().unwrap_or(""), &request_id).await
         }
@@ -160,6 +162,31 @@ async fn create_session(shared: &Shared, req: Request<Incoming>) -> Reply {
         }
         Err(SessionError::Invalid(m)) => problem(StatusCode::BAD_REQUEST, "bad_request", m),
         Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        ),
+    }
+}
+
+/// `POST /v1/policy/reload`: the same reload as a file change or `SIGHUP`. An invalid set
+/// answers 422 and leaves the set in force untouched.
+async fn reload_policies(shared: &Arc<Shared>) -> Reply {
+    match policy_store::reload(shared.clone(), Trigger::Api).await {
+        Ok(report) => Reply(
+            StatusCode::OK,
+            json!({
+                "status": "reloaded",
+                "policies": report.policies,
+                "generation": report.generation,
+            }),
+        ),
+        Err(ReloadError::Invalid(e)) => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "policy_invalid",
+            e.to_string(),
+        ),
+        Err(e @ ReloadError::Interrupted(_)) => problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal_error",
             e.to_string(),

@@ -11,7 +11,8 @@
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
 //!
-//! Around it: [`session`] (tokens and live sessions), [`control`] (the control API),
+//! Around it: [`policy_store`] (the policy set in force and its hot reload), [`session`]
+//! (tokens and live sessions), [`control`] (the control API),
 //! [`metrics`], [`store`] (SQLite), [`state`] (the state directory), [`config`], [`server`]
 //! (assembly), [`cli`] (the `ostiary` command).
 #![forbid(unsafe_code)]
@@ -34,6 +35,7 @@ pub mod ids;
 pub mod inject;
 pub mod metrics;
 pub mod pipeline;
+pub mod policy_store;
 pub mod respond;
 pub mod server;
 pub mod session;

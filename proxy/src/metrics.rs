@@ -1,11 +1,13 @@
 //! Prometheus metrics (`GET /metrics`): requests by decision, decision latency (Cedar
-//! evaluation only), upstream latency (time to the response head).
+//! evaluation only), upstream latency (time to the response head), policy reloads by
+//! outcome and the generation of the policy set in force.
 
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -18,6 +20,13 @@ pub struct RequestLabels {
     pub decision: String,
 }
 
+/// Labels of the policy reload counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `ok` or `failed`.
+    pub outcome: String,
+}
+
 /// All metrics of one proxy.
 #[derive(Debug)]
 pub struct Metrics {
@@ -25,6 +34,8 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub decision_seconds: Histogram,
     pub upstream_seconds: Histogram,
+    pub policy_reloads: Family<ReloadLabels, Counter>,
+    pub policy_generation: Gauge,
 }
 
 impl Default for Metrics {
@@ -50,11 +61,32 @@ impl Default for Metrics {
             "Time from dialing an upstream to its response head",
             upstream_seconds.clone(),
         );
+        let policy_reloads = Family::<ReloadLabels, Counter>::default();
+        // Both series exist from the start, so an alert on `failed` sees 0 rather than
+        // nothing until the first failure.
+        for outcome in ["ok", "failed"] {
+            let _ = policy_reloads.get_or_create(&ReloadLabels {
+                outcome: outcome.to_owned(),
+            });
+        }
+        registry.register(
+            "policy_reloads",
+            "Policy set reloads, by outcome (a failed one keeps the last good set)",
+            policy_reloads.clone(),
+        );
+        let policy_generation = Gauge::default();
+        registry.register(
+            "policy_generation",
+            "Generation of the policy set in force (1 at start-up, +1 per successful reload)",
+            policy_generation.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             requests,
             decision_seconds,
             upstream_seconds,
+            policy_reloads,
+            policy_generation,
         }
     }
 }
@@ -68,6 +100,22 @@ impl Metrics {
                 decision: decision.to_owned(),
             })
             .inc();
+    }
+
+    /// Count one policy reload and publish the generation now in force.
+    pub fn policy_reloaded(&self, ok: bool, generation: u64) {
+        self.policy_reloads
+            .get_or_create(&ReloadLabels {
+                outcome: if ok { "ok" } else { "failed" }.to_owned(),
+            })
+            .inc();
+        self.set_policy_generation(generation);
+    }
+
+    /// Publish the generation of the policy set in force.
+    pub fn set_policy_generation(&self, generation: u64) {
+        self.policy_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
     }
 
     /// Prometheus text exposition.

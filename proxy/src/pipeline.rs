@@ -94,7 +94,7 @@ async fn run(
 
     // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
     // The engine is taken once so the whole request is decided under one policy set.
-    let engine = shared.policies.clone();
+    let engine = shared.policies.current();
     if matches!(origin, Origin::Plain) {
         let opened_by = evaluate::port(
             &engine,

@@ -10,16 +10,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use ostiary_policies::{PolicyEngine, PolicySource, EMBEDDED_LIBRARY};
+use ostiary_policies::PolicyEngine;
 use tokio::net::TcpListener;
 
 use crate::audit::{AuditGuard, AuditSink, AuditWriter};
 use crate::classify::Tunnel;
-use crate::config::{Config, DEFAULT_POLICY_DIR};
+use crate::config::Config;
 use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
 use crate::metrics::Metrics;
+use crate::policy_store::{self, PolicyStore};
 use crate::session::{SessionRegistry, TokenKeys};
 use crate::state::{files, SecretString, StateDir};
 use crate::tls::ca::LeafMinter;
@@ -64,7 +65,8 @@ impl Default for Options {
 #[derive(Debug)]
 pub struct Shared {
     pub config: Config,
-    pub policies: Arc<PolicyEngine>,
+    /// The policy set in force; requests take [`PolicyStore::current`] once.
+    pub policies: PolicyStore,
     pub sessions: SessionRegistry,
     pub guard: Arc<Guard>,
     pub upstreams: Upstreams,
@@ -126,23 +128,10 @@ pub struct Ostiary {
     writer: AuditWriter,
 }
 
-/// Load the policy directory, or the embedded library when the default directory is absent.
+/// Load the policy set as the server would (the policy directory, or the embedded library
+/// when the default directory is absent); see [`policy_store::build`].
 pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
-    let dir = &config.policy.dir;
-    if dir.as_os_str() == DEFAULT_POLICY_DIR && !dir.exists() {
-        tracing::info!(
-            "policy directory {DEFAULT_POLICY_DIR} not found; using the embedded library"
-        );
-        let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
-            .iter()
-            .map(|(name, text)| PolicySource {
-                name: (*name).to_owned(),
-                text: (*text).to_owned(),
-            })
-            .collect();
-        return Ok(PolicyEngine::from_sources(&sources)?);
-    }
-    Ok(PolicyEngine::load_dir(dir)?)
+    Ok(policy_store::build(&config.policy)?)
 }
 
 impl Ostiary {
@@ -155,8 +144,16 @@ impl Ostiary {
             );
         }
         let state = StateDir::open_or_create(&config.state.dir)?;
-        let policies = Arc::new(load_policies(&config)?);
-        tracing::info!(policies = policies.len(), dir = %config.policy.dir.display(), "policies loaded");
+        let policies = PolicyStore::open(config.policy.clone())?;
+        if policies.watched_dir().is_none() {
+            tracing::info!(
+                "policy directory {} not found; using the embedded library",
+                config.policy.dir.display()
+            );
+        }
+        tracing::info!(policies = policies.current().len(), dir = %config.policy.dir.display(), "policies loaded");
+        let metrics = Arc::new(Metrics::default());
+        metrics.set_policy_generation(policies.generation());
 
         let db_path = state.path(files::DATABASE);
         let (writer, audit) = AuditWriter::start(
@@ -201,7 +198,7 @@ impl Ostiary {
             upstreams,
             minter,
             audit,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             ca_pem: state.ca_cert_pem.clone(),
             admin_token: state.admin_token.clone(),
             db_path,
@@ -245,11 +242,12 @@ impl Ostiary {
         let control_task = tokio::spawn(control::serve(
             control,
             self.shared.clone(),
-            stopped(stop_rx),
+            stopped(stop_rx.clone()),
         ));
+        let watch_task = tokio::spawn(policy_store::watch(self.shared.clone(), stopped(stop_rx)));
         shutdown.await;
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(proxy_task, control_task);
+        let _ = tokio::join!(proxy_task, control_task, watch_task);
         self.shared.audit.flush().await;
         let Ostiary { shared, writer } = self;
         drop(shared);

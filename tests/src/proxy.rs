@@ -43,6 +43,8 @@ pub struct ProxySpec {
     pub allow_private: Option<Vec<String>>,
     /// `egress.tunnel`.
     pub tunnel: Vec<String>,
+    /// `policy.watch_interval` (e.g. `"100ms"`); the config default when `None`.
+    pub watch_interval: Option<String>,
     /// Resolver and dialer seams.
     pub options: Options,
 }
@@ -57,6 +59,7 @@ impl Default for ProxySpec {
             extra_toml: String::new(),
             allow_private: None,
             tunnel: Vec::new(),
+            watch_interval: None,
             options: Options::default(),
         }
     }
@@ -134,6 +137,7 @@ dir = "{state}"
 
 [policy]
 dir = "{policy}"
+{watch}
 
 [egress]
 ports = {ports}
@@ -149,6 +153,11 @@ tunnel = {tunnel}
             ports = toml_list(&ports, false),
             allow = toml_list(&allow_private, true),
             tunnel = toml_list(&spec.tunnel, true),
+            watch = spec
+                .watch_interval
+                .as_ref()
+                .map(|w| format!("watch_interval = \"{w}\""))
+                .unwrap_or_default(),
             extra = spec.extra_toml,
         );
         let config_path = dir.path().join("ostiary.toml");

@@ -14,6 +14,8 @@
 //! - `serve` with no config at all creates the state directory with private secrets and
 //!   listens on the default ports;
 //! - `policy validate` accepts the shipped library and names the broken file otherwise.
+//! - `policy test` passes the shipped library's cases (exit 0), reports a failing case with
+//!   expected vs got (exit 1), and exits 2 when there are no tests to run.
 //!
 //! The binary is built once per test process (`cargo build -p ostiary --bin ostiary`), so
 //! the tests always run the current code.
@@ -921,4 +923,68 @@ async fn policy_validate_accepts_the_library_and_names_broken_files() {
         "the message names the file:\n{out}"
     );
     assert!(out.stderr.contains("bad-attr"), "and the policy:\n{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_test_exit_codes_say_pass_fail_or_error() {
+    let library = workspace_root().join("policies/library");
+    let library_arg = library.display().to_string();
+    let out = ostiary(&["policy", "test", "--dir", &library_arg]).await;
+    assert!(out.success(), "{out}");
+    assert!(out.stdout.contains("ok   egress.toml: "), "{out}");
+    assert!(
+        out.stdout.trim_end().ends_with(" passed, 0 failed"),
+        "{out}"
+    );
+
+    // The library's policies with one wrong expectation added.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        library.join("egress.cedar"),
+        dir.path().join("egress.cedar"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("tests")).unwrap();
+    std::fs::write(
+        dir.path().join("tests/wrong.toml"),
+        "[[case]]\nname = \"publishing is allowed\"\naction = \"http\"\nhost = \"pypi.org\"\nmethod = \"POST\"\nexpect = \"allow\"\n\n\
+         [[case]]\nname = \"reading is allowed\"\naction = \"http\"\nhost = \"pypi.org\"\nexpect = \"allow\"\n",
+    )
+    .unwrap();
+    let dir_arg = dir.path().display().to_string();
+    let out = ostiary(&["policy", "test", "--dir", &dir_arg]).await;
+    assert_eq!(out.status, 1, "{out}");
+    assert!(
+        out.stdout
+            .contains("FAIL wrong.toml: publishing is allowed\n     expected allow, got deny"),
+        "{out}"
+    );
+    assert!(out.stdout.contains("1 passed, 1 failed"), "{out}");
+
+    // No tests directory: an error, not a pass.
+    std::fs::remove_dir_all(dir.path().join("tests")).unwrap();
+    let out = ostiary(&["policy", "test", "--dir", &dir_arg]).await;
+    assert_eq!(out.status, 2, "{out}");
+    assert!(out.stderr.contains("no test directory"), "{out}");
+
+    // And explain names the determining policy and its file.
+    let out = ostiary(&[
+        "policy",
+        "explain",
+        "--dir",
+        &library_arg,
+        "--agent",
+        "demo",
+        "--host",
+        "169.254.169.254",
+        "--json",
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    let explanation: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(explanation["decision"], "deny", "{out}");
+    assert_eq!(
+        explanation["policies"][0],
+        serde_json::json!({"id": "forbid-metadata-service", "file": "egress.cedar"})
+    );
 }

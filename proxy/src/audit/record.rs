@@ -136,6 +136,15 @@ impl AuditGuard {
         });
     }
 
+    /// Close the record of an event that is not an HTTP exchange (a policy reload): a
+    /// decision and, for failures, the `error` kind; no status.
+    pub fn event(mut self, decision: &str, error: Option<&str>) {
+        self.write(|r| {
+            r.decision = decision.to_owned();
+            r.error = error.map(str::to_owned);
+        });
+    }
+
     fn write(&mut self, f: impl FnOnce(&mut AuditRecord)) {
         if let Some(mut record) = self.record.take() {
             f(&mut record);

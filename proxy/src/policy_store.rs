@@ -1,0 +1,472 @@
+//! The live policy set and its hot reload (DESIGN §8: the policy directory is hot-reloaded).
+//!
+//! Requests take the current set once ([`PolicyStore::current`], an `Arc`) and are decided
+//! under it to the end, so a reload never changes the rules under a request already running:
+//! the swap replaces the `Arc`, and the old set lives until its last request drops it.
+//!
+//! Three triggers — a change in the policy directory ([`watch`]), `SIGHUP` (`ostiary serve`)
+//! and `POST /v1/policy/reload` — all end in [`reload`], which builds the new set with
+//! [`build`], the one function that turns configuration into a policy set (start-up,
+//! `ostiary policy validate` and every reload use it; the tool catalog joins the set there).
+//! A set that fails to build or validate is never swapped in: the last good one keeps
+//! serving, and the failure is logged, counted and audited.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
+
+use ostiary_policies::{LoadError, PolicyEngine, PolicySource, EMBEDDED_LIBRARY};
+
+use crate::audit::AuditGuard;
+use crate::config::{self, DEFAULT_POLICY_DIR};
+use crate::ids;
+use crate::server::Shared;
+
+/// Build a policy set from the `[policy]` config: every `*.cedar` file of `policy.dir`,
+/// strictly validated — or the embedded library when `dir` is the default and absent, so
+/// that `ostiary serve` works from any directory.
+pub fn build(policy: &config::Policy) -> Result<PolicyEngine, LoadError> {
+    match source_of(policy) {
+        Source::Dir(dir) => PolicyEngine::load_dir(dir),
+        Source::Embedded => {
+            let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
+                .iter()
+                .map(|(name, text)| PolicySource {
+                    name: (*name).to_owned(),
+                    text: (*text).to_owned(),
+                })
+                .collect();
+            PolicyEngine::from_sources(&sources)
+        }
+    }
+}
+
+/// Where a policy set comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source<'a> {
+    Dir(&'a Path),
+    /// The copy compiled into the binary; it cannot change while the process runs, so it is
+    /// never watched.
+    Embedded,
+}
+
+fn source_of(policy: &config::Policy) -> Source<'_> {
+    if policy.dir.as_os_str() == DEFAULT_POLICY_DIR && !policy.dir.exists() {
+        Source::Embedded
+    } else {
+        Source::Dir(&policy.dir)
+    }
+}
+
+/// What a successful reload swapped in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Policies in the new set.
+    pub policies: usize,
+    /// The new set's generation (the set loaded at start-up is generation 1).
+    pub generation: u64,
+}
+
+/// Why an asynchronous reload did not produce a new set.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new set is invalid; the last good one keeps serving.
+    #[error(transparent)]
+    Invalid(#[from] LoadError),
+    /// The blocking reload task did not finish (it panicked or the runtime is shutting down).
+    #[error("policy reload did not complete: {0}")]
+    Interrupted(#[from] tokio::task::JoinError),
+}
+
+/// What started a reload; logged with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// `POST /v1/policy/reload`.
+    Api,
+    /// `SIGHUP` to `ostiary serve`.
+    Signal,
+    /// The directory watcher saw a change.
+    Watch,
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Trigger::Api => "api",
+            Trigger::Signal => "sighup",
+            Trigger::Watch => "watch",
+        })
+    }
+}
+
+/// What the policy directory looked like: each input file's name, mtime and length, or the
+/// kind of error listing it. Compared, never interpreted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Snapshot(Result<Vec<(String, Option<SystemTime>, u64)>, std::io::ErrorKind>);
+
+impl Snapshot {
+    /// The files [`build`] reads: the `*.cedar` files of `dir` (the catalog joins here).
+    fn take(dir: &Path) -> Self {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => return Self(Err(e.kind())),
+        };
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => return Self(Err(e.kind())),
+            };
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "cedar") {
+                continue;
+            }
+            // Follows symlinks, as loading does: a re-pointed link is a change.
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if meta.is_file() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                files.push((name, meta.modified().ok(), meta.len()));
+            }
+        }
+        files.sort();
+        Self(Ok(files))
+    }
+}
+
+/// The current policy set, swapped atomically by reloads.
+#[derive(Debug)]
+pub struct PolicyStore {
+    config: config::Policy,
+    current: RwLock<Arc<PolicyEngine>>,
+    /// Written only under the `current` write lock, so a reader sees a generation no older
+    /// than the set it took before reading it.
+    generation: AtomicU64,
+    /// Serialises reloads (two concurrent ones could otherwise swap in the older read last)
+    /// and holds the directory as the last reload found it, so that the watcher reloads once
+    /// per change — also after a failed reload, which is retried only when the files change.
+    last_seen: Mutex<Option<Snapshot>>,
+}
+
+impl PolicyStore {
+    /// Load the initial set (generation 1).
+    pub fn open(config: config::Policy) -> Result<Self, LoadError> {
+        let seen = watched(&config).map(Snapshot::take);
+        let engine = build(&config)?;
+        Ok(Self {
+            config,
+            current: RwLock::new(Arc::new(engine)),
+            generation: AtomicU64::new(1),
+            last_seen: Mutex::new(seen),
+        })
+    }
+
+    /// The set to decide a request under. Take it once per request.
+    pub fn current(&self) -> Arc<PolicyEngine> {
+        // Poisoning cannot leave a half-written value here (the guarded write is a single
+        // assignment), so a poisoned lock still holds a good set.
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The generation of the current set: 1 at start-up, +1 per successful reload.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The directory the watcher polls; `None` for the embedded library.
+    pub fn watched_dir(&self) -> Option<&Path> {
+        watched(&self.config)
+    }
+
+    /// How often the watcher polls; zero turns it off.
+    pub fn watch_interval(&self) -> Duration {
+        self.config.watch_interval
+    }
+
+    /// Build and validate the set anew and swap it in; on error the current set stays.
+    /// Blocking (file reads, Cedar validation): call it off the async workers.
+    pub fn reload(&self) -> Result<ReloadReport, LoadError> {
+        let mut seen = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Taken before the files are read: an edit landing during the read then shows up as
+        // a difference at the next poll, and is loaded again.
+        *seen = self.watched_dir().map(Snapshot::take);
+        let engine = Arc::new(build(&self.config)?);
+        let policies = engine.len();
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        *current = engine;
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        Ok(ReloadReport {
+            policies,
+            generation,
+        })
+    }
+
+    /// Whether the policy directory differs from what the last load read. Blocking (stats).
+    pub fn changed_on_disk(&self) -> bool {
+        let Some(dir) = self.watched_dir() else {
+            return false;
+        };
+        let now = Snapshot::take(dir);
+        let seen = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        seen.as_ref() != Some(&now)
+    }
+}
+
+fn watched(config: &config::Policy) -> Option<&Path> {
+    match source_of(config) {
+        Source::Dir(dir) => Some(dir),
+        Source::Embedded => None,
+    }
+}
+
+/// Reload the set and record the outcome: a log line, the reload metrics and an audit record
+/// of kind `policy`. Every trigger goes through here. Blocking; see [`reload`].
+pub fn reload_recorded(shared: &Shared, trigger: Trigger) -> Result<ReloadReport, LoadError> {
+    let request_id = ids::request_id();
+    // Started first so that the record's duration is the reload's.
+    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "policy");
+    let result = shared.policies.reload();
+    match &result {
+        Ok(report) => {
+            tracing::info!(
+                %trigger,
+                policies = report.policies,
+                generation = report.generation,
+                dir = %shared.config.policy.dir.display(),
+                "policy set reloaded"
+            );
+            shared.metrics.policy_reloaded(true, report.generation);
+            audit.update(|r| {
+                r.reason = Some(format!("policy set reloaded: {} policies", report.policies))
+            });
+            audit.event("allow", None);
+        }
+        Err(e) => {
+            let generation = shared.policies.generation();
+            tracing::error!(
+                %trigger,
+                error = %e,
+                generation,
+                dir = %shared.config.policy.dir.display(),
+                "policy reload failed; the last good set stays in force"
+            );
+            shared.metrics.policy_reloaded(false, generation);
+            audit.update(|r| r.reason = Some(e.to_string()));
+            audit.event("error", Some("policy_invalid"));
+        }
+    }
+    result
+}
+
+/// [`reload_recorded`] on a blocking thread, for async callers (control API, signal handler).
+pub async fn reload(shared: Arc<Shared>, trigger: Trigger) -> Result<ReloadReport, ReloadError> {
+    Ok(tokio::task::spawn_blocking(move || reload_recorded(&shared, trigger)).await??)
+}
+
+/// Poll the policy directory every `watch_interval` and reload when it changed, until `stop`
+/// resolves. Returns at once for the embedded library or a zero interval.
+///
+/// Polling rather than inotify: no extra crate, and it works the same on every file system
+/// (network mounts, container volumes, editors that replace files by rename).
+pub async fn watch(shared: Arc<Shared>, stop: impl std::future::Future<Output = ()>) {
+    let interval = shared.policies.watch_interval();
+    let Some(dir) = shared.policies.watched_dir() else {
+        return;
+    };
+    if interval.is_zero() {
+        return;
+    }
+    tracing::debug!(dir = %dir.display(), ?interval, "watching the policy directory");
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = ticks.tick() => {
+                let shared = shared.clone();
+                let polled = tokio::task::spawn_blocking(move || {
+                    if shared.policies.changed_on_disk() {
+                        // The outcome is logged, counted and audited inside.
+                        let _ = reload_recorded(&shared, Trigger::Watch);
+                    }
+                })
+                .await;
+                if let Err(e) = polled {
+                    tracing::error!(error = %e, "policy directory poll did not complete");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    const ALLOW: &str = r#"
+@id("allow-example")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"example.com");
+"#;
+    const TWO: &str = r#"
+@id("allow-example")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"example.com");
+@id("allow-other")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"other.example");
+"#;
+
+    fn store_in(dir: &Path, text: &str) -> PolicyStore {
+        std::fs::write(dir.join("p.cedar"), text).unwrap();
+        PolicyStore::open(config::Policy {
+            dir: dir.to_owned(),
+            watch_interval: Duration::from_millis(10),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn reload_swaps_the_set_and_counts_generations() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), ALLOW);
+        assert_eq!(store.generation(), 1);
+        let before = store.current();
+        assert_eq!(before.len(), 1);
+
+        std::fs::write(dir.path().join("p.cedar"), TWO).unwrap();
+        let report = store.reload().unwrap();
+        assert_eq!(
+            report,
+            ReloadReport {
+                policies: 2,
+                generation: 2
+            }
+        );
+        assert_eq!(store.generation(), 2);
+        assert_eq!(store.current().len(), 2);
+        // A request holding the old set keeps it, unchanged.
+        assert_eq!(before.len(), 1);
+        assert!(!Arc::ptr_eq(&before, &store.current()));
+    }
+
+    #[test]
+    fn an_invalid_set_keeps_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), ALLOW);
+        let good = store.current();
+
+        std::fs::write(
+            dir.path().join("p.cedar"),
+            "permit (principal, action, resource",
+        )
+        .unwrap();
+        let err = store.reload().unwrap_err();
+        assert!(matches!(err, LoadError::Parse { .. }), "{err}");
+        assert!(err.to_string().starts_with("p.cedar:"), "{err}");
+
+        // Parses, but fails strict validation (no such attribute).
+        std::fs::write(
+            dir.path().join("p.cedar"),
+            "permit (principal, action == Ostiary::Action::\"http\", resource) when { context.nope };",
+        )
+        .unwrap();
+        assert!(matches!(store.reload(), Err(LoadError::Validation(_))));
+
+        std::fs::remove_file(dir.path().join("p.cedar")).unwrap();
+        assert!(matches!(store.reload(), Err(LoadError::Empty(_))));
+
+        assert!(Arc::ptr_eq(&good, &store.current()));
+        assert_eq!(store.generation(), 1);
+    }
+
+    #[test]
+    fn changes_on_disk_are_seen_once_per_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in(dir.path(), ALLOW);
+        assert!(!store.changed_on_disk(), "nothing changed since open");
+
+        std::fs::write(dir.path().join("p.cedar"), TWO).unwrap();
+        assert!(store.changed_on_disk());
+        store.reload().unwrap();
+        assert!(!store.changed_on_disk(), "the reload read this state");
+
+        // A failed reload is not retried until the files change again.
+        std::fs::write(dir.path().join("p.cedar"), "nonsense").unwrap();
+        assert!(store.changed_on_disk());
+        assert!(store.reload().is_err());
+        assert!(!store.changed_on_disk());
+
+        // Files other than *.cedar are not inputs of the set.
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        assert!(!store.changed_on_disk());
+        std::fs::write(dir.path().join("q.cedar"), "").unwrap();
+        assert!(store.changed_on_disk());
+    }
+
+    #[test]
+    fn the_embedded_library_is_not_watched() {
+        let policy = config::Policy {
+            dir: PathBuf::from(DEFAULT_POLICY_DIR),
+            watch_interval: Duration::from_secs(2),
+        };
+        // Only meaningful where the default directory is absent (the crate's own directory).
+        if policy.dir.exists() {
+            return;
+        }
+        let store = PolicyStore::open(policy).unwrap();
+        assert_eq!(store.watched_dir(), None);
+        assert!(!store.changed_on_disk());
+        assert_eq!(store.current().len(), build_embedded_len());
+        // Reloading the embedded library rebuilds the same set.
+        assert_eq!(store.reload().unwrap().generation, 2);
+    }
+
+    fn build_embedded_len() -> usize {
+        build(&config::Policy {
+            dir: PathBuf::from(DEFAULT_POLICY_DIR),
+            watch_interval: Duration::ZERO,
+        })
+        .unwrap()
+        .len()
+    }
+
+    #[test]
+    fn concurrent_readers_always_see_a_whole_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(store_in(dir.path(), ALLOW));
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        let generation = store.generation();
+                        let len = store.current().len();
+                        assert!(len == 1 || len == 2);
+                        assert!(store.generation() >= generation);
+                    }
+                })
+            })
+            .collect();
+        for i in 0..20 {
+            let text = if i % 2 == 0 { TWO } else { ALLOW };
+            std::fs::write(dir.path().join("p.cedar"), text).unwrap();
+            store.reload().unwrap();
+        }
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert_eq!(store.generation(), 21);
+    }
+}
