@@ -3,17 +3,33 @@
 //! Cedar skips a policy whose condition errors and decides without it. For a `forbid` that
 //! would turn a deny into an allow, so any evaluation error here is a deny, whatever Cedar
 //! decided. Strict validation at load time makes such errors rare; this is the backstop.
+//! The one part of a request the agent controls, a tool call's arguments, is checked against
+//! the tool's schema here, per request; a mismatch is a deny of the same kind.
+//!
+//! # Escalation (DESIGN §4)
+//! A tool call that is denied is escalated instead — [`Decision::Escalate`], "ask a human" —
+//! when (a) at least one policy determined the deny and every one of them carries
+//! `@escalate("approval")`, and (b) the same request with `context.approval.granted == true`
+//! (the approver left as it was, empty if none) is allowed. A default deny never escalates,
+//! nor does a request already approved, nor an `http`/`connect` request (their context has no
+//! approval to grant).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use cedar_policy::{
-    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicySet, Request,
+    Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicyId, PolicySet, Request,
     RestrictedExpression,
 };
 
+use crate::args::RecordType;
+use crate::catalog::Catalog;
 use crate::load::PolicyEngine;
 use crate::request::{AccessRequest, Action};
 use crate::schema::NAMESPACE;
+
+/// The annotation that makes a forbid escalate: `@escalate("approval")`.
+pub const ESCALATE_ANNOTATION: (&str, &str) = ("escalate", "approval");
 
 /// The outcome of evaluation. Exhaustive on purpose: a new outcome must break every caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +37,12 @@ pub enum Decision {
     /// At least one permit matched and no forbid did.
     Allow {
         /// Ids of the permits that determined the decision.
+        policies: Vec<String>,
+    },
+    /// Denied only by forbids that all carry `@escalate("approval")`, and allowed once
+    /// approved: the call waits for a human (see the module doc).
+    Escalate {
+        /// Ids of the escalating forbids that determined the deny.
         policies: Vec<String>,
     },
     /// Anything else.
@@ -41,7 +63,9 @@ impl Decision {
     /// The determining policy ids, whatever the outcome.
     pub fn policies(&self) -> &[String] {
         match self {
-            Decision::Allow { policies } | Decision::Deny { policies, .. } => policies,
+            Decision::Allow { policies }
+            | Decision::Escalate { policies }
+            | Decision::Deny { policies, .. } => policies,
         }
     }
 }
@@ -67,8 +91,9 @@ impl fmt::Display for DenyReason {
     }
 }
 
-/// Entity type names and action ids, parsed once per policy set: parsing a name goes through
-/// Cedar's grammar and would otherwise cost more than evaluating a small policy set.
+/// Entity type names, action ids and tool entities, built once per policy set: parsing a
+/// name goes through Cedar's grammar and would otherwise cost more than evaluating a small
+/// policy set.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     agent: EntityTypeName,
@@ -76,32 +101,98 @@ pub(crate) struct Names {
     host: EntityTypeName,
     http: EntityUid,
     connect: EntityUid,
+    tools: HashMap<String, ToolModel>,
+}
+
+/// What evaluating a call of one tool needs beyond the request.
+#[derive(Debug, Clone)]
+struct ToolModel {
+    /// `Action::"tool:<name>"`.
+    action_uid: EntityUid,
+    /// The same, as an entity whose parent is its tier group.
+    action: Entity,
+    /// `Action::"tier:<tier>"`.
+    group: Entity,
+    /// `Tool::"<name>"` with its attributes.
+    resource: Entity,
+    args: RecordType,
 }
 
 impl Names {
-    pub(crate) fn new() -> Result<Self, String> {
+    pub(crate) fn new(catalog: &Catalog) -> Result<Self, String> {
         let ty = |kind: &str| -> Result<EntityTypeName, String> {
             format!("{NAMESPACE}::{kind}")
                 .parse()
                 .map_err(|e| format!("entity type {kind}: {e}"))
         };
         let action = ty("Action")?;
+        let tool_ty = ty("Tool")?;
+        let action_uid =
+            |id: String| EntityUid::from_type_name_and_id(action.clone(), EntityId::new(id));
+        let mut tools = HashMap::with_capacity(catalog.len());
+        for tool in catalog.tools() {
+            let group = action_uid(format!("tier:{}", tool.tier().as_str()));
+            let attrs = [
+                (
+                    "tier".to_owned(),
+                    RestrictedExpression::new_string(tool.tier().as_str().to_owned()),
+                ),
+                (
+                    "reversible".to_owned(),
+                    RestrictedExpression::new_bool(tool.reversible()),
+                ),
+                (
+                    "server".to_owned(),
+                    RestrictedExpression::new_string(tool.server().to_owned()),
+                ),
+            ];
+            let resource = Entity::new(
+                EntityUid::from_type_name_and_id(tool_ty.clone(), EntityId::new(tool.name())),
+                attrs.into_iter().collect(),
+                Default::default(),
+            )
+            .map_err(|e| format!("tool entity {}: {e}", tool.name()))?;
+            let tool_action = action_uid(format!("tool:{}", tool.name()));
+            let model = ToolModel {
+                action: Entity::new_no_attrs(
+                    tool_action.clone(),
+                    [group.clone()].into_iter().collect(),
+                ),
+                action_uid: tool_action,
+                group: Entity::new_no_attrs(group, Default::default()),
+                resource,
+                args: tool.args.clone(),
+            };
+            tools.insert(tool.name().to_owned(), model);
+        }
         Ok(Self {
             agent: ty("Agent")?,
             tenant: ty("Tenant")?,
             host: ty("Host")?,
-            http: EntityUid::from_type_name_and_id(action.clone(), EntityId::new("http")),
-            connect: EntityUid::from_type_name_and_id(action, EntityId::new("connect")),
+            http: action_uid("http".into()),
+            connect: action_uid("connect".into()),
+            tools,
         })
     }
-}
 
-impl Names {
-    /// The Cedar action entity of a request's action.
-    pub(crate) fn action(&self, action: &Action) -> &EntityUid {
+    /// The Cedar action entity of a request's action; `None` for a tool not in the catalog.
+    pub(crate) fn action(&self, action: &Action) -> Option<&EntityUid> {
         match action {
-            Action::Http { .. } => &self.http,
-            Action::Connect { .. } => &self.connect,
+            Action::Http { .. } => Some(&self.http),
+            Action::Connect { .. } => Some(&self.connect),
+            Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.action_uid),
+        }
+    }
+
+    /// The action groups the action is in (its tier group for a tool; none otherwise).
+    pub(crate) fn groups(&self, action: &Action) -> Vec<EntityUid> {
+        match action {
+            Action::Tool { name, .. } => self
+                .tools
+                .get(name)
+                .map(|t| vec![t.group.uid()])
+                .unwrap_or_default(),
+            Action::Http { .. } | Action::Connect { .. } => Vec::new(),
         }
     }
 }
@@ -115,6 +206,38 @@ impl PolicyEngine {
     /// Decide against another set built from this one's policies (explanations ask what the
     /// decision would be without some of them). Same fail-closed rule as [`Self::decide`].
     pub(crate) fn decide_with(&self, req: &AccessRequest, policies: &PolicySet) -> Decision {
+        let decision = self.decide_once(req, policies);
+        let Decision::Deny {
+            policies: determining,
+            reason: DenyReason::Forbidden,
+        } = &decision
+        else {
+            return decision;
+        };
+        let Action::Tool { approval: None, .. } = &req.action else {
+            return decision;
+        };
+        let (key, value) = ESCALATE_ANNOTATION;
+        let all_escalate = determining
+            .iter()
+            .all(|id| policies.annotation(&PolicyId::new(id), key) == Some(value));
+        if !all_escalate {
+            return decision;
+        }
+        let mut approved = req.clone();
+        if let Action::Tool { approval, .. } = &mut approved.action {
+            *approval = Some(String::new());
+        }
+        if self.decide_once(&approved, policies).is_allow() {
+            Decision::Escalate {
+                policies: determining.clone(),
+            }
+        } else {
+            decision
+        }
+    }
+
+    fn decide_once(&self, req: &AccessRequest, policies: &PolicySet) -> Decision {
         match self.evaluate(req, policies) {
             Ok(decision) => decision,
             Err(message) => Decision::Deny {
@@ -131,32 +254,62 @@ impl PolicyEngine {
         };
         let principal = uid(&names.agent, &req.agent);
         let tenant = uid(&names.tenant, &req.tenant);
-        let resource = uid(&names.host, &req.host);
-        let action = names.action(&req.action).clone();
 
         // The context is built from typed fields, so it matches the schema by construction;
         // re-validating it per request would cost more than evaluating a small policy set.
-        // The schema test below keeps the two in step.
-        let context =
-            Context::from_pairs(req.action.context_pairs()).map_err(|e| format!("context: {e}"))?;
-        let request = Request::new(principal.clone(), action, resource.clone(), context, None)
+        // The schema test below keeps the two in step. Tool arguments are the exception:
+        // they come from the agent, so they are converted against the tool's record type,
+        // and a mismatch is an error (a deny).
+        let mut pairs = req
+            .action
+            .context_pairs()
+            .map_err(|e| format!("context: {e}"))?;
+        let mut entities = vec![
+            Entity::new_no_attrs(principal.clone(), [tenant.clone()].into_iter().collect()),
+            Entity::new_no_attrs(tenant, Default::default()),
+        ];
+        let (action, resource) = match &req.action {
+            Action::Tool { name, args, .. } => {
+                let model = names
+                    .tools
+                    .get(name)
+                    .ok_or_else(|| format!("tool {name:?} is not in the catalog"))?;
+                pairs.push(("args".into(), model.args.value(args, "args")?));
+                // The action and its tier group go in with the request, so that
+                // `action in Action::"tier:..."` sees the hierarchy.
+                entities.extend([
+                    model.action.clone(),
+                    model.group.clone(),
+                    model.resource.clone(),
+                ]);
+                (model.action_uid.clone(), model.resource.uid())
+            }
+            Action::Http { .. } | Action::Connect { .. } => {
+                let resource = uid(&names.host, &req.host);
+                entities.push(
+                    Entity::new(
+                        resource.clone(),
+                        [(
+                            "name".to_owned(),
+                            RestrictedExpression::new_string(req.host.clone()),
+                        )]
+                        .into_iter()
+                        .collect(),
+                        Default::default(),
+                    )
+                    .map_err(|e| format!("host entity: {e}"))?,
+                );
+                let action = names
+                    .action(&req.action)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown action {}", req.action.id()))?;
+                (action, resource)
+            }
+        };
+        let context = Context::from_pairs(pairs).map_err(|e| format!("context: {e}"))?;
+        let request = Request::new(principal, action, resource, context, None)
             .map_err(|e| format!("request: {e}"))?;
 
-        let entities = [
-            Entity::new_no_attrs(principal, [tenant.clone()].into_iter().collect()),
-            Entity::new_no_attrs(tenant, Default::default()),
-            Entity::new(
-                resource,
-                [(
-                    "name".to_owned(),
-                    RestrictedExpression::new_string(req.host.clone()),
-                )]
-                .into_iter()
-                .collect(),
-                Default::default(),
-            )
-            .map_err(|e| format!("host entity: {e}"))?,
-        ];
         // Built here from observed facts, so they are well-formed by construction; validating
         // them against the schema on every request costs more than the evaluation itself.
         let entities =
@@ -217,11 +370,55 @@ mod tests {
             let uid: EntityUid = format!("Ostiary::Action::\"{}\"", action.id())
                 .parse()
                 .unwrap();
-            let context = Context::from_pairs(action.context_pairs()).unwrap();
+            let context = Context::from_pairs(action.context_pairs().unwrap()).unwrap();
             let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
             let resource: EntityUid = "Ostiary::Host::\"h\"".parse().unwrap();
             Request::new(principal, uid, resource, context, Some(engine.schema()))
                 .unwrap_or_else(|e| panic!("{action:?}: {e}"));
         }
+    }
+
+    /// The same for a tool call: the typed parts and the args record converted against the
+    /// tool's type must both be what the generated schema declares.
+    #[test]
+    fn built_tool_contexts_match_the_generated_schema() {
+        let catalog = crate::catalog::Catalog::parse(
+            "tools.toml",
+            r#"
+            [[tool]]
+            name = "gh.create"
+            tier = "write"
+            match = { host = "api.github.com", method = "POST", path = "/repos/{owner}/issues" }
+            args_schema = { type = "object", required = ["title"], properties = { title = { type = "string" }, n = { type = ["integer", "null"] }, tags = { type = "array", items = { type = "object", properties = { k = { type = "boolean" } } } } } }
+            "#,
+            None,
+        )
+        .unwrap();
+        let engine = PolicyEngine::with_catalog(&[], catalog).unwrap();
+        let action = Action::Tool {
+            name: "gh.create".into(),
+            args: serde_json::json!({"owner": "o", "title": "t", "n": null, "tags": [{"k": true}]}),
+            impact_records: 1,
+            cost_micros: 2,
+            session: crate::request::SessionState::default(),
+            approval: Some("alice".into()),
+        };
+        let model = &engine.names().tools["gh.create"];
+        let Action::Tool { args, .. } = &action else {
+            unreachable!()
+        };
+        let mut pairs = action.context_pairs().unwrap();
+        pairs.push(("args".into(), model.args.value(args, "args").unwrap()));
+        let context = Context::from_pairs(pairs).unwrap();
+        let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
+        let resource: EntityUid = "Ostiary::Tool::\"gh.create\"".parse().unwrap();
+        Request::new(
+            principal,
+            model.action_uid.clone(),
+            resource,
+            context,
+            Some(engine.schema()),
+        )
+        .unwrap();
     }
 }

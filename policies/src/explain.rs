@@ -7,9 +7,10 @@
 //!   forbid does);
 //! - forbidden: the forbids, and the decision the same request gets with them removed (so
 //!   the reader knows whether removing them is enough);
-//! - default deny: the permits for this action whose resource scope names this host (their
-//!   principal scope or conditions did not hold) and those whose scope admits any host, or a
-//!   note that no permit could match this host at all.
+//! - escalated: the escalating forbids, which an approval (`context.approval.granted`) lifts;
+//! - default deny: the permits for this action (or its tier group) whose resource scope names
+//!   this resource (their principal scope or conditions did not hold) and those whose scope
+//!   admits any resource of its type, or a note that no permit could match it at all.
 
 use std::fmt;
 
@@ -57,6 +58,8 @@ pub enum Change {
         host_permits: Vec<PolicyRef>,
         any_host_permits: Vec<PolicyRef>,
     },
+    /// Denied by forbids that all carry `@escalate("approval")`; approved, it is allowed.
+    Escalated { forbids: Vec<PolicyRef> },
     /// Evaluation failed, so the request was denied (fail closed).
     Error { message: String },
 }
@@ -66,9 +69,9 @@ pub enum Change {
 pub struct Explanation {
     /// The request as decided: agent, tenant, host, action and context.
     pub request: serde_json::Value,
-    /// `allow` or `deny`.
+    /// `allow`, `escalate` or `deny`.
     pub decision: &'static str,
-    /// Why it was denied; absent for an allow.
+    /// Why it was denied or escalated; absent for an allow.
     pub reason: Option<String>,
     /// The determining policies (permits for an allow, forbids for a forbid, none for a
     /// default deny).
@@ -90,6 +93,12 @@ impl PolicyEngine {
                 None,
                 Change::Allowed {
                     permits: refs(policies),
+                },
+            ),
+            Decision::Escalate { policies } => (
+                Some("approval required".to_owned()),
+                Change::Escalated {
+                    forbids: refs(policies),
                 },
             ),
             Decision::Deny {
@@ -139,10 +148,15 @@ impl PolicyEngine {
                 "agent": req.agent,
                 "tenant": req.tenant,
                 "host": req.host,
+                "resource": req.resource(),
                 "action": req.action.id(),
                 "context": req.action.context(),
             }),
-            decision: if decision.is_allow() { "allow" } else { "deny" },
+            decision: match decision {
+                Decision::Allow { .. } => "allow",
+                Decision::Escalate { .. } => "escalate",
+                Decision::Deny { .. } => "deny",
+            },
             reason,
             policies: refs(decision.policies()),
             change,
@@ -169,27 +183,32 @@ impl PolicyEngine {
     }
 
     /// Permits that apply to the request's action: those whose resource scope names this
-    /// host, and those whose scope admits any host. Sorted by id.
+    /// resource, and those whose scope admits any resource of its type. Sorted by id.
     fn candidate_permits(&self, req: &AccessRequest) -> (Vec<PolicyRef>, Vec<PolicyRef>) {
-        let action = self.names().action(&req.action);
         let mut host = Vec::new();
         let mut any = Vec::new();
+        // A tool not in the catalog has no action any permit could name.
+        let Some(action) = self.names().action(&req.action) else {
+            return (host, any);
+        };
+        let groups = self.names().groups(&req.action);
+        let (resource_type, resource_id) = match &req.action {
+            crate::request::Action::Tool { name, .. } => (format!("{NAMESPACE}::Tool"), name),
+            _ => (format!("{NAMESPACE}::Host"), &req.host),
+        };
         for policy in self.policy_set().policies() {
-            if policy.effect() != Effect::Permit || !applies_to(policy, action) {
+            if policy.effect() != Effect::Permit || !applies_to(policy, action, &groups) {
                 continue;
             }
             let names_host = |uid: &EntityUid| {
-                uid.type_name().to_string() == format!("{NAMESPACE}::Host")
-                    && uid.id().unescaped() == req.host
+                uid.type_name().to_string() == resource_type && uid.id().unescaped() == resource_id
             };
             let target = match policy.resource_constraint() {
                 ResourceConstraint::Eq(uid)
                 | ResourceConstraint::In(uid)
                 | ResourceConstraint::IsIn(_, uid) => names_host(&uid).then_some(&mut host),
                 ResourceConstraint::Any => Some(&mut any),
-                ResourceConstraint::Is(ty) => {
-                    (ty.to_string() == format!("{NAMESPACE}::Host")).then_some(&mut any)
-                }
+                ResourceConstraint::Is(ty) => (ty.to_string() == resource_type).then_some(&mut any),
             };
             if let Some(list) = target {
                 list.push(self.policy_ref(policy.id().as_ref()));
@@ -201,13 +220,13 @@ impl PolicyEngine {
     }
 }
 
-/// Whether the policy's action scope admits `action` (no action groups exist yet, so `in`
-/// means "is one of").
-fn applies_to(policy: &Policy, action: &EntityUid) -> bool {
+/// Whether the policy's action scope admits `action`, a member of `groups` (the hierarchy is
+/// one level deep: a tool action in its tier group).
+fn applies_to(policy: &Policy, action: &EntityUid, groups: &[EntityUid]) -> bool {
     match policy.action_constraint() {
         ActionConstraint::Any => true,
         ActionConstraint::Eq(a) => &a == action,
-        ActionConstraint::In(list) => list.contains(action),
+        ActionConstraint::In(list) => list.iter().any(|a| a == action || groups.contains(a)),
     }
 }
 
@@ -261,18 +280,21 @@ impl fmt::Display for Explanation {
                 host_permits,
                 any_host_permits,
             } => {
-                let host = self.request["host"].as_str().unwrap_or_default();
+                let resource = self.request["resource"].as_str().unwrap_or_default();
+                let resource = resource
+                    .strip_prefix(&format!("{NAMESPACE}::"))
+                    .unwrap_or(resource);
                 let action = self.request["action"].as_str().unwrap_or_default();
                 if host_permits.is_empty() {
                     writeln!(
                         f,
-                        "  no {action} permit names Host::{host:?} in its scope; \
+                        "  no {action} permit names {resource} in its scope; \
                          a permit for this request would allow it"
                     )?;
                 } else {
                     writeln!(
                         f,
-                        "  these {action} permits name Host::{host:?}, but their principal \
+                        "  these {action} permits name {resource}, but their principal \
                          scope or conditions did not hold for this request:"
                     )?;
                     list(f, host_permits)?;
@@ -280,11 +302,20 @@ impl fmt::Display for Explanation {
                 if !any_host_permits.is_empty() {
                     writeln!(
                         f,
-                        "  these {action} permits admit any host, and did not match either:"
+                        "  these {action} permits admit any resource of its type, and did not \
+                         match either:"
                     )?;
                     list(f, any_host_permits)?;
                 }
                 Ok(())
+            }
+            Change::Escalated { forbids } => {
+                writeln!(
+                    f,
+                    "  these forbids all carry @escalate(\"approval\"); a human's approval \
+                     (context.approval.granted) would allow the request:"
+                )?;
+                list(f, forbids)
             }
             Change::Error { message } => writeln!(
                 f,

@@ -2,11 +2,14 @@
 //! decision every request gets.
 //!
 //! # Layout
-//! - [`schema`] — the fixed core schema of DESIGN §4 (`Agent`, `Tenant`, `Host`,
-//!   `Action::"http"`, `Action::"connect"`), in Cedar's human syntax.
-//! - [`load`] — reading `*.cedar` files, naming policies by their `@id`, strict validation.
+//! - [`catalog`] — the tool catalog (`tools.toml`): names, tiers, routes, argument schemas.
+//! - [`schema`] — the schema of DESIGN §4: a fixed core (`Agent`, `Tenant`, `Host`, `Tool`,
+//!   `http`, `connect`, the tier groups) plus one action per tool, generated from the catalog.
+//! - [`args`] — JSON Schema → Cedar type of `context.args`, and arguments → Cedar values.
+//! - [`load`] — reading `*.cedar` files and the catalog, naming policies by their `@id`,
+//!   strict validation.
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
-//! - [`decide`] — evaluation; fail closed (an evaluation error is a deny).
+//! - [`decide`] — evaluation; fail closed (an evaluation error is a deny); escalation.
 //! - [`testing`] — data-driven policy tests (`<policy dir>/tests/*.toml`, `ostiary policy test`).
 //! - [`explain`] — a decision with its determining policies and what would change it
 //!   (`ostiary policy explain`).
@@ -15,6 +18,8 @@
 //! Cedar's vocabulary and know nothing of HTTP plumbing.
 #![forbid(unsafe_code)]
 
+pub mod args;
+pub mod catalog;
 pub mod decide;
 pub mod explain;
 pub mod load;
@@ -22,10 +27,11 @@ pub mod request;
 pub mod schema;
 pub mod testing;
 
+pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};
 pub use decide::{Decision, DenyReason};
 pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};
-pub use request::{AccessRequest, Action};
+pub use request::{AccessRequest, Action, SessionState};
 pub use testing::{run_dir, TestError, TestReport};
 
 /// The library shipped with Ostiary, embedded so that `ostiary serve` works from any

@@ -1,5 +1,6 @@
-//! Loading a policy set: parse every `*.cedar` file, name each policy by its `@id`, and
-//! validate the whole set strictly against the schema before anything evaluates it.
+//! Loading a policy set: read the tool catalog (`tools.toml`), generate the schema from it,
+//! parse every `*.cedar` file, name each policy by its `@id`, and validate the whole set
+//! strictly against the generated schema before anything evaluates it.
 //!
 //! Errors name the file and line so that a security engineer can fix a policy without
 //! guessing; a set that fails any step is never returned, so callers keep their last good one.
@@ -13,7 +14,7 @@ use cedar_policy::{
 };
 use miette::Diagnostic;
 
-use crate::schema::CORE_SCHEMA;
+use crate::catalog::{Catalog, CatalogError};
 
 /// One policy file: a name for error messages and its text.
 #[derive(Debug, Clone)]
@@ -39,7 +40,11 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the core schema does not parse: {0}")]
+    /// `tools.toml` is unreadable or invalid.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The generated schema does not parse: a bug in the generator, never the user's input.
+    #[error("the generated schema does not parse: {0}")]
     Schema(String),
     #[error("{file}:{line}: {message}")]
     Parse {
@@ -60,6 +65,9 @@ pub enum LoadError {
 /// A validated policy set with its schema, ready to decide requests.
 #[derive(Debug)]
 pub struct PolicyEngine {
+    catalog: Catalog,
+    /// The generated schema as text (`ostiary policy schema`).
+    schema_text: String,
     schema: Schema,
     policies: PolicySet,
     authorizer: Authorizer,
@@ -72,7 +80,8 @@ pub struct PolicyEngine {
 }
 
 impl PolicyEngine {
-    /// Load every `*.cedar` file of `dir` (sorted by name, not recursive).
+    /// Load the catalog `dir/tools.toml` (absent: empty) and every `*.cedar` file of `dir`
+    /// (sorted by name, not recursive).
     pub fn load_dir(dir: &Path) -> Result<Self, LoadError> {
         let read_dir = std::fs::read_dir(dir).map_err(|source| LoadError::ReadDir {
             dir: dir.to_owned(),
@@ -105,13 +114,21 @@ impl PolicyEngine {
                 .unwrap_or_default();
             sources.push(PolicySource { name, text });
         }
-        Self::from_sources(&sources)
+        let catalog = Catalog::load_dir(dir)?;
+        Self::with_catalog(&sources, catalog)
     }
 
-    /// Build from in-memory sources (the embedded library, tests).
+    /// Build from in-memory sources with an empty catalog (the embedded library, tests).
     pub fn from_sources(sources: &[PolicySource]) -> Result<Self, LoadError> {
-        let (schema, _warnings) = Schema::from_cedarschema_str(CORE_SCHEMA)
-            .map_err(|e| LoadError::Schema(e.to_string()))?;
+        Self::with_catalog(sources, Catalog::default())
+    }
+
+    /// Build from in-memory sources and a catalog: the schema is generated from the catalog
+    /// and every policy is strictly validated against it.
+    pub fn with_catalog(sources: &[PolicySource], catalog: Catalog) -> Result<Self, LoadError> {
+        let schema_text = crate::schema::generate(&catalog);
+        let (schema, _warnings) = Schema::from_cedarschema_str(&schema_text)
+            .map_err(|e| LoadError::Schema(format!("{e:?}")))?;
 
         let mut policies = PolicySet::new();
         let mut origins = HashMap::new();
@@ -159,12 +176,24 @@ impl PolicyEngine {
 
         Ok(Self {
             http_permit_hosts: http_permit_hosts(&policies),
+            names: crate::decide::Names::new(&catalog).map_err(LoadError::Schema)?,
+            catalog,
+            schema_text,
             schema,
             policies,
             authorizer: Authorizer::new(),
-            names: crate::decide::Names::new().map_err(LoadError::Schema)?,
             origins,
         })
+    }
+
+    /// The generated schema in Cedar's human syntax (`ostiary policy schema`).
+    pub fn schema_text(&self) -> &str {
+        &self.schema_text
+    }
+
+    /// The tool catalog the schema was generated from.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
     /// The schema requests are validated against.
@@ -211,6 +240,9 @@ impl PolicyEngine {
 
 /// The hosts named by the resource scopes of permits that can apply to `Action::"http"`, or
 /// `None` if one of them admits any host (unscoped, `in`, or `is`).
+///
+/// `http` is in no action group (only tool actions are, in their tier groups), so a permit
+/// scoped to `action in [...]` applies to it only when the list names `http` itself.
 fn http_permit_hosts(policies: &PolicySet) -> Option<HashSet<String>> {
     let mut hosts = HashSet::new();
     for policy in policies.policies() {

@@ -1,13 +1,36 @@
-//! The fixed core of the Cedar schema (DESIGN §4). Every policy set is validated strictly
-//! against it before it is loaded, so a policy that names a missing attribute is rejected at
-//! load time instead of silently erroring (and being skipped) at evaluation time.
+//! The Cedar schema (DESIGN §4): a fixed core plus one action per catalog tool, generated
+//! from the catalog. Every policy set is validated strictly against it before it is loaded,
+//! so a policy that names a missing attribute (or a tool argument the tool's JSON Schema does
+//! not declare) is rejected at load time instead of silently erroring (and being skipped) at
+//! evaluation time.
+//!
+//! # Tool actions
+//! Each tool `<name>` is `Action::"tool:<name>"`, a member of its tier's group
+//! `Action::"tier:<tier>"`, applying to `Agent` principals and `Tool` resources, with the
+//! context
+//! - `args`: the record derived from the tool's JSON Schema (see [`crate::args`] for the
+//!   mapping and what it leaves out); an empty record for a tool without schema, except that
+//!   a REST route's path parameters are always there, as required `String`s;
+//! - `impact`: `records` (from the catalog's `impact.records` pointer, 0 when the tool has
+//!   none) and `cost`;
+//! - `session`: `calls`, `cost` and `depth` so far;
+//! - `approval`: `granted`, and the `approver` (empty when not granted).
+//!
+//! # Money
+//! Cedar has no floating-point type, so every cost (`impact.cost`, `session.cost`) is a
+//! `Long` in **micro-units** of the catalog's currency: `cost = 0.001` in `tools.toml` is
+//! `1000` in policies (`context.session.cost + context.impact.cost <= 5000000` keeps a session
+//! under 5.00). Rounded to the nearest micro-unit.
+
+use std::fmt::Write as _;
+
+use crate::catalog::{Catalog, Tier};
 
 /// Cedar namespace of every Ostiary entity and action.
 pub const NAMESPACE: &str = "Ostiary";
 
-/// The core schema in Cedar's human-readable syntax.
-pub const CORE_SCHEMA: &str = r#"
-namespace Ostiary {
+/// The fixed core of the schema, the body of `namespace Ostiary { ... }`.
+pub const CORE: &str = r#"
   // A tenant groups agents; policies say `principal in Ostiary::Tenant::"acme"`.
   entity Tenant;
 
@@ -19,6 +42,13 @@ namespace Ostiary {
   // `resource.name like "*.example.com"` (anchor suffixes at a dot).
   entity Host {
     name: String,
+  };
+
+  // A catalogued tool (tools.toml); its id is the tool name. `server` is the host serving it.
+  entity Tool {
+    tier: String,
+    reversible: Bool,
+    server: String,
   };
 
   // An inspected HTTP request (plain http:// or inside an intercepted TLS tunnel).
@@ -37,6 +67,21 @@ namespace Ostiary {
     sni: String,
   };
 
+  // Parts of every tool call's context. Costs are Long micro-units (0.001 = 1000).
+  type Impact = {
+    records: Long,
+    cost: Long,
+  };
+  type Session = {
+    calls: Long,
+    cost: Long,
+    depth: Long,
+  };
+  type Approval = {
+    granted: Bool,
+    approver: String,
+  };
+
   action "http" appliesTo {
     principal: [Agent],
     resource: [Host],
@@ -48,5 +93,43 @@ namespace Ostiary {
     resource: [Host],
     context: ConnectContext,
   };
-}
+
+  // Tier groups: `action in Ostiary::Action::"tier:irreversible"` covers every such tool.
+  action "tier:read";
+  action "tier:write";
+  action "tier:irreversible";
+  action "tier:high_impact";
 "#;
+
+/// The schema for a catalog, in Cedar's human-readable syntax (`ostiary policy schema`).
+pub fn generate(catalog: &Catalog) -> String {
+    let mut out = format!("namespace {NAMESPACE} {{{CORE}");
+    debug_assert!(Tier::ALL.iter().all(|t| CORE.contains(t.as_str())));
+    for tool in catalog.tools() {
+        let _ = writeln!(
+            out,
+            "\n  // {} (tools.toml line {}), tier {}",
+            tool.name(),
+            tool.line(),
+            tool.tier().as_str()
+        );
+        for omitted in tool.omitted_args() {
+            let _ = writeln!(out, "  // {} left out: {}", omitted.path, omitted.why);
+        }
+        // Tool names are restricted to [A-Za-z0-9_.-] by the catalog: safe inside quotes.
+        let _ = write!(
+            out,
+            "  action \"tool:{}\" in [Action::\"tier:{}\"] appliesTo {{\n    \
+             principal: [Agent],\n    resource: [Tool],\n    context: {{\n      args: ",
+            tool.name(),
+            tool.tier().as_str()
+        );
+        tool.args.write(&mut out, 3);
+        out.push_str(
+            ",\n      impact: Impact,\n      session: Session,\n      approval: Approval,\n    \
+             },\n  };\n",
+        );
+    }
+    out.push_str("}\n");
+    out
+}

@@ -69,6 +69,8 @@ fn line_suffix(line: &Option<usize>) -> String {
 pub enum Expect {
     Allow,
     Deny,
+    /// Denied, pending a human's approval ([`Decision::Escalate`]).
+    Escalate,
 }
 
 impl fmt::Display for Expect {
@@ -76,6 +78,7 @@ impl fmt::Display for Expect {
         f.write_str(match self {
             Expect::Allow => "allow",
             Expect::Deny => "deny",
+            Expect::Escalate => "escalate",
         })
     }
 }
@@ -359,10 +362,10 @@ pub fn run_case(
 
 /// Expected vs got, or `None` if they agree.
 fn difference(case: &Case, decision: &Decision) -> Option<String> {
-    let got = if decision.is_allow() {
-        Expect::Allow
-    } else {
-        Expect::Deny
+    let got = match decision {
+        Decision::Allow { .. } => Expect::Allow,
+        Decision::Escalate { .. } => Expect::Escalate,
+        Decision::Deny { .. } => Expect::Deny,
     };
     let decision_ok = got == case.expect;
     let policies_ok = case.policies.as_ref().is_none_or(|expected| {
@@ -384,6 +387,9 @@ fn difference(case: &Case, decision: &Decision) -> Option<String> {
 pub fn describe(decision: &Decision) -> String {
     match decision {
         Decision::Allow { policies } => format!("allow by {}", id_list(policies)),
+        Decision::Escalate { policies } => {
+            format!("escalate by {} (approval required)", id_list(policies))
+        }
         Decision::Deny { policies, reason } if policies.is_empty() => format!("deny ({reason})"),
         Decision::Deny { policies, reason } => {
             format!("deny by {} ({reason})", id_list(policies))

@@ -139,6 +139,13 @@ pub enum AuditCommand {
 pub enum PolicyCommand {
     /// Parse and strictly validate the policy directory.
     Validate,
+    /// Print the Cedar schema generated from the tool catalog (a `.cedarschema`, for editors
+    /// and `cedar validate`).
+    Schema {
+        /// Policy directory (default: the config's `policy.dir`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Run the test cases in `<policy dir>/tests/*.toml`. Exit 0 if all pass, 1 if any
     /// fails, 2 if the tests cannot be run.
     Test {
@@ -210,6 +217,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 engine.len(),
                 config.policy.dir.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy(PolicyCommand::Schema { dir }) => {
+            let (engine, _) = policy_engine(&config, dir)?;
+            print!("{}", engine.schema_text());
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),

@@ -29,6 +29,13 @@ pub enum ProxyError {
         resource: String,
         reason: String,
     },
+    /// Denied only by `@escalate("approval")` forbids: a human's approval would allow it.
+    #[error("approval required by policy: {}", .policies.join(", "))]
+    ApprovalRequired {
+        policies: Vec<String>,
+        action: String,
+        resource: String,
+    },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
     #[error("upstream failed: {reason}")]
@@ -47,6 +54,7 @@ impl ProxyError {
             ProxyError::BadRequest { .. } | ProxyError::HeadersTooLarge => "bad_request",
             ProxyError::Misdirected { .. } => "misdirected_request",
             ProxyError::Denied { .. } => "denied",
+            ProxyError::ApprovalRequired { .. } => "approval_required",
             ProxyError::DestinationBlocked { .. } => "destination_blocked",
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -61,7 +69,9 @@ impl ProxyError {
             | ProxyError::BadRequest { .. }
             | ProxyError::HeadersTooLarge
             | ProxyError::Misdirected { .. } => Side::Agent,
-            ProxyError::Denied { .. } | ProxyError::DestinationBlocked { .. } => Side::Policy,
+            ProxyError::Denied { .. }
+            | ProxyError::ApprovalRequired { .. }
+            | ProxyError::DestinationBlocked { .. } => Side::Policy,
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
             ProxyError::Internal { .. } => Side::Internal,
         }
@@ -78,7 +88,9 @@ impl ProxyError {
     /// Determining policies, when policy decided.
     pub fn policies(&self) -> &[String] {
         match self {
-            ProxyError::Denied { policies, .. } => policies,
+            ProxyError::Denied { policies, .. } | ProxyError::ApprovalRequired { policies, .. } => {
+                policies
+            }
             _ => &[],
         }
     }

@@ -34,10 +34,17 @@ pub fn decide(
         .observe(started.elapsed().as_secs_f64());
     match decision {
         Decision::Allow { policies } => Ok(policies),
+        // Until the approval queue exists, an escalation is refused with its own kind so the
+        // agent (and its human) can tell "ask for approval" from "never".
+        Decision::Escalate { policies } => Err(ProxyError::ApprovalRequired {
+            policies,
+            action: request.action.uid_text(),
+            resource: request.resource(),
+        }),
         Decision::Deny { policies, reason } => Err(ProxyError::Denied {
             policies,
-            action: format!("Ostiary::Action::\"{}\"", request.action.id()),
-            resource: format!("Ostiary::Host::\"{}\"", request.host),
+            action: request.action.uid_text(),
+            resource: request.resource(),
             reason: reason.to_string(),
         }),
     }

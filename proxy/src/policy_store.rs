@@ -106,7 +106,8 @@ impl std::fmt::Display for Trigger {
 struct Snapshot(Result<Vec<(String, Option<SystemTime>, u64)>, std::io::ErrorKind>);
 
 impl Snapshot {
-    /// The files [`build`] reads: the `*.cedar` files of `dir` (the catalog joins here).
+    /// The files [`build`] reads: the `*.cedar` files of `dir`, the catalog `tools.toml`, and
+    /// `*.json` argument schemas the catalog may name.
     fn take(dir: &Path) -> Self {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
@@ -119,7 +120,11 @@ impl Snapshot {
                 Err(e) => return Self(Err(e.kind())),
             };
             let path = entry.path();
-            if path.extension().is_none_or(|e| e != "cedar") {
+            let read_by_build = path.file_name().is_some_and(|n| n == "tools.toml")
+                || path
+                    .extension()
+                    .is_some_and(|e| e == "cedar" || e == "json");
+            if !read_by_build {
                 continue;
             }
             // Follows symlinks, as loading does: a re-pointed link is a change.

@@ -78,6 +78,18 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             format!("Denied by policy: {reason}."),
             json!({ "policies": policies, "action": action, "resource": resource }),
         ),
+        ProxyError::ApprovalRequired {
+            policies,
+            action,
+            resource,
+        } => (
+            StatusCode::FORBIDDEN,
+            format!(
+                "This request needs a human's approval (policies: {}).",
+                policies.join(", ")
+            ),
+            json!({ "policies": policies, "action": action, "resource": resource }),
+        ),
         ProxyError::DestinationBlocked { address, reason } => (
             StatusCode::FORBIDDEN,
             format!("The destination {address} may not be reached ({reason})."),
@@ -126,6 +138,23 @@ mod tests {
         assert_eq!(body["error"], "denied");
         assert_eq!(body["request_id"], "abc");
         assert_eq!(body["policies"], json!(["p1"]));
+    }
+
+    #[tokio::test]
+    async fn approval_required_is_a_403_with_its_own_kind() {
+        let err = ProxyError::ApprovalRequired {
+            policies: vec!["irreversible-needs-human".into()],
+            action: "Ostiary::Action::\"tool:files.delete\"".into(),
+            resource: "Ostiary::Tool::\"files.delete\"".into(),
+        };
+        assert_eq!(err.audit_decision(), "deny");
+        let response = error(&err, "r");
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let body = body_json(response).await;
+        assert_eq!(body["error"], "approval_required");
+        assert_eq!(body["policies"], json!(["irreversible-needs-human"]));
+        assert_eq!(body["action"], "Ostiary::Action::\"tool:files.delete\"");
+        assert_eq!(body["resource"], "Ostiary::Tool::\"files.delete\"");
     }
 
     #[tokio::test]
