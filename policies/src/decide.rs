@@ -24,6 +24,7 @@ use cedar_policy::{
 
 use crate::args::RecordType;
 use crate::catalog::Catalog;
+use crate::index::ScopeKeys;
 use crate::load::PolicyEngine;
 use crate::request::{AccessRequest, Action};
 use crate::schema::NAMESPACE;
@@ -195,11 +196,57 @@ impl Names {
             Action::Http { .. } | Action::Connect { .. } => Vec::new(),
         }
     }
+
+    /// The uids a request presents to policy scopes, for the index; `None` for a tool not in
+    /// the catalog (its evaluation fails whatever the policies).
+    pub(crate) fn scope_keys(&self, req: &AccessRequest) -> Option<ScopeKeys> {
+        let uid = |ty: &EntityTypeName, id: &str| {
+            EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
+        };
+        let (action, groups, resource) = match &req.action {
+            Action::Tool { name, .. } => {
+                let model = self.tools.get(name)?;
+                (
+                    model.action_uid.clone(),
+                    vec![model.group.uid()],
+                    model.resource.uid(),
+                )
+            }
+            Action::Http { .. } => (self.http.clone(), Vec::new(), uid(&self.host, &req.host)),
+            Action::Connect { .. } => {
+                (self.connect.clone(), Vec::new(), uid(&self.host, &req.host))
+            }
+        };
+        Some(ScopeKeys {
+            agent: uid(&self.agent, &req.agent),
+            tenant: uid(&self.tenant, &req.tenant),
+            action,
+            groups,
+            resource,
+        })
+    }
 }
 
 impl PolicyEngine {
     /// Decide one request. Never panics and never allows on error.
+    ///
+    /// Only the policies whose scope can match the request are evaluated (see `index.rs`);
+    /// the decision is the one the full set gives.
     pub fn decide(&self, req: &AccessRequest) -> Decision {
+        let slice = self
+            .names()
+            .scope_keys(req)
+            .and_then(|keys| self.index().slice(&keys));
+        match slice {
+            Some(policies) => self.decide_with(req, &policies),
+            None => self.decide_with(req, self.policy_set()),
+        }
+    }
+
+    /// [`Self::decide`] evaluating the full set, bypassing the index: the reference the
+    /// index is tested against (`tests/index_differential.rs`).
+    #[doc(hidden)]
+    pub fn decide_unindexed(&self, req: &AccessRequest) -> Decision {
         self.decide_with(req, self.policy_set())
     }
 
@@ -264,6 +311,9 @@ impl PolicyEngine {
             .action
             .context_pairs()
             .map_err(|e| format!("context: {e}"))?;
+        // The index (index.rs) proves scopes false from exactly this hierarchy — the agent
+        // in its tenant, a tool action in its tier group, parentless resources: keep the two
+        // in step.
         let mut entities = vec![
             Entity::new_no_attrs(principal.clone(), [tenant.clone()].into_iter().collect()),
             Entity::new_no_attrs(tenant, Default::default()),
@@ -319,10 +369,14 @@ impl PolicyEngine {
             .authorizer()
             .is_authorized(&request, policies, &entities);
         let diagnostics = response.diagnostics();
-        if let Some(error) = diagnostics.errors().next() {
-            return Err(error.to_string());
+        // Cedar reports errors and reasons in policy-set order; the index evaluates sub-sets
+        // in another order, so pick the error and order the ids by policy id: the same
+        // request gives the same decision, indexed or not.
+        if let Some(error) = diagnostics.errors().map(ToString::to_string).min() {
+            return Err(error);
         }
-        let policies: Vec<String> = diagnostics.reason().map(|id| id.to_string()).collect();
+        let mut policies: Vec<String> = diagnostics.reason().map(|id| id.to_string()).collect();
+        policies.sort_unstable();
         Ok(match response.decision() {
             cedar_policy::Decision::Allow => Decision::Allow { policies },
             cedar_policy::Decision::Deny if policies.is_empty() => Decision::Deny {

@@ -10,6 +10,8 @@
 //!   strict validation.
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
 //! - [`decide`] — evaluation; fail closed (an evaluation error is a deny); escalation.
+//! - `index` — the policy index: a decision evaluates only the policies whose scope can
+//!   match the request (sound slicing by principal, action and resource).
 //! - [`testing`] — data-driven policy tests (`<policy dir>/tests/*.toml`, `ostiary policy test`).
 //! - [`explain`] — a decision with its determining policies and what would change it
 //!   (`ostiary policy explain`).
@@ -22,6 +24,7 @@ pub mod args;
 pub mod catalog;
 pub mod decide;
 pub mod explain;
+mod index;
 pub mod load;
 pub mod request;
 pub mod schema;

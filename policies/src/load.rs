@@ -72,6 +72,8 @@ pub struct PolicyEngine {
     policies: PolicySet,
     authorizer: Authorizer,
     names: crate::decide::Names,
+    /// Which policies each request needs evaluated (see `index.rs`).
+    index: crate::index::PolicyIndex,
     /// Hosts some `http` permit names in its scope; `None` when a permit's scope admits any
     /// host (then only evaluation can tell). Lets CONNECT refuse hosts no request could reach.
     http_permit_hosts: Option<HashSet<String>>,
@@ -176,6 +178,7 @@ impl PolicyEngine {
 
         Ok(Self {
             http_permit_hosts: http_permit_hosts(&policies),
+            index: crate::index::PolicyIndex::new(&policies),
             names: crate::decide::Names::new(&catalog).map_err(LoadError::Schema)?,
             catalog,
             schema_text,
@@ -212,6 +215,10 @@ impl PolicyEngine {
 
     pub(crate) fn names(&self) -> &crate::decide::Names {
         &self.names
+    }
+
+    pub(crate) fn index(&self) -> &crate::index::PolicyIndex {
+        &self.index
     }
 
     /// Number of policies in the set.

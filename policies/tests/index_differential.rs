@@ -1,0 +1,421 @@
+//! The policy index against the plain authorizer: generated policy sets (permits and forbids,
+//! escalating forbids, every kind of scope over a few agents, tenants, hosts, tools and tiers,
+//! conditions on the context, some of which error) and generated requests, each decided
+//! through the index ([`PolicyEngine::decide`]) and over the full set
+//! ([`PolicyEngine::decide_unindexed`]). Any difference in the decision or in the set of
+//! determining policies is a bug in the index.
+//!
+//! Deterministic: a fixed-seed xorshift drives everything, so a failure reproduces.
+
+use std::collections::BTreeSet;
+
+use cedar_policy::{PolicySet, Schema, ValidationMode, Validator};
+use ostiary_policies::{
+    AccessRequest, Action, Catalog, Decision, DenyReason, PolicyEngine, PolicySource, SessionState,
+};
+use serde_json::json;
+
+const SETS: usize = 250;
+const REQUESTS_PER_SET: usize = 400;
+
+const AGENTS: &[&str] = &["a0", "a1", "a2", "a3"];
+const TENANTS: &[&str] = &["t0", "t1", "t2"];
+const HOSTS: &[&str] = &["h0.example", "h1.example", "h2.example", "h3.example"];
+/// Catalogued tools and their tiers.
+const TOOLS: &[(&str, &str)] = &[
+    ("r1", "read"),
+    ("r2", "read"),
+    ("w1", "write"),
+    ("x1", "irreversible"),
+    ("hi1", "high_impact"),
+];
+const TIERS: &[&str] = &["read", "write", "irreversible", "high_impact"];
+
+/// Multiplying any Long of magnitude ≥ 2 by this overflows: an evaluation error.
+const OVERFLOW: &str = "4611686018427387904";
+
+fn catalog() -> Catalog {
+    let mut text = String::new();
+    for (name, tier) in TOOLS {
+        text.push_str(&format!(
+            "[[tool]]\nname = \"{name}\"\ntier = \"{tier}\"\n\
+             match = {{ mcp = \"https://mcp.example/mcp\", tool = \"{name}\" }}\n\
+             args_schema = {{ type = \"object\", required = [\"title\", \"n\"], properties = \
+             {{ title = {{ type = \"string\" }}, n = {{ type = \"integer\" }} }} }}\n\n"
+        ));
+    }
+    Catalog::parse("tools.toml", &text, None).expect("test catalog parses")
+}
+
+/// xorshift64*: tiny, deterministic, good enough to spread choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// What a policy's action scope admits, which decides the context it may read.
+#[derive(Clone, Copy, PartialEq)]
+enum Ctx {
+    Http,
+    Connect,
+    HttpOrConnect,
+    Tool,
+    Mixed,
+}
+
+fn agent(rng: &mut Rng) -> String {
+    format!("Ostiary::Agent::\"{}\"", rng.pick(AGENTS))
+}
+fn tenant(rng: &mut Rng) -> String {
+    format!("Ostiary::Tenant::\"{}\"", rng.pick(TENANTS))
+}
+fn host(rng: &mut Rng) -> String {
+    format!("Ostiary::Host::\"{}\"", rng.pick(HOSTS))
+}
+fn tool(rng: &mut Rng) -> String {
+    format!("Ostiary::Tool::\"{}\"", rng.pick(TOOLS).0)
+}
+fn tool_action(rng: &mut Rng) -> String {
+    format!("Ostiary::Action::\"tool:{}\"", rng.pick(TOOLS).0)
+}
+fn tier_action(rng: &mut Rng) -> String {
+    format!("Ostiary::Action::\"tier:{}\"", rng.pick(TIERS))
+}
+
+fn principal_scope(rng: &mut Rng) -> String {
+    match rng.below(9) {
+        0..=2 => "principal".into(),
+        3 => format!("principal == {}", agent(rng)),
+        4 => format!("principal in {}", tenant(rng)),
+        5 => format!("principal in {}", agent(rng)),
+        6 => "principal is Ostiary::Agent".into(),
+        7 => format!("principal is Ostiary::Agent in {}", tenant(rng)),
+        // Never true for an agent principal; the index must still agree.
+        _ => format!("principal == {}", tenant(rng)),
+    }
+}
+
+fn action_scope(rng: &mut Rng) -> (String, Ctx) {
+    match rng.below(10) {
+        0 => ("action".into(), Ctx::Mixed),
+        1 => ("action == Ostiary::Action::\"http\"".into(), Ctx::Http),
+        2 => (
+            "action == Ostiary::Action::\"connect\"".into(),
+            Ctx::Connect,
+        ),
+        3 => (
+            "action in [Ostiary::Action::\"http\", Ostiary::Action::\"connect\"]".into(),
+            Ctx::HttpOrConnect,
+        ),
+        4 => (format!("action == {}", tool_action(rng)), Ctx::Tool),
+        5 | 6 => (format!("action in {}", tier_action(rng)), Ctx::Tool),
+        7 => {
+            let n = 1 + rng.below(3);
+            let list: Vec<String> = (0..n)
+                .map(|_| {
+                    if rng.chance(50) {
+                        tool_action(rng)
+                    } else {
+                        tier_action(rng)
+                    }
+                })
+                .collect();
+            (format!("action in [{}]", list.join(", ")), Ctx::Tool)
+        }
+        8 => (
+            format!(
+                "action in [Ostiary::Action::\"http\", {}, {}]",
+                tool_action(rng),
+                tier_action(rng)
+            ),
+            Ctx::Mixed,
+        ),
+        // Equality with a group never matches a tool action (`==` is not `in`).
+        _ => (format!("action == {}", tier_action(rng)), Ctx::Tool),
+    }
+}
+
+fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
+    let host_like = matches!(ctx, Ctx::Http | Ctx::Connect | Ctx::HttpOrConnect);
+    match rng.below(8) {
+        0..=2 => "resource".into(),
+        3 | 4 if host_like => format!("resource == {}", host(rng)),
+        3 | 4 if ctx == Ctx::Tool => format!("resource == {}", tool(rng)),
+        3 | 4 => {
+            if rng.chance(50) {
+                format!("resource == {}", host(rng))
+            } else {
+                format!("resource == {}", tool(rng))
+            }
+        }
+        5 if host_like => format!("resource in {}", host(rng)),
+        5 => format!("resource in {}", tool(rng)),
+        6 if host_like => "resource is Ostiary::Host".into(),
+        6 => "resource is Ostiary::Tool".into(),
+        // A resource of the other kind: never matches, still must agree.
+        _ if ctx == Ctx::Tool => format!("resource == {}", host(rng)),
+        _ => format!("resource == {}", tool(rng)),
+    }
+}
+
+/// One clause of a condition that type-checks for every action the scope admits.
+fn clause(rng: &mut Rng, ctx: Ctx) -> String {
+    let generic = |rng: &mut Rng| match rng.below(3) {
+        0 => format!("principal in {}", tenant(rng)),
+        1 => format!("principal == {}", agent(rng)),
+        _ => "true".into(),
+    };
+    if rng.chance(20) {
+        return generic(rng);
+    }
+    match ctx {
+        Ctx::Http => match rng.below(6) {
+            0 => format!(
+                "context.method == \"{}\"",
+                rng.pick(&["GET", "POST", "DELETE"])
+            ),
+            1 => "context.path like \"/admin*\"".into(),
+            2 => "context.port == 443".into(),
+            3 => "context.query == \"\"".into(),
+            4 => format!("(context.path != \"/boom\" || context.port * {OVERFLOW} > 0)"),
+            _ => "resource.name like \"h1*\"".into(),
+        },
+        Ctx::Connect => match rng.below(3) {
+            0 => "context.port == 443".into(),
+            1 => "context.sni like \"*.example\"".into(),
+            _ => format!("(context.sni != \"boom\" || context.port * {OVERFLOW} > 0)"),
+        },
+        Ctx::HttpOrConnect => "context.port != 8443".into(),
+        Ctx::Tool => match rng.below(8) {
+            0 => format!("context.args.title == \"{}\"", rng.pick(&["x", "y"])),
+            1 => "context.args.n > 5".into(),
+            2 => "context.impact.records > 10".into(),
+            3 => "context.session.calls >= 3".into(),
+            4 => "context.approval.granted".into(),
+            5 => format!("(context.args.title != \"boom\" || context.args.n * {OVERFLOW} > 0)"),
+            6 => format!("resource.tier == \"{}\"", rng.pick(TIERS)),
+            _ => "resource.reversible".into(),
+        },
+        Ctx::Mixed => match rng.below(2) {
+            0 => "context has method && context.method == \"GET\"".into(),
+            _ => generic(rng),
+        },
+    }
+}
+
+/// Policy text for one generated policy, with id `p<n>`.
+fn policy(rng: &mut Rng, n: usize) -> String {
+    let (action, ctx) = action_scope(rng);
+    let principal = principal_scope(rng);
+    let resource = resource_scope(rng, ctx);
+    let forbid = rng.chance(35);
+    let escalate = forbid && ctx == Ctx::Tool && rng.chance(60);
+    let mut text = format!("@id(\"p{n}\")\n");
+    if escalate {
+        text.push_str("@escalate(\"approval\")\n");
+    }
+    text.push_str(if forbid { "forbid" } else { "permit" });
+    text.push_str(&format!(" ({principal}, {action}, {resource})"));
+    if escalate && rng.chance(70) {
+        text.push_str(" unless { context.approval.granted }");
+        if rng.chance(50) {
+            text.push_str(&format!(" when {{ {} }}", clause(rng, ctx)));
+        }
+    } else {
+        for _ in 0..rng.below(3) {
+            let keyword = if rng.chance(75) { "when" } else { "unless" };
+            let body = if rng.chance(30) {
+                format!("{} || {}", clause(rng, ctx), clause(rng, ctx))
+            } else {
+                format!("{} && {}", clause(rng, ctx), clause(rng, ctx))
+            };
+            text.push_str(&format!(" {keyword} {{ {body} }}"));
+        }
+    }
+    text.push_str(";\n");
+    text
+}
+
+/// Whether one policy validates strictly on its own (the generator aims at valid policies;
+/// the few combinations Cedar's type checker refuses are dropped and counted).
+fn validates(validator: &Validator, text: &str) -> bool {
+    let set: PolicySet = text.parse().expect("generated policy parses");
+    validator
+        .validate(&set, ValidationMode::Strict)
+        .validation_passed()
+}
+
+fn request(rng: &mut Rng) -> AccessRequest {
+    let action = match rng.below(10) {
+        0..=3 => Action::Http {
+            method: rng.pick(&["GET", "POST", "DELETE"]).to_string(),
+            scheme: "https".into(),
+            port: *rng.pick(&[443, 8443, 80]),
+            path: rng.pick(&["/", "/admin/x", "/boom", "/items"]).to_string(),
+            query: rng.pick(&["", "q=1"]).to_string(),
+        },
+        4 => Action::Connect {
+            port: *rng.pick(&[443, 22]),
+            sni: rng.pick(&["h0.example", "boom", "other.org"]).to_string(),
+        },
+        _ => {
+            let name = if rng.chance(3) {
+                "ghost".to_owned()
+            } else {
+                rng.pick(TOOLS).0.to_owned()
+            };
+            let args = if rng.chance(3) {
+                // Not the tool's schema: an evaluation error, indexed or not.
+                json!({ "title": 5 })
+            } else {
+                json!({
+                    "title": rng.pick(&["x", "y", "boom"]),
+                    "n": rng.below(12) as i64 - 2,
+                })
+            };
+            Action::Tool {
+                name,
+                args,
+                impact_records: rng.below(20) as i64,
+                cost_micros: rng.below(5000) as i64,
+                session: SessionState {
+                    calls: rng.below(6) as i64,
+                    cost_micros: 0,
+                    depth: 0,
+                },
+                approval: rng.chance(15).then(|| "alice".to_owned()),
+            }
+        }
+    };
+    AccessRequest {
+        agent: rng.pick(AGENTS).to_string(),
+        tenant: rng.pick(TENANTS).to_string(),
+        host: if rng.chance(10) {
+            "unknown.example".into()
+        } else {
+            rng.pick(HOSTS).to_string()
+        },
+        action,
+    }
+}
+
+/// A decision as the comparison sees it: the outcome, the reason of a deny, and the
+/// determining policies as a set.
+fn normal(decision: &Decision) -> (String, BTreeSet<String>) {
+    let kind = match decision {
+        Decision::Allow { .. } => "allow".to_owned(),
+        Decision::Escalate { .. } => "escalate".to_owned(),
+        Decision::Deny { reason, .. } => format!("deny: {reason:?}"),
+    };
+    (kind, decision.policies().iter().cloned().collect())
+}
+
+#[test]
+fn indexed_decisions_equal_full_set_decisions() {
+    let started = std::time::Instant::now();
+    let catalog = catalog();
+    let schema: Schema = PolicyEngine::with_catalog(&[], catalog.clone())
+        .expect("empty set loads")
+        .schema()
+        .clone();
+    let validator = Validator::new(schema);
+
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut requests, mut mismatches, mut dropped, mut generated) = (0usize, 0usize, 0, 0);
+    let mut outcomes = [0usize; 5]; // allow, escalate, forbidden, no permit, error
+    let mut first_mismatch = None;
+    for set in 0..SETS {
+        let size = 1 + rng.below(60);
+        let mut text = String::new();
+        for n in 0..size {
+            let policy = policy(&mut rng, n);
+            generated += 1;
+            if validates(&validator, &policy) {
+                text.push_str(&policy);
+            } else {
+                dropped += 1;
+            }
+        }
+        if text.is_empty() {
+            text.push_str("@id(\"all\") permit (principal, action, resource);\n");
+        }
+        let engine = PolicyEngine::with_catalog(
+            &[PolicySource {
+                name: format!("set{set}.cedar"),
+                text: text.clone(),
+            }],
+            catalog.clone(),
+        )
+        .unwrap_or_else(|e| panic!("set {set} does not load: {e}\n{text}"));
+
+        for _ in 0..REQUESTS_PER_SET {
+            let req = request(&mut rng);
+            let indexed = engine.decide(&req);
+            let full = engine.decide_unindexed(&req);
+            requests += 1;
+            outcomes[match &full {
+                Decision::Allow { .. } => 0,
+                Decision::Escalate { .. } => 1,
+                Decision::Deny {
+                    reason: DenyReason::Forbidden,
+                    ..
+                } => 2,
+                Decision::Deny {
+                    reason: DenyReason::NoPermit,
+                    ..
+                } => 3,
+                Decision::Deny { .. } => 4,
+            }] += 1;
+            if normal(&indexed) != normal(&full) {
+                mismatches += 1;
+                first_mismatch.get_or_insert_with(|| {
+                    format!(
+                        "set {set}\n{text}\nrequest {req:?}\nindexed {indexed:?}\nfull {full:?}"
+                    )
+                });
+            }
+        }
+    }
+    println!(
+        "index differential: {requests} requests over {SETS} sets ({generated} generated \
+         policies, {dropped} dropped by validation), {mismatches} mismatches; outcomes \
+         allow {} escalate {} forbidden {} no-permit {} error {}; {:.1?}",
+        outcomes[0],
+        outcomes[1],
+        outcomes[2],
+        outcomes[3],
+        outcomes[4],
+        started.elapsed()
+    );
+    assert!(requests >= 100_000);
+    // Every outcome is exercised, or the comparison proves little.
+    assert!(outcomes.iter().all(|&n| n > 0), "outcomes {outcomes:?}");
+    assert!(
+        dropped * 10 < generated,
+        "generator mostly invalid: {dropped}/{generated}"
+    );
+    assert_eq!(
+        mismatches,
+        0,
+        "first mismatch: {}",
+        first_mismatch.unwrap_or_default()
+    );
+}
