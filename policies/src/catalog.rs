@@ -264,6 +264,14 @@ impl Tool {
         &self.omitted
     }
 
+    /// Check one call's arguments against the type of `context.args` (the conversion the
+    /// engine makes when it decides, where a mismatch is a deny like any evaluation error).
+    /// `Err` names the first mismatch by its location and the kinds involved, never by the
+    /// value, so the proxy can answer it as a failed check (422) and the audit can keep it.
+    pub fn check_args(&self, args: &Value) -> Result<(), String> {
+        self.args.value(args, "args").map(drop)
+    }
+
     /// The `impact.records` JSON pointer into the arguments.
     pub fn impact_pointer(&self) -> Option<&str> {
         self.impact_records.as_deref()

@@ -186,6 +186,10 @@ pub struct ProxyLimits {
     /// A TLS handshake with the agent must finish within this time.
     #[serde(deserialize_with = "duration")]
     pub tls_handshake_timeout: Duration,
+    /// Largest request body of a recognised tool call. Tool calls are buffered whole so
+    /// their arguments can be read before the decision; larger ones are refused (400
+    /// `body_too_large`). Bodies of other requests stream and are not bounded by this.
+    pub max_tool_body_bytes: usize,
 }
 
 impl Default for ProxyLimits {
@@ -197,6 +201,7 @@ impl Default for ProxyLimits {
             upstream_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(300),
             tls_handshake_timeout: Duration::from_secs(10),
+            max_tool_body_bytes: 1024 * 1024,
         }
     }
 }

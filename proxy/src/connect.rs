@@ -26,7 +26,7 @@ use crate::egress::EgressError;
 use crate::error::ProxyError;
 use crate::server::Shared;
 use crate::wire_guard::StrictH1;
-use crate::{authenticate, evaluate, ids, pipeline, respond, tunnel};
+use crate::{authenticate, evaluate, ids, pipeline, recognise, respond, tunnel};
 
 /// What an accepted CONNECT turns into.
 enum Plan {
@@ -110,8 +110,14 @@ async fn open(
     audit.update(|r| r.add_policies(opened_by));
     // A host that no permit's scope names is refused here, before any TLS and before any
     // DNS lookup (a lookup of a name the agent chose is itself a way to leak data).
+    // A host serving catalogued REST tools is let through too: its requests may be tool
+    // calls, which tier and tool permits decide, and those do not name hosts.
     let tunnel_host = shared.is_tunnel_host(&host);
-    if !tunnel_host && !engine.may_permit_http(&host.to_string()) {
+    let host_text = host.to_string();
+    if !tunnel_host
+        && !engine.may_permit_http(&host_text)
+        && !recognise::serves_tools(engine.catalog(), &host_text)
+    {
         return Err(ProxyError::Denied {
             policies: Vec::new(),
             action: "Ostiary::Action::\"http\"".into(),

@@ -20,6 +20,9 @@ pub enum ProxyError {
     BadRequest { reason: String },
     #[error("request header fields too large")]
     HeadersTooLarge,
+    /// A body that must be read whole (a tool call's arguments) is larger than allowed.
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
     #[error("request for {host} inside a tunnel to {tunnel}")]
     Misdirected { tunnel: String, host: String },
     #[error("denied by policy: {reason}")]
@@ -36,6 +39,9 @@ pub enum ProxyError {
         action: String,
         resource: String,
     },
+    /// A check on the request's content failed (`check` names it: `args_schema`, ...).
+    #[error("check {check} failed: {detail}")]
+    CheckFailed { check: &'static str, detail: String },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
     #[error("upstream failed: {reason}")]
@@ -51,10 +57,13 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::Unauthenticated { .. } => "unauthenticated",
-            ProxyError::BadRequest { .. } | ProxyError::HeadersTooLarge => "bad_request",
+            ProxyError::BadRequest { .. }
+            | ProxyError::HeadersTooLarge
+            | ProxyError::BodyTooLarge { .. } => "bad_request",
             ProxyError::Misdirected { .. } => "misdirected_request",
             ProxyError::Denied { .. } => "denied",
             ProxyError::ApprovalRequired { .. } => "approval_required",
+            ProxyError::CheckFailed { .. } => "check_failed",
             ProxyError::DestinationBlocked { .. } => "destination_blocked",
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -68,6 +77,8 @@ impl ProxyError {
             ProxyError::Unauthenticated { .. }
             | ProxyError::BadRequest { .. }
             | ProxyError::HeadersTooLarge
+            | ProxyError::BodyTooLarge { .. }
+            | ProxyError::CheckFailed { .. }
             | ProxyError::Misdirected { .. } => Side::Agent,
             ProxyError::Denied { .. }
             | ProxyError::ApprovalRequired { .. }

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use ostiary_policies::{AccessRequest, Action, Decision, PolicyEngine};
+use ostiary_policies::{AccessRequest, Action, Decision, DenyReason, PolicyEngine};
 
 use crate::egress::address::Host;
 use crate::error::ProxyError;
@@ -41,13 +41,37 @@ pub fn decide(
             action: request.action.uid_text(),
             resource: request.resource(),
         }),
-        Decision::Deny { policies, reason } => Err(ProxyError::Denied {
-            policies,
-            action: request.action.uid_text(),
-            resource: request.resource(),
-            reason: reason.to_string(),
-        }),
+        Decision::Deny { policies, reason } => {
+            // A tool call whose arguments do not fit the tool's schema cannot be evaluated
+            // (its `context.args` has no Cedar value), so the engine denies with an
+            // evaluation error. That is the agent's mistake, not a policy's verdict: it is
+            // answered as the failed `args_schema` check (422) so the agent can fix the call.
+            // Re-checking only on this path keeps the allowed path free of a second
+            // conversion.
+            if let DenyReason::EvaluationError(_) = reason {
+                if let Some(detail) = args_mismatch(engine, &request.action) {
+                    return Err(ProxyError::CheckFailed {
+                        check: "args_schema",
+                        detail,
+                    });
+                }
+            }
+            Err(ProxyError::Denied {
+                policies,
+                action: request.action.uid_text(),
+                resource: request.resource(),
+                reason: reason.to_string(),
+            })
+        }
     }
+}
+
+/// Why a tool call's arguments do not fit its tool's schema, if they do not.
+fn args_mismatch(engine: &PolicyEngine, action: &Action) -> Option<String> {
+    let Action::Tool { name, args, .. } = action else {
+        return None;
+    };
+    engine.catalog().get(name)?.check_args(args).err()
 }
 
 /// The port rule: `egress.ports`, or a `connect` permit for this host and port. Returns the

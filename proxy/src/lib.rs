@@ -6,7 +6,8 @@
 //! - [`connect`] — `CONNECT`: destination checks, TLS interception with leaves minted by
 //!   [`tls::ca`], or uninspected relays ([`tunnel`]) for `egress.tunnel` hosts.
 //! - [`pipeline`] — the one function listing the phases:
-//!   [`authenticate`] → [`classify`] → [`evaluate`] → [`inject`] → [`forward`], with an
+//!   [`authenticate`] → [`classify`] → [`recognise`] (catalogued REST tool calls and their
+//!   arguments) → [`evaluate`] → [`inject`] → [`forward`], with an
 //!   [`audit`] guard around them.
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
@@ -36,6 +37,7 @@ pub mod inject;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_store;
+pub mod recognise;
 pub mod respond;
 pub mod server;
 pub mod session;

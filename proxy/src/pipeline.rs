@@ -1,7 +1,7 @@
 //! The request pipeline: the one function that lists the phases of DESIGN §3 in order.
 //!
 //! ```text
-//! authenticate → classify → evaluate → inject → forward        (audit: a guard around all)
+//! authenticate → classify → recognise → evaluate → inject → forward   (audit: a guard around all)
 //! ```
 //! Phases still to come slot in where the comments say (`check` after `evaluate`, `escalate`
 //! after `check`); nothing else in the crate decides the order.
@@ -20,7 +20,7 @@ use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
 use crate::server::Shared;
-use crate::{authenticate, evaluate, ids, inject, respond};
+use crate::{authenticate, evaluate, ids, inject, recognise, respond};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
 /// inside an intercepted tunnel). Always answers; always leaves one audit record.
@@ -63,7 +63,7 @@ pub async fn handle(
 async fn run(
     shared: &Shared,
     origin: &Origin,
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     // authenticate — first: nothing about an unauthenticated request is examined further. In
@@ -92,9 +92,31 @@ async fn run(
         r.path = Some(target.path.clone());
     });
 
-    // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
-    // The engine is taken once so the whole request is decided under one policy set.
+    // The engine is taken once so the whole request is recognised and decided under one
+    // policy set: the catalog comes with the policies it was validated with.
     let engine = shared.policies.current();
+
+    // recognise — after classify, because routes match the canonical host and the raw path
+    // classify settled; before evaluate, because it decides which action Cedar is asked
+    // about (a tool call or plain `http`). Only a recognised call's body is read (bounded);
+    // every other body keeps streaming.
+    let (parts, agent_body) = req.into_parts();
+    let (agent_body, agent_body_failed) = body::watched(agent_body);
+    let mut req = Request::from_parts(parts, agent_body);
+    let call = match recognise::route(engine.catalog(), &target) {
+        Some(route) => {
+            let tool = route.tool;
+            audit.update(|r| {
+                r.tool = Some(tool.name().to_owned());
+                r.tier = Some(tool.tier().as_str().to_owned());
+            });
+            let limit = shared.config.proxy.max_tool_body_bytes;
+            Some(route.read(&mut req, &target, limit).await?)
+        }
+        None => None,
+    };
+
+    // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
     if matches!(origin, Origin::Plain) {
         let opened_by = evaluate::port(
             &engine,
@@ -106,12 +128,15 @@ async fn run(
         )?;
         audit.update(|r| r.add_policies(opened_by));
     }
-    let action = Action::Http {
-        method: target.method.to_string(),
-        scheme: target.scheme.into(),
-        port: target.port,
-        path: target.path.clone(),
-        query: target.query.clone(),
+    let action = match call {
+        Some(call) => call.action(),
+        None => Action::Http {
+            method: target.method.to_string(),
+            scheme: target.scheme.into(),
+            port: target.port,
+            path: target.path.clone(),
+            query: target.query.clone(),
+        },
     };
     let policies = evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
     audit.update(|r| r.add_policies(policies));
@@ -122,9 +147,7 @@ async fn run(
     // The WebSocket handshake is only honoured once authorized.
     let upgrade = is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (parts, agent_body) = req.into_parts();
-    let (agent_body, agent_body_failed) = body::watched(agent_body);
-    let upstream_req = inject::prepare(Request::from_parts(parts, agent_body), &target, upgrade)?;
+    let upstream_req = inject::prepare(req, &target, upgrade)?;
 
     // forward — the egress guard runs inside the connector, on every dial.
     let sent = shared

@@ -63,6 +63,19 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             "The request head is larger than this proxy accepts.".into(),
             json!({ "reason": "header_too_large" }),
         ),
+        ProxyError::BodyTooLarge { limit } => (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "The request body is larger than the {limit} bytes this proxy reads to decide a \
+                 tool call."
+            ),
+            json!({ "reason": "body_too_large", "limit": limit }),
+        ),
+        ProxyError::CheckFailed { check, detail } => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("The request failed the {check} check: {detail}."),
+            json!({ "check": check, "detail": detail }),
+        ),
         ProxyError::Misdirected { tunnel, host } => (
             StatusCode::MISDIRECTED_REQUEST,
             format!("This tunnel was opened to {tunnel}; a request for {host} must use its own."),
@@ -155,6 +168,34 @@ mod tests {
         assert_eq!(body["policies"], json!(["irreversible-needs-human"]));
         assert_eq!(body["action"], "Ostiary::Action::\"tool:files.delete\"");
         assert_eq!(body["resource"], "Ostiary::Tool::\"files.delete\"");
+    }
+
+    #[tokio::test]
+    async fn check_failed_is_a_422_naming_the_check() {
+        let err = ProxyError::CheckFailed {
+            check: "args_schema",
+            detail: "args.title: expected a string, got a number".into(),
+        };
+        assert_eq!(err.audit_decision(), "deny");
+        let response = error(&err, "r");
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let body = body_json(response).await;
+        assert_eq!(body["error"], "check_failed");
+        assert_eq!(body["check"], "args_schema");
+        assert_eq!(
+            body["detail"],
+            "args.title: expected a string, got a number"
+        );
+    }
+
+    #[tokio::test]
+    async fn body_too_large_is_a_bad_request_with_its_reason() {
+        let response = error(&ProxyError::BodyTooLarge { limit: 10 }, "r");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = body_json(response).await;
+        assert_eq!(body["error"], "bad_request");
+        assert_eq!(body["reason"], "body_too_large");
+        assert_eq!(body["limit"], 10);
     }
 
     #[tokio::test]

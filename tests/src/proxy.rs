@@ -31,6 +31,8 @@ permit (principal, action == Ostiary::Action::"connect", resource);
 pub struct ProxySpec {
     /// Cedar policy text, written to `policies/test.cedar`.
     pub policies: String,
+    /// A tool catalog, written to `policies/tools.toml` when given.
+    pub tools_toml: Option<String>,
     /// Host names mapped to 127.0.0.1 (`egress.resolve`).
     pub names: Vec<String>,
     /// Extra ports CONNECT may reach besides 80 and 443 (test upstreams' random ports).
@@ -53,6 +55,7 @@ impl Default for ProxySpec {
     fn default() -> Self {
         Self {
             policies: ALLOW_ALL.to_owned(),
+            tools_toml: None,
             names: vec!["api.example.test".into()],
             ports: Vec::new(),
             upstream_ca_pem: None,
@@ -102,6 +105,9 @@ impl TestProxy {
         let policy_dir = dir.path().join("policies");
         std::fs::create_dir_all(&policy_dir).unwrap();
         std::fs::write(policy_dir.join("test.cedar"), &spec.policies).unwrap();
+        if let Some(tools) = &spec.tools_toml {
+            std::fs::write(policy_dir.join("tools.toml"), tools).unwrap();
+        }
         let ca_file = match &spec.upstream_ca_pem {
             Some(pem) => {
                 let p = dir.path().join("upstream-ca.pem");

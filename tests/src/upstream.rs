@@ -79,6 +79,8 @@ pub struct Seen {
     pub body_len: u64,
     /// The body reached its end (as opposed to the peer resetting or hanging up mid-body).
     pub body_complete: bool,
+    /// Hex SHA-256 of the whole body, once it is complete.
+    pub body_sha256: Option<String>,
     /// Trailers that came after the body, if any.
     pub trailers: Option<HeaderMap>,
     /// The TLS SNI the client sent, `None` on plain HTTP or when no SNI was sent.
@@ -414,6 +416,7 @@ impl ServerState {
             headers: req.headers().clone(),
             body_len: 0,
             body_complete: false,
+            body_sha256: None,
             trailers: None,
             sni: sni.map(str::to_owned),
             peer,
@@ -689,10 +692,14 @@ async fn read_body(mut body: Incoming, state: &ServerState, id: u64, keep: bool)
             },
         }
     };
-    state.update(id, |s| s.body_complete = complete);
+    let sha256: [u8; 32] = hasher.finalize().into();
+    state.update(id, |s| {
+        s.body_complete = complete;
+        s.body_sha256 = complete.then(|| hex(&sha256));
+    });
     BodyRead {
         len,
-        sha256: hasher.finalize().into(),
+        sha256,
         complete,
         data: data.map(Bytes::from),
     }

@@ -52,6 +52,13 @@ pub struct AuditRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     pub duration_us: u64,
+    /// The catalogued tool a request was recognised as (`Action::"tool:<name>"`). Its
+    /// arguments are never recorded: they may carry secrets.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tool: Option<String>,
+    /// The tool's risk tier (`read`, `write`, `irreversible`, `high_impact`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tier: Option<String>,
 }
 
 impl AuditRecord {
