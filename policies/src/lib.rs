@@ -37,8 +37,15 @@ pub use load::{LoadError, PolicyEngine, PolicySource};
 pub use request::{AccessRequest, Action, SessionState};
 pub use testing::{run_dir, TestError, TestReport};
 
-/// The library shipped with Ostiary, embedded so that `ostiary serve` works from any
-/// directory with no config at all. The files on disk under `policies/library/` are the same.
-/// Only `*.cedar` files belong here: the library's `tests/*.toml` are test cases, not policies.
-pub const EMBEDDED_LIBRARY: &[(&str, &str)] =
-    &[("egress.cedar", include_str!("../library/egress.cedar"))];
+/// The policies of the library shipped with Ostiary, embedded so that `ostiary serve` works
+/// from any directory with no config at all. The files on disk under `policies/library/` are
+/// the same. Only `*.cedar` files belong here: the library's `tests/*.toml` are test cases, not
+/// policies, and its catalog is [`EMBEDDED_CATALOG`]. [`PolicyEngine::embedded`] loads both.
+pub const EMBEDDED_LIBRARY: &[(&str, &str)] = &[
+    ("egress.cedar", include_str!("../library/egress.cedar")),
+    ("tiers.cedar", include_str!("../library/tiers.cedar")),
+];
+
+/// The library's tool catalog (`policies/library/tools.toml`): `tiers.cedar` is written
+/// against its tools, so the embedded policies are only valid together with it.
+pub const EMBEDDED_CATALOG: &str = include_str!("../library/tools.toml");

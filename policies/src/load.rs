@@ -14,7 +14,7 @@ use cedar_policy::{
 };
 use miette::Diagnostic;
 
-use crate::catalog::{Catalog, CatalogError};
+use crate::catalog::{Catalog, CatalogError, CATALOG_FILE};
 
 /// One policy file: a name for error messages and its text.
 #[derive(Debug, Clone)]
@@ -117,6 +117,22 @@ impl PolicyEngine {
             sources.push(PolicySource { name, text });
         }
         let catalog = Catalog::load_dir(dir)?;
+        Self::with_catalog(&sources, catalog)
+    }
+
+    /// The library shipped with Ostiary: [`crate::EMBEDDED_LIBRARY`] with its catalog
+    /// [`crate::EMBEDDED_CATALOG`], the same policies and tools as `policies/library/` on disk.
+    pub fn embedded() -> Result<Self, LoadError> {
+        let sources: Vec<PolicySource> = crate::EMBEDDED_LIBRARY
+            .iter()
+            .map(|(name, text)| PolicySource {
+                name: (*name).to_owned(),
+                text: (*text).to_owned(),
+            })
+            .collect();
+        // No directory: the shipped catalog gives its argument schemas inline, so there is no
+        // schema file to resolve (a path would be refused here, not looked up somewhere else).
+        let catalog = Catalog::parse(CATALOG_FILE, crate::EMBEDDED_CATALOG, None)?;
         Self::with_catalog(&sources, catalog)
     }
 

@@ -8,18 +8,25 @@
 //! allows. The shipped library carries its own cases (`policies/library/tests/`), and a test
 //! of this crate runs them, so the library and its tests cannot drift apart.
 //!
-//! Only the actions that exist today are accepted (`http`, `connect`); anything else is an
-//! error naming the file and line, never a silently skipped case.
+//! A case is an `http` request, a `connect`, or a `tool` call of a tool in the policy set's
+//! catalog. A tool case gives what the proxy would observe — the arguments, the session so far,
+//! an approval — and takes the rest from the catalog exactly as the proxy does: the call's
+//! `impact.records` from the tool's extractor and its `impact.cost` from the tool's cost, so a
+//! case cannot claim an impact the proxy would never compute. Unknown actions and tools, and
+//! fields of another action, are errors naming the file and line, never silently skipped cases.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
+use toml::Spanned;
 
+use crate::catalog::{cost_to_micros, Catalog};
 use crate::decide::Decision;
 use crate::load::PolicyEngine;
-use crate::request::{AccessRequest, Action};
+use crate::request::{AccessRequest, Action, SessionState};
 
 /// Why a test directory could not be run. Failing cases are not errors: they are reported
 /// in [`TestReport`]; errors mean the tests themselves are unreadable.
@@ -50,10 +57,12 @@ pub enum TestError {
         message: String,
     },
     /// A case parsed but does not describe a request (a field for the wrong action, a
-    /// non-canonical host, a duplicate name).
-    #[error("{file}: case {case:?}: {message}")]
+    /// non-canonical host, a tool the catalog does not have, a duplicate name).
+    #[error("{file}:{line}: case {case:?}: {message}")]
     Case {
         file: String,
+        /// 1-based line of the case's `[[case]]` entry.
+        line: usize,
         case: String,
         message: String,
     },
@@ -84,12 +93,15 @@ impl fmt::Display for Expect {
 }
 
 /// The action of a case. A string in the file; parsed here so that an unknown action (a
-/// tool name before the catalog exists, a typo) fails with a message that says why.
+/// Cedar action id such as `tool:github.create_issue`, a typo) fails with a message that says
+/// what to write instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub enum CaseAction {
     Http,
     Connect,
+    /// A call of the catalog tool named by the case's `tool`.
+    Tool,
 }
 
 impl TryFrom<String> for CaseAction {
@@ -99,11 +111,48 @@ impl TryFrom<String> for CaseAction {
         match value.as_str() {
             "http" => Ok(CaseAction::Http),
             "connect" => Ok(CaseAction::Connect),
+            "tool" => Ok(CaseAction::Tool),
             other => Err(format!(
-                "unknown action {other:?}: expected \"http\" or \"connect\" \
-                 (tool actions arrive with the tool catalog)"
+                "unknown action {other:?}: expected \"http\", \"connect\" or \"tool\" \
+                 (a tool call is `action = \"tool\"` with the catalog name in `tool = \"...\"`)"
             )),
         }
+    }
+}
+
+/// `session = { calls = 3, cost = 0.5, depth = 0 }` of a tool case: what the session did
+/// before this call. Absent fields are 0, as for a session's first call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseSession {
+    #[serde(default)]
+    pub calls: i64,
+    /// In the catalog's units (`0.5`), as `cost` is written in `tools.toml`; policies see
+    /// micro-units (`500000`).
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default)]
+    pub depth: i64,
+}
+
+impl CaseSession {
+    /// `context.session`, or why these numbers cannot be a session's.
+    fn state(&self) -> Result<SessionState, String> {
+        if self.calls < 0 || self.depth < 0 {
+            return Err("session.calls and session.depth must not be negative".into());
+        }
+        // The same bound the catalog puts on a tool's cost, so the conversion is exact.
+        if !(self.cost.is_finite() && (0.0..=1e12).contains(&self.cost)) {
+            return Err(format!(
+                "session.cost must be a finite number between 0 and 1e12, got {}",
+                self.cost
+            ));
+        }
+        Ok(SessionState {
+            calls: self.calls,
+            cost_micros: cost_to_micros(self.cost),
+            depth: self.depth,
+        })
     }
 }
 
@@ -117,12 +166,14 @@ pub struct Case {
     #[serde(default = "default_tenant")]
     pub tenant: String,
     pub action: CaseAction,
-    pub host: String,
+    /// http and connect: required. Not for tool cases: their resource is the tool, and the
+    /// host serving it comes from the catalog.
+    pub host: Option<String>,
     /// http only; default `GET`.
     pub method: Option<String>,
     /// http only; default `https`.
     pub scheme: Option<String>,
-    /// Default 443 (80 for an http case with `scheme = "http"`).
+    /// http and connect; default 443 (80 for an http case with `scheme = "http"`).
     pub port: Option<u16>,
     /// http only; default `/`.
     pub path: Option<String>,
@@ -130,6 +181,15 @@ pub struct Case {
     pub query: Option<String>,
     /// connect only; default the host.
     pub sni: Option<String>,
+    /// tool only, required: the catalog name (`github.create_issue`).
+    pub tool: Option<String>,
+    /// tool only; default `{}`: the arguments as the agent sends them (for a REST tool, the
+    /// path parameters, query and body merged, as the proxy merges them).
+    pub args: Option<Map<String, Value>>,
+    /// tool only; default all 0.
+    pub session: Option<CaseSession>,
+    /// tool only: a human approved this call (`context.approval.granted`, `approver`).
+    pub approved_by: Option<String>,
     pub expect: Expect,
     /// The exact determining policy ids, in any order. Absent: not checked.
     pub policies: Option<Vec<String>>,
@@ -147,52 +207,127 @@ fn default_tenant() -> String {
 #[serde(deny_unknown_fields)]
 struct TestFile {
     #[serde(default)]
-    case: Vec<Case>,
+    case: Vec<Spanned<Case>>,
 }
 
 impl Case {
-    /// The request this case describes. Fields of the other action are refused rather than
-    /// ignored: a `method` on a connect case means the author misunderstood the case.
-    pub fn request(&self) -> Result<AccessRequest, String> {
-        check_host(&self.host)?;
-        let action = match self.action {
+    /// The request this case describes, a tool call's impact taken from `catalog`. Fields of
+    /// another action are refused rather than ignored: a `method` on a connect case, or `args`
+    /// on an http case, means the author misunderstood the case.
+    pub fn request(&self, catalog: &Catalog) -> Result<AccessRequest, String> {
+        let tool_only = [
+            ("tool", self.tool.is_some()),
+            ("args", self.args.is_some()),
+            ("session", self.session.is_some()),
+            ("approved_by", self.approved_by.is_some()),
+        ];
+        let http_only = [
+            ("method", self.method.is_some()),
+            ("scheme", self.scheme.is_some()),
+            ("path", self.path.is_some()),
+            ("query", self.query.is_some()),
+        ];
+        if self.action != CaseAction::Tool {
+            if let Some(field) = first_given(&tool_only) {
+                return Err(format!("`{field}` applies to tool cases only"));
+            }
+        }
+        let (host, action) = match self.action {
             CaseAction::Http => {
+                let host = self.host()?;
                 if self.sni.is_some() {
                     return Err("`sni` applies to connect cases only".into());
                 }
                 let scheme = self.scheme.clone().unwrap_or_else(|| "https".to_owned());
                 let default_port = if scheme == "http" { 80 } else { 443 };
-                Action::Http {
+                let action = Action::Http {
                     method: self.method.clone().unwrap_or_else(|| "GET".to_owned()),
                     port: self.port.unwrap_or(default_port),
                     scheme,
                     path: self.path.clone().unwrap_or_else(|| "/".to_owned()),
                     query: self.query.clone().unwrap_or_default(),
-                }
+                };
+                (host, action)
             }
             CaseAction::Connect => {
-                let http_only = [
-                    ("method", self.method.is_some()),
-                    ("scheme", self.scheme.is_some()),
-                    ("path", self.path.is_some()),
-                    ("query", self.query.is_some()),
-                ];
-                if let Some((field, _)) = http_only.iter().find(|(_, set)| *set) {
+                let host = self.host()?;
+                if let Some(field) = first_given(&http_only) {
                     return Err(format!("`{field}` applies to http cases only"));
                 }
-                Action::Connect {
+                let action = Action::Connect {
                     port: self.port.unwrap_or(443),
-                    sni: self.sni.clone().unwrap_or_else(|| self.host.clone()),
-                }
+                    sni: self.sni.clone().unwrap_or_else(|| host.clone()),
+                };
+                (host, action)
             }
+            CaseAction::Tool => self.tool_call(catalog, &http_only)?,
         };
         Ok(AccessRequest {
             agent: self.agent.clone(),
             tenant: self.tenant.clone(),
-            host: self.host.clone(),
+            host,
             action,
         })
     }
+
+    /// The host of an http or connect case, checked.
+    fn host(&self) -> Result<String, String> {
+        let host = self
+            .host
+            .as_deref()
+            .ok_or("`host` is required for http and connect cases")?;
+        check_host(host)?;
+        Ok(host.to_owned())
+    }
+
+    /// The host and action of a tool case: what the proxy would build for this call.
+    fn tool_call(
+        &self,
+        catalog: &Catalog,
+        http_only: &[(&'static str, bool)],
+    ) -> Result<(String, Action), String> {
+        let not_for_tools = [
+            ("host", self.host.is_some()),
+            ("port", self.port.is_some()),
+            ("sni", self.sni.is_some()),
+        ];
+        if let Some(field) = first_given(http_only).or_else(|| first_given(&not_for_tools)) {
+            return Err(format!(
+                "`{field}` does not apply to tool cases: a tool call is described by `tool`, \
+                 `args`, `session` and `approved_by`; the catalog says where the tool is served"
+            ));
+        }
+        let name = self
+            .tool
+            .as_deref()
+            .ok_or("`tool` is required for tool cases (the tool's name in tools.toml)")?;
+        let Some(tool) = catalog.get(name) else {
+            return Err(format!(
+                "tool {name:?} is not in the catalog (tools.toml of the policy directory)"
+            ));
+        };
+        let approval = match self.approved_by.as_deref() {
+            Some("") => return Err("`approved_by` is empty: name the approver".into()),
+            other => other.map(str::to_owned),
+        };
+        let session = self.session.unwrap_or_default().state()?;
+        let args = Value::Object(self.args.clone().unwrap_or_default());
+        let action = Action::Tool {
+            name: name.to_owned(),
+            // As the proxy computes them (recognise.rs): no extractor, or nothing usable at its
+            // pointer, is no counted records.
+            impact_records: tool.impact_records(&args).unwrap_or(0),
+            cost_micros: tool.cost_micros(),
+            session,
+            approval,
+            args,
+        };
+        Ok((tool.server().to_owned(), action))
+    }
+}
+/// The first field of `fields` that the case sets.
+fn first_given(fields: &[(&'static str, bool)]) -> Option<&'static str> {
+    fields.iter().find(|(_, set)| *set).map(|(field, _)| *field)
 }
 
 /// Policies only ever see canonical hosts (the proxy canonicalises before deciding), so a
@@ -297,7 +432,7 @@ pub fn run_dir(engine: &PolicyEngine, tests_dir: &Path) -> Result<TestReport, Te
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let cases = parse_file(&name, &text)?;
+        let cases = parse_file(&name, &text, engine.catalog())?;
         files.push((name, cases));
     }
 
@@ -310,13 +445,17 @@ pub fn run_dir(engine: &PolicyEngine, tests_dir: &Path) -> Result<TestReport, Te
     Ok(report)
 }
 
-/// Parse one test file into its cases and their requests. `file` names it in errors.
-pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Case, AccessRequest)>, TestError> {
+/// Parse one test file into its cases and their requests; tool cases take their tool from
+/// `catalog`. `file` names the file in errors.
+pub fn parse_file(
+    file: &str,
+    text: &str,
+    catalog: &Catalog,
+) -> Result<Vec<(Case, AccessRequest)>, TestError> {
+    let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let parsed: TestFile = toml::from_str(text).map_err(|e| TestError::Parse {
         file: file.to_owned(),
-        line: e
-            .span()
-            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1),
+        line: e.span().map(|span| line_of(span.start)),
         message: e.message().trim_end().to_owned(),
     })?;
     if parsed.case.is_empty() {
@@ -328,9 +467,12 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Case, AccessRequest)>, 
     }
     let mut names = HashSet::new();
     let mut cases = Vec::with_capacity(parsed.case.len());
-    for case in parsed.case {
+    for spanned in parsed.case {
+        let line = line_of(spanned.span().start);
+        let case = spanned.into_inner();
         let case_error = |message: String| TestError::Case {
             file: file.to_owned(),
+            line,
             case: case.name.clone(),
             message,
         };
@@ -338,7 +480,7 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Case, AccessRequest)>, 
         if !names.insert(case.name.clone()) {
             return Err(case_error("the name is used twice in this file".into()));
         }
-        let request = case.request().map_err(case_error)?;
+        let request = case.request(catalog).map_err(case_error)?;
         cases.push((case, request));
     }
     Ok(cases)
@@ -519,7 +661,8 @@ mod tests {
         )
         .unwrap()
         .case
-        .remove(0);
+        .remove(0)
+        .into_inner();
         let got = Decision::Allow {
             policies: vec!["a".into(), "b".into()],
         };
@@ -541,7 +684,7 @@ mod tests {
         assert!(text.starts_with("typo.toml:6: "), "{text}");
         assert!(text.contains("mehtod"), "{text}");
 
-        let err = parse_file("syntax.toml", "[[case]\nname = 1").unwrap_err();
+        let err = parse_file("syntax.toml", "[[case]\nname = 1", &Catalog::default()).unwrap_err();
         assert!(err.to_string().starts_with("syntax.toml:1: "), "{err}");
     }
 
@@ -550,30 +693,33 @@ mod tests {
         let err = parse_file(
             "t.toml",
             "[[case]]\nname = \"x\"\naction = \"tool:github.create_issue\"\nhost = \"h\"\nexpect = \"deny\"\n",
+            &Catalog::default(),
         )
         .unwrap_err()
         .to_string();
         assert!(
             err.starts_with("t.toml:3: ")
                 && err.contains("unknown action")
-                && err.contains("catalog"),
+                && err.contains("`action = \"tool\"`"),
             "{err}"
         );
 
         let err = parse_file(
             "t.toml",
             "[[case]]\nname = \"x\"\naction = \"connect\"\nhost = \"h\"\nmethod = \"GET\"\nexpect = \"deny\"\n",
+            &Catalog::default(),
         )
         .unwrap_err()
         .to_string();
         assert_eq!(
             err,
-            "t.toml: case \"x\": `method` applies to http cases only"
+            "t.toml:1: case \"x\": `method` applies to http cases only"
         );
 
         let err = parse_file(
             "t.toml",
             "[[case]]\nname = \"x\"\naction = \"http\"\nhost = \"PyPI.org\"\nexpect = \"deny\"\n",
+            &Catalog::default(),
         )
         .unwrap_err();
         assert!(err.to_string().contains("not canonical"), "{err}");
@@ -595,6 +741,7 @@ mod tests {
             "[[case]]\nname = \"h\"\naction = \"http\"\nhost = \"h\"\nexpect = \"deny\"\n\
              [[case]]\nname = \"p\"\naction = \"http\"\nscheme = \"http\"\nhost = \"h\"\nexpect = \"deny\"\n\
              [[case]]\nname = \"c\"\naction = \"connect\"\nhost = \"h\"\nport = 22\nexpect = \"deny\"\n",
+            &Catalog::default(),
         )
         .unwrap();
         assert_eq!(cases[0].1.agent, "agent");
@@ -616,6 +763,266 @@ mod tests {
                 port: 22,
                 sni: "h".into()
             }
+        );
+    }
+
+    const TOOLS: &str = r#"
+[[tool]]
+name   = "pay.bulk_refund"
+tier   = "high_impact"
+match  = { host = "pay.example", method = "POST", path = "/v1/refunds/bulk" }
+args_schema = { type = "object", required = ["ids"], properties = { ids = { type = "array", items = { type = "string" } } } }
+impact = { records = "/ids" }
+cost   = 0.25
+
+[[tool]]
+name   = "files.delete"
+tier   = "irreversible"
+match  = { mcp = "https://files.example/mcp", tool = "delete_file" }
+"#;
+
+    fn tools() -> Catalog {
+        Catalog::parse("tools.toml", TOOLS, None).unwrap()
+    }
+
+    fn tool_engine() -> PolicyEngine {
+        PolicyEngine::with_catalog(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text: r#"
+                @id("small") permit (principal, action in Ostiary::Action::"tier:high_impact", resource)
+                when { context.impact.records <= 2 && context.session.cost < 1000000 };
+                @id("human") @escalate("approval")
+                forbid (principal, action in Ostiary::Action::"tier:irreversible", resource)
+                unless { context.approval.granted };
+                @id("approved") permit (principal, action in Ostiary::Action::"tier:irreversible", resource)
+                when { context.approval.granted };
+                "#
+                .into(),
+            }],
+            tools(),
+        )
+        .unwrap()
+    }
+
+    fn one_tool_case(text: &str) -> Result<AccessRequest, TestError> {
+        parse_file("t.toml", text, &tools()).map(|mut cases| cases.remove(0).1)
+    }
+
+    #[test]
+    fn a_tool_case_is_the_call_the_proxy_would_decide() {
+        let request = one_tool_case(
+            r#"[[case]]
+            name = "bulk"
+            agent = "demo"
+            tenant = "acme"
+            action = "tool"
+            tool = "pay.bulk_refund"
+            args = { ids = ["a", "b", "c"], note = { nested = 1.5 } }
+            session = { calls = 7, cost = 0.5, depth = 2 }
+            approved_by = "alice@example.com"
+            expect = "allow""#,
+        )
+        .unwrap();
+        assert_eq!(request.agent, "demo");
+        assert_eq!(request.tenant, "acme");
+        assert_eq!(
+            request.host, "pay.example",
+            "the tool's server, from the catalog"
+        );
+        assert_eq!(
+            request.action,
+            Action::Tool {
+                name: "pay.bulk_refund".into(),
+                args: serde_json::json!({ "ids": ["a", "b", "c"], "note": { "nested": 1.5 } }),
+                impact_records: 3,
+                cost_micros: 250_000,
+                session: SessionState {
+                    calls: 7,
+                    cost_micros: 500_000,
+                    depth: 2,
+                },
+                approval: Some("alice@example.com".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_tool_case_defaults_to_a_first_unapproved_call_without_arguments() {
+        let request = one_tool_case(
+            "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"files.delete\"\nexpect = \"escalate\"\n",
+        )
+        .unwrap();
+        assert_eq!(request.host, "files.example", "the MCP endpoint's host");
+        assert_eq!(
+            request.action,
+            Action::Tool {
+                name: "files.delete".into(),
+                args: serde_json::json!({}),
+                impact_records: 0,
+                cost_micros: 0,
+                session: SessionState::default(),
+                approval: None,
+            }
+        );
+        // Without a usable value at the extractor's pointer, no records are counted.
+        let request = one_tool_case(
+            "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"pay.bulk_refund\"\nargs = { ids = \"x\" }\nexpect = \"deny\"\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            request.action,
+            Action::Tool {
+                impact_records: 0,
+                cost_micros: 250_000,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn tool_cases_decide_allow_deny_and_escalate() {
+        let dir = dir_with(&[(
+            "tools.toml",
+            r#"
+            [[case]]
+            name = "small batch"
+            action = "tool"
+            tool = "pay.bulk_refund"
+            args = { ids = ["a", "b"] }
+            expect = "allow"
+            policies = ["small"]
+
+            [[case]]
+            name = "large batch: impact from the extractor"
+            action = "tool"
+            tool = "pay.bulk_refund"
+            args = { ids = ["a", "b", "c"] }
+            expect = "deny"
+            policies = []
+
+            [[case]]
+            name = "small batch, spent session"
+            action = "tool"
+            tool = "pay.bulk_refund"
+            args = { ids = ["a"] }
+            session = { cost = 1.0 }
+            expect = "deny"
+
+            [[case]]
+            name = "delete escalates"
+            action = "tool"
+            tool = "files.delete"
+            expect = "escalate"
+            policies = ["human"]
+
+            [[case]]
+            name = "delete approved"
+            action = "tool"
+            tool = "files.delete"
+            approved_by = "alice@example.com"
+            expect = "allow"
+            policies = ["approved"]
+            "#,
+        )]);
+        let report = run_dir(&tool_engine(), dir.path()).unwrap();
+        assert_eq!(report.cases.len(), 5);
+        assert_eq!(report.failed(), 0, "{report:?}");
+
+        // And a wrong expectation about escalation is a failure, not a pass.
+        let dir = dir_with(&[(
+            "wrong.toml",
+            "[[case]]\nname = \"w\"\naction = \"tool\"\ntool = \"files.delete\"\nexpect = \"deny\"\n",
+        )]);
+        let report = run_dir(&tool_engine(), dir.path()).unwrap();
+        assert_eq!(
+            report.cases[0].failure.as_deref(),
+            Some("expected deny, got escalate by [human] (approval required)")
+        );
+    }
+
+    #[test]
+    fn bad_tool_cases_are_errors_with_file_and_line() {
+        let case_error = |body: &str| {
+            // The faulty case is the second, so the line says which entry is meant.
+            let text = format!(
+                "[[case]]\nname = \"fine\"\naction = \"tool\"\ntool = \"files.delete\"\nexpect = \"escalate\"\n\n\
+                 [[case]]\nname = \"bad\"\n{body}expect = \"deny\"\n"
+            );
+            parse_file("t.toml", &text, &tools())
+                .unwrap_err()
+                .to_string()
+        };
+        let cases = [
+            ("action = \"tool\"\n", "`tool` is required"),
+            (
+                "action = \"tool\"\ntool = \"nope\"\n",
+                "tool \"nope\" is not in the catalog",
+            ),
+            (
+                "action = \"tool\"\ntool = \"files.delete\"\nhost = \"files.example\"\n",
+                "`host` does not apply to tool cases",
+            ),
+            (
+                "action = \"tool\"\ntool = \"files.delete\"\nmethod = \"POST\"\n",
+                "`method` does not apply to tool cases",
+            ),
+            (
+                "action = \"http\"\nhost = \"h\"\nargs = {}\n",
+                "`args` applies to tool cases only",
+            ),
+            (
+                "action = \"connect\"\nhost = \"h\"\napproved_by = \"a\"\n",
+                "`approved_by` applies to tool cases only",
+            ),
+            ("action = \"http\"\n", "`host` is required"),
+            (
+                "action = \"tool\"\ntool = \"files.delete\"\napproved_by = \"\"\n",
+                "`approved_by` is empty",
+            ),
+            (
+                "action = \"tool\"\ntool = \"files.delete\"\nsession = { cost = -1.0 }\n",
+                "session.cost must be a finite number",
+            ),
+            (
+                "action = \"tool\"\ntool = \"files.delete\"\nsession = { calls = -1 }\n",
+                "must not be negative",
+            ),
+        ];
+        for (body, message) in cases {
+            let err = case_error(body);
+            assert!(
+                err.starts_with("t.toml:7: case \"bad\": ") && err.contains(message),
+                "{body:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn tool_case_fields_are_checked_by_shape() {
+        let parse_error = |body: &str| {
+            let text = format!("[[case]]\nname = \"bad\"\naction = \"tool\"\ntool = \"files.delete\"\nexpect = \"deny\"\n{body}");
+            parse_file("t.toml", &text, &tools()).unwrap_err()
+        };
+        // The impact is the catalog's to compute, never the case's to claim.
+        let err = parse_error("impact_records = 3\n");
+        assert!(
+            matches!(err, TestError::Parse { line: Some(6), .. })
+                && err.to_string().contains("impact_records"),
+            "{err}"
+        );
+        // Session fields are checked as strictly as the case's own.
+        let err = parse_error("session = { calls = 1, cots = 0.5 }\n");
+        assert!(
+            matches!(err, TestError::Parse { line: Some(6), .. })
+                && err.to_string().contains("cots"),
+            "{err}"
+        );
+        // Arguments are a table, as MCP arguments and REST bodies are objects.
+        let err = parse_error("args = [1, 2]\n");
+        assert!(
+            matches!(err, TestError::Parse { line: Some(6), .. }),
+            "{err}"
         );
     }
 }

@@ -131,14 +131,7 @@ fn invalid_entity_ids_fail_closed() {
 
 #[test]
 fn the_embedded_library_loads_and_allows_registries_read_only() {
-    let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
-        .iter()
-        .map(|(n, t)| PolicySource {
-            name: (*n).into(),
-            text: (*t).into(),
-        })
-        .collect();
-    let e = PolicyEngine::from_sources(&sources).unwrap();
+    let e = PolicyEngine::embedded().unwrap();
     assert!(e
         .decide(&http("pypi.org", "GET", "/simple/requests/"))
         .is_allow());
@@ -148,6 +141,20 @@ fn the_embedded_library_loads_and_allows_registries_read_only() {
         PolicyEngine::load_dir(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("library"))
             .unwrap();
     assert_eq!(on_disk.len(), e.len());
+    assert_eq!(on_disk.schema_text(), e.schema_text(), "the same catalog");
+    assert_eq!(
+        EMBEDDED_LIBRARY.len(),
+        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("library"))
+            .unwrap()
+            .filter(|f| f
+                .as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "cedar"))
+            .count(),
+        "every *.cedar file of the library is embedded"
+    );
 }
 
 #[test]

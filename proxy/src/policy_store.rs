@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ostiary_policies::{LoadError, PolicyEngine, PolicySource, EMBEDDED_LIBRARY};
+use ostiary_policies::{LoadError, PolicyEngine};
 
 use crate::audit::AuditGuard;
 use crate::config::{self, DEFAULT_POLICY_DIR};
@@ -24,21 +24,13 @@ use crate::ids;
 use crate::server::Shared;
 
 /// Build a policy set from the `[policy]` config: every `*.cedar` file of `policy.dir`,
-/// strictly validated — or the embedded library when `dir` is the default and absent, so
-/// that `ostiary serve` works from any directory.
+/// strictly validated — or the embedded library (policies and tool catalog) when `dir` is the
+/// default and absent, so that `ostiary serve` works from any directory.
 pub fn build(policy: &config::Policy) -> Result<PolicyEngine, LoadError> {
     match source_of(policy) {
         Source::Dir(dir) => PolicyEngine::load_dir(dir),
-        Source::Embedded => {
-            let sources: Vec<PolicySource> = EMBEDDED_LIBRARY
-                .iter()
-                .map(|(name, text)| PolicySource {
-                    name: (*name).to_owned(),
-                    text: (*text).to_owned(),
-                })
-                .collect();
-            PolicyEngine::from_sources(&sources)
-        }
+        // The embedded policies together with the embedded catalog they are written against.
+        Source::Embedded => PolicyEngine::embedded(),
     }
 }
 
