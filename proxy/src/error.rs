@@ -50,6 +50,23 @@ pub enum ProxyError {
     UpstreamTimeout { reason: String },
     #[error("internal error: {reason}")]
     Internal { reason: String },
+    /// Refused JSON-RPC calls to a catalogued MCP endpoint, none of which was forwarded:
+    /// answered HTTP 200 with one JSON-RPC error per call (DESIGN §5), so MCP SDKs raise a
+    /// readable error and the MCP session stays usable. Never empty; each refusal is one of
+    /// the other variants (denied, approval required, check failed).
+    #[error("MCP call refused: {}", .replies.first().map(|r| r.error.to_string()).unwrap_or_default())]
+    McpRefused {
+        replies: Vec<McpRefusal>,
+        /// Whether the agent sent a batch (the answer is then a JSON array).
+        batch: bool,
+    },
+}
+
+/// One refused JSON-RPC call: its `id` (echoed in the error) and why.
+#[derive(Debug, Clone)]
+pub struct McpRefusal {
+    pub id: serde_json::Value,
+    pub error: ProxyError,
 }
 
 impl ProxyError {
@@ -68,6 +85,9 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::Internal { .. } => "internal_error",
+            ProxyError::McpRefused { replies, .. } => {
+                replies.first().map_or("denied", |r| r.error.kind())
+            }
         }
     }
 
@@ -85,6 +105,9 @@ impl ProxyError {
             | ProxyError::DestinationBlocked { .. } => Side::Policy,
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
             ProxyError::Internal { .. } => Side::Internal,
+            ProxyError::McpRefused { replies, .. } => {
+                replies.first().map_or(Side::Policy, |r| r.error.side())
+            }
         }
     }
 
@@ -101,6 +124,9 @@ impl ProxyError {
         match self {
             ProxyError::Denied { policies, .. } | ProxyError::ApprovalRequired { policies, .. } => {
                 policies
+            }
+            ProxyError::McpRefused { replies, .. } => {
+                replies.first().map_or(&[], |r| r.error.policies())
             }
             _ => &[],
         }

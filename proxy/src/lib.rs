@@ -7,7 +7,7 @@
 //!   [`tls::ca`], or uninspected relays ([`tunnel`]) for `egress.tunnel` hosts.
 //! - [`pipeline`] — the one function listing the phases:
 //!   [`authenticate`] → [`classify`] → [`recognise`] (catalogued REST tool calls and their
-//!   arguments) → [`evaluate`] → [`inject`] → [`forward`], with an
+//!   arguments; MCP JSON-RPC in [`mcp`]) → [`evaluate`] → [`inject`] → [`forward`], with an
 //!   [`audit`] guard around them.
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
@@ -34,6 +34,7 @@ pub mod evaluate;
 pub mod forward;
 pub mod ids;
 pub mod inject;
+pub mod mcp;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_store;

@@ -3,13 +3,16 @@
 //! ```text
 //! authenticate → classify → recognise → evaluate → inject → forward   (audit: a guard around all)
 //! ```
+//! MCP JSON-RPC to a catalogued endpoint ([`crate::mcp`]) runs through the same phases: its
+//! body is parsed in `recognise`, each `tools/call` is decided in `evaluate`, refused calls
+//! are taken out before `inject`, and the answer is filtered and merged after `forward`.
 //! Phases still to come slot in where the comments say (`check` after `evaluate`, `escalate`
 //! after `check`); nothing else in the crate decides the order.
 
 use std::sync::Arc;
 
-use http::header::{CONNECTION, UPGRADE};
-use http::{Request, Response, StatusCode, Version};
+use http::header::{CONNECTION, CONTENT_LENGTH, UPGRADE};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use ostiary_policies::Action;
@@ -20,7 +23,7 @@ use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
 use crate::server::Shared;
-use crate::{authenticate, evaluate, ids, inject, recognise, respond};
+use crate::{authenticate, evaluate, ids, inject, mcp, recognise, respond};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
 /// inside an intercepted tunnel). Always answers; always leaves one audit record.
@@ -36,7 +39,7 @@ pub async fn handle(
     // The wire guard stops inspecting after an Upgrade head; a declined upgrade must not
     // leave a connection whose next requests go unchecked.
     let upgrade_asked = req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE);
-    match run(&shared, &origin, req, &mut audit).await {
+    match run(&shared, &origin, req, &mut audit, &request_id).await {
         Ok(mut response) => {
             if upgrade_asked && response.status() != StatusCode::SWITCHING_PROTOCOLS {
                 response
@@ -65,6 +68,7 @@ async fn run(
     origin: &Origin,
     req: Request<Incoming>,
     audit: &mut AuditGuard,
+    request_id: &str,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     // authenticate — first: nothing about an unauthenticated request is examined further. In
     // a tunnel the token was checked at CONNECT; the session is re-checked on every request
@@ -115,6 +119,18 @@ async fn run(
         }
         None => None,
     };
+    // MCP after REST routes, so that a catalogued REST route is never reinterpreted as
+    // JSON-RPC. Only a POST carries JSON-RPC; the SSE stream (GET) and session end (DELETE)
+    // stay plain `http` requests below. The body is parsed here, decided in evaluate.
+    let mcp = match (&call, mcp::endpoint(engine.catalog(), &target)) {
+        (None, Some(endpoint)) if target.method == Method::POST => {
+            let limit = shared.config.proxy.max_tool_body_bytes;
+            let bytes = recognise::read_body(&mut req, limit).await?;
+            let exchange = mcp::parse(&bytes)?;
+            Some((endpoint, exchange, bytes))
+        }
+        _ => None,
+    };
 
     // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
     if matches!(origin, Origin::Plain) {
@@ -129,17 +145,74 @@ async fn run(
         audit.update(|r| r.add_policies(opened_by));
     }
     let action = match call {
-        Some(call) => call.action(),
-        None => Action::Http {
+        Some(call) => Some(call.action()),
+        // Every message but `tools/call` is decided as the plain request it travels in; a
+        // POST of only calls is decided call by call below, and nothing else.
+        None if mcp
+            .as_ref()
+            .is_some_and(|(_, exchange, _)| !exchange.needs_http()) =>
+        {
+            None
+        }
+        None => Some(Action::Http {
             method: target.method.to_string(),
             scheme: target.scheme.into(),
             port: target.port,
             path: target.path.clone(),
             query: target.query.clone(),
-        },
+        }),
     };
-    let policies = evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
-    audit.update(|r| r.add_policies(policies));
+    if let Some(action) = action {
+        let policies =
+            evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
+        audit.update(|r| r.add_policies(policies));
+    }
+    // Each `tools/call` on its own. Refused calls are taken out of the body here, before
+    // inject, so that nothing is prepared or forwarded for them.
+    let mut mcp_reply = None;
+    if let Some((endpoint, exchange, bytes)) = mcp {
+        let asker = mcp::Asker {
+            engine: &engine,
+            metrics: &shared.metrics,
+            principal: &principal,
+            target: &target,
+        };
+        let plan = exchange.decide(&endpoint, asker, bytes)?;
+        audit.update(|r| {
+            if let Some(tool) = plan.tools.first() {
+                r.tool = Some(tool.clone());
+            }
+            r.add_policies(plan.policies.clone());
+        });
+        let Some(forward) = plan.forward else {
+            if plan.refused.is_empty() {
+                // Only refused notifications: nothing to answer, as for any notification.
+                let mut accepted = Response::new(body::empty());
+                *accepted.status_mut() = StatusCode::ACCEPTED;
+                return Ok(accepted);
+            }
+            return Err(ProxyError::McpRefused {
+                replies: plan.refused,
+                batch: plan.batch,
+            });
+        };
+        if !plan.unchanged {
+            req.headers_mut()
+                .insert(CONTENT_LENGTH, http::HeaderValue::from(forward.len()));
+        }
+        *req.body_mut() = body::full(forward);
+        let filter = mcp::reply::ToolFilter {
+            engine: engine.clone(),
+            metrics: shared.metrics.clone(),
+            principal: (*principal).clone(),
+            target: target.clone(),
+            endpoint,
+        };
+        mcp_reply = mcp::reply::ReplyPlan::new(&plan.refused, plan.listed, filter, request_id);
+        if mcp_reply.is_some() {
+            mcp::reply::ReplyPlan::prepare(req.headers_mut());
+        }
+    }
 
     // check, escalate — the tier checks and the approval queue arrive with the tool catalog.
 
@@ -171,8 +244,13 @@ async fn run(
     if let (Some(agent), true) = (agent_upgrade, switching) {
         splice(agent, hyper::upgrade::on(&mut response));
     }
+    // MCP answers are filtered and merged after forward, before hop-by-hop headers go.
+    let mut response = match mcp_reply {
+        Some(plan) => plan.apply(response).await?,
+        None => response.map(body::stream),
+    };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
-    Ok(response.map(body::stream))
+    Ok(response)
 }
 
 /// A WebSocket handshake (HTTP/1.1 `Upgrade`); other upgrades are not passed.

@@ -134,7 +134,10 @@ impl ToolCall<'_> {
 
 /// The whole body, or a refusal if it is larger than `limit`. A declared `Content-Length`
 /// over the limit is refused before anything is read.
-async fn read_body(req: &mut Request<ProxyBody>, limit: usize) -> Result<Bytes, ProxyError> {
+pub(crate) async fn read_body(
+    req: &mut Request<ProxyBody>,
+    limit: usize,
+) -> Result<Bytes, ProxyError> {
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)

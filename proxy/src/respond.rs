@@ -16,15 +16,21 @@ pub const REQUEST_ID: &str = "ostiary-request-id";
 
 /// Status and JSON body for a refusal or failure.
 pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
-    let (status, message, details) = describe(err);
-    let mut body = Map::new();
-    body.insert("error".into(), json!(err.kind()));
-    body.insert("message".into(), json!(message));
-    body.insert("request_id".into(), json!(request_id));
-    if let Value::Object(extra) = details {
-        body.extend(extra);
+    if let ProxyError::McpRefused { replies, batch } = err {
+        let errors = replies
+            .iter()
+            .map(|r| jsonrpc_error(&r.id, &r.error, request_id));
+        let body = if *batch {
+            Value::Array(errors.collect())
+        } else {
+            errors.into_iter().next().unwrap_or(Value::Null)
+        };
+        // 200: MCP clients read JSON-RPC errors only from a successful HTTP exchange; any
+        // other status makes the SDKs fail the transport instead of the one call.
+        return json_response(StatusCode::OK, &body, request_id);
     }
-    let mut response = json_response(status, &Value::Object(body), request_id);
+    let (status, _, _) = describe(err);
+    let mut response = json_response(status, &error_body(err, request_id), request_id);
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         response.headers_mut().insert(
             PROXY_AUTHENTICATE,
@@ -32,6 +38,39 @@ pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
         );
     }
     response
+}
+
+/// The JSON body of DESIGN §5 for `err`: `{"error", "message", "request_id", ...details}`.
+pub fn error_body(err: &ProxyError, request_id: &str) -> Value {
+    let (_, message, details) = describe(err);
+    let mut body = Map::new();
+    body.insert("error".into(), json!(err.kind()));
+    body.insert("message".into(), json!(message));
+    body.insert("request_id".into(), json!(request_id));
+    if let Value::Object(extra) = details {
+        body.extend(extra);
+    }
+    Value::Object(body)
+}
+
+/// JSON-RPC error code of a refused MCP call held for approval (DESIGN §5).
+pub const JSONRPC_APPROVAL_PENDING: i64 = -32002;
+/// JSON-RPC error code of a refused MCP call: denials, limits and failed checks.
+pub const JSONRPC_REFUSED: i64 = -32001;
+
+/// A refused MCP call as a JSON-RPC error response with the call's `id`; `data` is the
+/// same body an HTTP refusal carries, so agents read one shape either way.
+pub fn jsonrpc_error(id: &Value, err: &ProxyError, request_id: &str) -> Value {
+    let code = match err {
+        ProxyError::ApprovalRequired { .. } => JSONRPC_APPROVAL_PENDING,
+        _ => JSONRPC_REFUSED,
+    };
+    let data = error_body(err, request_id);
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code, "message": data["message"].clone(), "data": data },
+    })
 }
 
 /// A JSON response of Ostiary's own (control API and errors).
@@ -123,6 +162,19 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             "Ostiary failed to handle this request; the audit record has the details.".into(),
             json!({}),
         ),
+        // Answered by `error` before `describe` is asked; described by its first refusal
+        // for any other caller.
+        ProxyError::McpRefused { replies, .. } => match replies.first() {
+            Some(first) => {
+                let (_, message, details) = describe(&first.error);
+                (StatusCode::OK, message, details)
+            }
+            None => (
+                StatusCode::OK,
+                "The MCP calls were refused.".into(),
+                json!({}),
+            ),
+        },
     }
 }
 

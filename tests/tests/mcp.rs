@@ -1,0 +1,394 @@
+//! MCP over Streamable HTTP end to end: the MCP Python SDK's server (behind TLS from the
+//! test CA) as the upstream, and either the SDK's own client or hand-written JSON-RPC
+//! through an intercepted tunnel as the agent. Each `tools/call` is decided on its own;
+//! refused calls come back as JSON-RPC errors (HTTP 200) carrying the DESIGN §5 body;
+//! `tools/list` answers are filtered to what the session may call.
+
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use ostiary_e2e::clients::{client_script, python, python_bin, SCRUBBED_ENV};
+use ostiary_e2e::pki::TestCa;
+use ostiary_e2e::proxy::{ProxySpec, TestProxy};
+use ostiary_e2e::raw::{self, Reply};
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+const HOST: &str = "mcp.example.test";
+
+const POLICIES: &str = r#"
+@id("mcp-plumbing")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test");
+
+@id("read-ok")
+permit (principal, action in Ostiary::Action::"tier:read", resource);
+
+@id("no-writes")
+forbid (principal, action in Ostiary::Action::"tier:write", resource);
+
+@id("irreversible-permit")
+permit (principal, action in Ostiary::Action::"tier:irreversible", resource);
+
+@id("irreversible-needs-human")
+@escalate("approval")
+forbid (principal, action in Ostiary::Action::"tier:irreversible", resource)
+unless { context.approval.granted };
+"#;
+
+fn tools_toml(port: u16) -> String {
+    let url = format!("https://{HOST}:{port}/mcp");
+    format!(
+        r#"
+[[tool]]
+name = "files.read"
+tier = "read"
+match = {{ mcp = "{url}", tool = "read_file" }}
+
+[[tool]]
+name = "files.write"
+tier = "write"
+match = {{ mcp = "{url}", tool = "write_file" }}
+
+[[tool]]
+name = "files.delete"
+tier = "irreversible"
+match = {{ mcp = "{url}", tool = "delete_file" }}
+"#
+    )
+}
+
+/// The SDK's MCP server on a port of its own, killed on drop.
+struct McpServer {
+    port: u16,
+    _child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl McpServer {
+    /// Start `mcp_server.py` with `flags`, on a free port (retrying on a port conflict), and
+    /// wait until it accepts connections.
+    async fn start(ca: &TestCa, flags: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (chain, key) = ca.issue(&[HOST]);
+        let cert_path = dir.path().join("cert.pem");
+        let key_path = dir.path().join("key.pem");
+        std::fs::write(&cert_path, chain).unwrap();
+        std::fs::write(&key_path, key).unwrap();
+        for _ in 0..5 {
+            // uvicorn's port 0 would not tell us the port; take a free one and hand it over.
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut cmd = Command::new(python_bin());
+            cmd.arg(client_script("mcp_server.py"))
+                .arg(port.to_string())
+                .arg(&cert_path)
+                .arg(&key_path)
+                .args(flags)
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true);
+            for name in SCRUBBED_ENV {
+                cmd.env_remove(name);
+            }
+            let mut child = cmd.spawn().expect("starting mcp_server.py");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    assert_eq!(status.code(), Some(4), "mcp_server.py failed: {status}");
+                    break; // port taken: try another
+                }
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+                {
+                    return Self {
+                        port,
+                        _child: child,
+                        _dir: dir,
+                    };
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "mcp_server.py did not listen within 30s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        panic!("no free port for mcp_server.py after 5 tries");
+    }
+
+    fn url(&self) -> String {
+        format!("https://{HOST}:{}/mcp", self.port)
+    }
+}
+
+struct Rig {
+    server: McpServer,
+    proxy: TestProxy,
+    token: String,
+    env: Vec<(String, String)>,
+}
+
+impl Rig {
+    async fn start(flags: &[&str]) -> Self {
+        let ca = TestCa::new();
+        let server = McpServer::start(&ca, flags).await;
+        let proxy = TestProxy::start(ProxySpec {
+            policies: POLICIES.into(),
+            tools_toml: Some(tools_toml(server.port)),
+            names: vec![HOST.into()],
+            ports: vec![server.port],
+            upstream_ca_pem: Some(ca.ca_pem()),
+            ..Default::default()
+        })
+        .await;
+        let session = proxy.session("agent-1").await;
+        let env = proxy.client_env(&session);
+        Self {
+            server,
+            proxy,
+            token: session.token.clone(),
+            env,
+        }
+    }
+
+    /// POST `body` to the endpoint through an intercepted tunnel, as a raw JSON-RPC client.
+    async fn post(&self, body: impl Into<Bytes>) -> Reply {
+        let tls = raw::intercepted(
+            &self.proxy,
+            &self.token,
+            HOST,
+            self.server.port,
+            &[b"http/1.1"],
+        )
+        .await;
+        let mut sender = raw::h1(tls).await;
+        let req = Request::post("/mcp")
+            .header("host", format!("{HOST}:{}", self.server.port))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18")
+            .body(Full::new(body.into()))
+            .unwrap();
+        raw::send_h1(&mut sender, req).await.expect("exchange")
+    }
+}
+
+fn call(id: u64, tool: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": {"path": "/notes.txt"}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_client_sees_decisions_per_call_and_a_filtered_list() {
+    let rig = Rig::start(&[]).await;
+    let env: Vec<(&str, &str)> = rig
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let out = python(
+        client_script("mcp_client.py"),
+        &[
+            &rig.server.url(),
+            "read_file",
+            r#"{"path": "/notes.txt"}"#,
+            "write_file",
+            r#"{"path": "/x", "content": "y"}"#,
+            "delete_file",
+            r#"{"path": "/notes.txt"}"#,
+        ],
+        &env,
+    )
+    .await;
+    assert!(out.success(), "{out}");
+    let result = out.json();
+
+    // write_file is forbidden outright; delete_file is escalatable and stays (DESIGN §4).
+    let mut tools: Vec<&str> = result["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    tools.sort_unstable();
+    assert_eq!(tools, ["delete_file", "read_file"], "{out}");
+
+    let calls = result["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["result"], json!(["hello"]), "{out}");
+    assert_eq!(calls[0]["is_error"], false, "{out}");
+
+    let denied = &calls[1]["error"];
+    assert_eq!(denied["code"], -32001, "{out}");
+    assert_eq!(denied["data"]["error"], "denied", "{out}");
+    assert_eq!(denied["data"]["policies"], json!(["no-writes"]), "{out}");
+    assert_eq!(
+        denied["data"]["action"], "Ostiary::Action::\"tool:files.write\"",
+        "{out}"
+    );
+    assert!(denied["message"].as_str().is_some_and(|m| !m.is_empty()));
+    let request_id = denied["data"]["request_id"].as_str().unwrap().to_owned();
+
+    let escalated = &calls[2]["error"];
+    assert_eq!(escalated["code"], -32002, "{out}");
+    assert_eq!(escalated["data"]["error"], "approval_required", "{out}");
+    assert_eq!(
+        escalated["data"]["policies"],
+        json!(["irreversible-needs-human"]),
+        "{out}"
+    );
+
+    // The refusal is audited as one, under the id the agent saw.
+    let record = rig.proxy.audit_of(&request_id).await;
+    assert_eq!(record.decision, "deny", "{record:#?}");
+    assert_eq!(record.error.as_deref(), Some("denied"), "{record:#?}");
+    assert_eq!(record.tool.as_deref(), Some("files.write"), "{record:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_json_rpc_is_decided_per_call_and_bounded() {
+    let rig = Rig::start(&["--json", "--stateless"]).await;
+
+    // A batch with one allowed and one denied call: the allowed one is executed, the denied
+    // one answered by the proxy, both in one array with their own ids.
+    let batch = json!([call(1, "read_file"), call(2, "write_file")]);
+    let reply = rig.post(batch.to_string()).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    let answers = reply.json();
+    let answers = answers.as_array().unwrap_or_else(|| panic!("{reply}"));
+    assert_eq!(answers.len(), 2, "{reply}");
+    let by_id = |id: u64| answers.iter().find(|a| a["id"] == id).unwrap();
+    assert_eq!(by_id(1)["result"]["content"][0]["text"], "hello", "{reply}");
+    assert_eq!(by_id(2)["error"]["code"], -32001, "{reply}");
+    assert_eq!(by_id(2)["error"]["data"]["error"], "denied", "{reply}");
+    assert_eq!(
+        by_id(2)["error"]["data"]["policies"],
+        json!(["no-writes"]),
+        "{reply}"
+    );
+
+    // A tool the catalog does not list for this endpoint: denied by default.
+    let reply = rig.post(call(3, "format_disk").to_string()).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let answer = reply.json();
+    assert_eq!(answer["id"], 3, "{reply}");
+    assert_eq!(answer["error"]["code"], -32001, "{reply}");
+    assert_eq!(answer["error"]["data"]["error"], "denied", "{reply}");
+    assert_eq!(answer["error"]["data"]["policies"], json!([]), "{reply}");
+
+    // tools/list as JSON is filtered too.
+    let list = json!({"jsonrpc": "2.0", "id": "l", "method": "tools/list"});
+    let reply = rig.post(list.to_string()).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    let mut names: Vec<String> = reply.json()["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["delete_file", "read_file"], "{reply}");
+
+    // Malformed JSON-RPC: 400 bad_request, never forwarded.
+    for body in [
+        "not json",
+        r#"{"id": 1, "method": "ping"}"#,
+        r#"{"jsonrpc": "2.0", "id": 1}"#,
+        "[]",
+    ] {
+        let reply = rig.post(body).await;
+        raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
+    }
+
+    // 10,000 calls in one batch (about 750 KB, under the 1 MiB body limit): a clear 400
+    // naming the cap, no panic, and the proxy still answers afterwards.
+    let many: Vec<Value> = (0..10_000)
+        .map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "read_file"}}))
+        .collect();
+    let reply = rig.post(Value::Array(many).to_string()).await;
+    let body = raw::assert_ostiary_error(&reply, 400, "bad_request");
+    assert!(body["reason"].as_str().unwrap().contains("1000"), "{reply}");
+
+    // Deeply nested arguments: a parse error, not a stack overflow.
+    let nested = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"read_file","arguments":{{"a":{}{}}}}}}}"#,
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let reply = rig.post(nested).await;
+    raw::assert_ostiary_error(&reply, 400, "bad_request");
+
+    let reply = rig.post(call(10, "read_file").to_string()).await;
+    assert_eq!(
+        reply.json()["result"]["content"][0]["text"],
+        "hello",
+        "{reply}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_answers_carry_the_refusals_and_filtered_lists() {
+    let rig = Rig::start(&["--stateless"]).await;
+    // The SDK's server takes no batches (MCP 2025-06-18 dropped them): the one allowed call
+    // left is forwarded on its own and the answer comes back as a stream.
+    let batch = json!([call(1, "read_file"), call(2, "write_file")]);
+    let reply = rig.post(batch.to_string()).await;
+    let messages = sse_messages(&reply);
+    // The refusal goes first, the upstream's answer after.
+    assert_eq!(messages[0]["id"], 2, "{reply}");
+    assert_eq!(messages[0]["error"]["code"], -32001, "{reply}");
+    assert_eq!(
+        messages[0]["error"]["data"]["policies"],
+        json!(["no-writes"]),
+        "{reply}"
+    );
+    let answer = messages
+        .iter()
+        .find(|m| m["id"] == 1)
+        .unwrap_or_else(|| panic!("{reply}"));
+    assert_eq!(answer["result"]["content"][0]["text"], "hello", "{reply}");
+
+    // A `tools/list` answered as a stream is filtered in its event.
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    let reply = rig.post(list.to_string()).await;
+    let messages = sse_messages(&reply);
+    let answer = messages
+        .iter()
+        .find(|m| m["id"] == 3)
+        .unwrap_or_else(|| panic!("{reply}"));
+    let mut names: Vec<&str> = answer["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["delete_file", "read_file"], "{reply}");
+}
+
+/// The JSON-RPC messages of an SSE answer, one per `data:` line.
+fn sse_messages(reply: &Reply) -> Vec<Value> {
+    assert_eq!(reply.status, 200, "{reply}");
+    assert!(
+        reply
+            .header("content-type")
+            .is_some_and(|ct| ct.starts_with("text/event-stream")),
+        "{reply}"
+    );
+    String::from_utf8_lossy(&reply.body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_json::from_str(d.trim()).unwrap_or_else(|e| panic!("{e}: {reply}")))
+        .collect()
+}
