@@ -150,6 +150,9 @@ impl PolicyEngine {
 
         let mut policies = PolicySet::new();
         let mut origins = HashMap::new();
+        // Validation errors locate a policy by byte offsets into the text it was parsed from,
+        // and each file is parsed on its own: the line needs that file's text.
+        let mut texts: HashMap<String, &str> = HashMap::new();
         for source in sources {
             let parsed: PolicySet =
                 source
@@ -175,6 +178,7 @@ impl PolicyEngine {
                     line: 0,
                     message: e.to_string(),
                 })?;
+                texts.insert(id.clone(), &source.text);
                 origins.insert(id, source.name.clone());
             }
         }
@@ -186,7 +190,17 @@ impl PolicyEngine {
                 .map(|e| {
                     let id = e.policy_id().to_string();
                     let file = origins.get(&id).map(String::as_str).unwrap_or("?");
-                    format!("{file}: policy {id}: {e}")
+                    let offset = e
+                        .labels()
+                        .and_then(|mut labels| labels.next())
+                        .map(|label| label.offset());
+                    match (offset, texts.get(&id)) {
+                        (Some(offset), Some(text)) => {
+                            format!("{file}:{}: policy {id}: {e}", line_of(text, offset))
+                        }
+                        // No location to point at: the file and policy id still find it.
+                        _ => format!("{file}: policy {id}: {e}"),
+                    }
                 })
                 .collect();
             return Err(LoadError::Validation(errors));
@@ -305,10 +319,20 @@ fn parse_error(file: &str, text: &str, errors: &cedar_policy::ParseErrors) -> Lo
         .and_then(|mut labels| labels.next())
         .map(|label| label.offset())
         .unwrap_or(0);
-    let line = text[..offset.min(text.len())].matches('\n').count() + 1;
     LoadError::Parse {
         file: file.to_owned(),
-        line,
+        line: line_of(text, offset),
         message: errors.to_string(),
     }
+}
+
+/// The 1-based line of byte `offset` in `text`. Counted over bytes, so an offset that is not
+/// on a character boundary (or past the end) cannot panic; past the end is the last line.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }

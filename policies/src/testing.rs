@@ -12,7 +12,8 @@
 //! catalog. A tool case gives what the proxy would observe — the arguments, the session so far,
 //! an approval — and takes the rest from the catalog exactly as the proxy does: the call's
 //! `impact.records` from the tool's extractor and its `impact.cost` from the tool's cost, so a
-//! case cannot claim an impact the proxy would never compute. Unknown actions and tools, and
+//! case cannot claim an impact the proxy would never compute ([`tool_call`], which
+//! `ostiary policy explain --tool` uses too). Unknown actions and tools, and
 //! fields of another action, are errors naming the file and line, never silently skipped cases.
 
 use std::collections::HashSet;
@@ -301,29 +302,49 @@ impl Case {
             .tool
             .as_deref()
             .ok_or("`tool` is required for tool cases (the tool's name in tools.toml)")?;
-        let Some(tool) = catalog.get(name) else {
-            return Err(format!(
-                "tool {name:?} is not in the catalog (tools.toml of the policy directory)"
-            ));
-        };
-        let approval = match self.approved_by.as_deref() {
-            Some("") => return Err("`approved_by` is empty: name the approver".into()),
-            other => other.map(str::to_owned),
-        };
-        let session = self.session.unwrap_or_default().state()?;
-        let args = Value::Object(self.args.clone().unwrap_or_default());
-        let action = Action::Tool {
-            name: name.to_owned(),
-            // As the proxy computes them (recognise.rs): no extractor, or nothing usable at its
-            // pointer, is no counted records.
-            impact_records: tool.impact_records(&args).unwrap_or(0),
-            cost_micros: tool.cost_micros(),
-            session,
-            approval,
-            args,
-        };
-        Ok((tool.server().to_owned(), action))
+        tool_call(
+            catalog,
+            name,
+            self.args.clone().unwrap_or_default(),
+            self.session.unwrap_or_default(),
+            self.approved_by.as_deref(),
+        )
     }
+}
+
+/// The host and action of a call of catalog tool `name`: what the proxy would build for it,
+/// given what it observed (the arguments, the session so far, an approval). Shared by tool
+/// cases and `ostiary policy explain --tool`, so the two cannot build different requests for
+/// the same call.
+pub fn tool_call(
+    catalog: &Catalog,
+    name: &str,
+    args: Map<String, Value>,
+    session: CaseSession,
+    approved_by: Option<&str>,
+) -> Result<(String, Action), String> {
+    let Some(tool) = catalog.get(name) else {
+        return Err(format!(
+            "tool {name:?} is not in the catalog (tools.toml of the policy directory)"
+        ));
+    };
+    let approval = match approved_by {
+        Some("") => return Err("`approved_by` is empty: name the approver".into()),
+        other => other.map(str::to_owned),
+    };
+    let session = session.state()?;
+    let args = Value::Object(args);
+    let action = Action::Tool {
+        name: name.to_owned(),
+        // As the proxy computes them (recognise.rs): no extractor, or nothing usable at its
+        // pointer, is no counted records.
+        impact_records: tool.impact_records(&args).unwrap_or(0),
+        cost_micros: tool.cost_micros(),
+        session,
+        approval,
+        args,
+    };
+    Ok((tool.server().to_owned(), action))
 }
 /// The first field of `fields` that the case sets.
 fn first_given(fields: &[(&'static str, bool)]) -> Option<&'static str> {

@@ -98,6 +98,30 @@ fn strict_validation_rejects_unknown_attributes_and_names_the_file() {
 }
 
 #[test]
+fn strict_validation_errors_carry_the_line_in_their_file() {
+    // The offending attribute is on line 5 of the second file; offsets are per file, so a
+    // line counted over the first file's text (or over both) would be wrong.
+    let first = PolicySource {
+        name: "a.cedar".into(),
+        text: "// first\n@id(\"ok\") permit (principal, action, resource);\n".into(),
+    };
+    let second = PolicySource {
+        name: "b.cedar".into(),
+        text: "// second\n\n@id(\"bad\")\nforbid (principal, action == Ostiary::Action::\"http\", resource)\n  when { context.tier == \"write\" };\n".into(),
+    };
+    let err = PolicyEngine::from_sources(&[first, second]).unwrap_err();
+    let LoadError::Validation(errors) = &err else {
+        panic!("expected a validation error, got {err}");
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("b.cedar:5: policy bad: ")),
+        "{err}"
+    );
+}
+
+#[test]
 fn parse_errors_carry_file_and_line() {
     let err = engine("// comment\n\npermit (principal, action, resource) when { ; };").unwrap_err();
     match err {

@@ -155,7 +155,8 @@ pub enum PolicyCommand {
     },
     /// Decide one request; print the decision, the policies that determined it and what
     /// would change it.
-    Explain(ExplainArgs),
+    // Boxed: the tool flags make these arguments far larger than every other command's.
+    Explain(Box<ExplainArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -165,8 +166,8 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "default")]
     pub tenant: String,
     /// Destination host; canonicalised as the proxy does before policies see it.
-    #[arg(long)]
-    pub host: String,
+    #[arg(long, required_unless_present = "tool")]
+    pub host: Option<String>,
     /// HTTP method (default GET).
     #[arg(long)]
     pub method: Option<String>,
@@ -188,6 +189,25 @@ pub struct ExplainArgs {
     /// TLS server name of the tunnel (default: the host).
     #[arg(long, requires = "connect")]
     pub sni: Option<String>,
+    /// Decide a call of this catalog tool (`github.create_issue`) instead of an HTTP request;
+    /// the host serving it and its impact come from the catalog, as in a policy test case.
+    #[arg(
+        long,
+        conflicts_with_all = ["host", "method", "path", "query", "port", "scheme", "connect", "sni"]
+    )]
+    pub tool: Option<String>,
+    /// The tool call's arguments, a JSON object (default `{}`).
+    #[arg(long, requires = "tool")]
+    pub args: Option<String>,
+    /// Calls the session made before this one (default 0).
+    #[arg(long, requires = "tool")]
+    pub session_calls: Option<i64>,
+    /// Cost the session spent before this call, in the catalog's units (default 0).
+    #[arg(long, requires = "tool")]
+    pub session_cost: Option<f64>,
+    /// A human approved this call (`context.approval`).
+    #[arg(long, requires = "tool")]
+    pub approved_by: Option<String>,
     /// Policy directory (default: the config's `policy.dir`).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -225,7 +245,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
-        Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, args),
+        Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
     }
 }
 
@@ -495,25 +515,56 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
     use ostiary_policies::{AccessRequest, Action};
 
     let (engine, _) = policy_engine(config, args.dir)?;
-    // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
-    // explain a request the proxy never decides.
-    let host = crate::egress::address::normalize_host(&args.host)
-        .map_err(|e| CliError::Usage(format!("--host {:?}: {e}", args.host)))?
-        .to_string();
-    let action = if args.connect {
-        Action::Connect {
-            port: args.port.unwrap_or(443),
-            sni: args.sni.unwrap_or_else(|| host.clone()),
+    let (host, action) = match args.tool {
+        Some(name) => {
+            let call_args = match args.args.as_deref() {
+                None => serde_json::Map::new(),
+                Some(text) => serde_json::from_str(text)
+                    .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
+            };
+            let session = ostiary_policies::testing::CaseSession {
+                calls: args.session_calls.unwrap_or(0),
+                cost: args.session_cost.unwrap_or(0.0),
+                // No flag gives a depth: an agent acting for a human directly, as a
+                // test case that does not give one.
+                depth: 0,
+            };
+            ostiary_policies::testing::tool_call(
+                engine.catalog(),
+                &name,
+                call_args,
+                session,
+                args.approved_by.as_deref(),
+            )
+            .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?
         }
-    } else {
-        let scheme = args.scheme.unwrap_or_else(|| "https".to_owned());
-        let default_port = if scheme == "http" { 80 } else { 443 };
-        Action::Http {
-            method: args.method.unwrap_or_else(|| "GET".to_owned()),
-            port: args.port.unwrap_or(default_port),
-            scheme,
-            path: args.path.unwrap_or_else(|| "/".to_owned()),
-            query: args.query.unwrap_or_default(),
+        None => {
+            // clap requires --host unless --tool is given.
+            let raw = args
+                .host
+                .ok_or_else(|| CliError::Usage("explain needs --host or --tool".into()))?;
+            // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
+            // explain a request the proxy never decides.
+            let host = crate::egress::address::normalize_host(&raw)
+                .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
+                .to_string();
+            let action = if args.connect {
+                Action::Connect {
+                    port: args.port.unwrap_or(443),
+                    sni: args.sni.unwrap_or_else(|| host.clone()),
+                }
+            } else {
+                let scheme = args.scheme.unwrap_or_else(|| "https".to_owned());
+                let default_port = if scheme == "http" { 80 } else { 443 };
+                Action::Http {
+                    method: args.method.unwrap_or_else(|| "GET".to_owned()),
+                    port: args.port.unwrap_or(default_port),
+                    scheme,
+                    path: args.path.unwrap_or_else(|| "/".to_owned()),
+                    query: args.query.unwrap_or_default(),
+                }
+            };
+            (host, action)
         }
     };
     let explanation = engine.explain(&AccessRequest {

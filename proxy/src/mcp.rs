@@ -22,6 +22,10 @@
 //! [`crate::respond`]). A batch with some allowed messages is forwarded without the refused
 //! calls and the answer merged in [`reply`]. `GET` (the SSE stream) and `DELETE` (session
 //! end) have no JSON-RPC body and stay plain `Action::"http"` requests.
+//!
+//! Each `tools/call` of a batch is also audited on its own ([`DecidedCall`], written by the
+//! pipeline as a record of kind `mcp_call` under the request's id), so that a refused call
+//! in a partly forwarded batch leaves a record; the request keeps its own `http` record.
 
 pub mod reply;
 
@@ -263,6 +267,21 @@ pub struct Plan {
     pub policies: Vec<String>,
     /// Catalog names of the calls, for the audit record.
     pub tools: Vec<String>,
+    /// Every `tools/call`, in order, with its decision: one `mcp_call` record each.
+    pub calls: Vec<DecidedCall>,
+}
+
+/// One decided `tools/call`: what its own audit record needs, never its arguments.
+#[derive(Debug)]
+pub struct DecidedCall {
+    /// The JSON-RPC id as JSON text (`7`, `"a"`), so `7` and `"7"` stay apart; `None` for a
+    /// notification.
+    pub rpc_id: Option<String>,
+    /// The catalog entry's name and tier; `None` for a tool the catalog does not list for
+    /// the endpoint (the agent's name for it is in the refusal's reason).
+    pub tool: Option<(String, String)>,
+    /// The determining policies of an allowed call, or why it was refused.
+    pub outcome: Result<Vec<String>, ProxyError>,
 }
 
 impl Exchange {
@@ -288,26 +307,39 @@ impl Exchange {
             batch: self.batch,
             policies: Vec::new(),
             tools: Vec::new(),
+            calls: Vec::new(),
         };
         let mut kept = Vec::with_capacity(self.messages.len());
         for (value, kind) in self.messages {
             match kind {
                 Kind::Call { id, name, args } => {
-                    if let Some(tool) = endpoint.tool(asker.engine.catalog(), &name) {
-                        plan.tools.push(tool.name().to_owned());
+                    let tool = endpoint
+                        .tool(asker.engine.catalog(), &name)
+                        .map(|tool| (tool.name().to_owned(), tool.tier().as_str().to_owned()));
+                    if let Some((name, _)) = &tool {
+                        plan.tools.push(name.clone());
                     }
-                    match asker.call(endpoint, &name, args) {
+                    let outcome = asker.call(endpoint, &name, args);
+                    match &outcome {
                         Ok(policies) => {
-                            plan.policies.extend(policies);
+                            plan.policies.extend(policies.iter().cloned());
                             kept.push(value);
                         }
                         Err(error) => {
                             plan.unchanged = false;
-                            if let Some(id) = id {
-                                plan.refused.push(McpRefusal { id, error });
+                            if let Some(id) = &id {
+                                plan.refused.push(McpRefusal {
+                                    id: id.clone(),
+                                    error: error.clone(),
+                                });
                             }
                         }
                     }
+                    plan.calls.push(DecidedCall {
+                        rpc_id: id.as_ref().map(Value::to_string),
+                        tool,
+                        outcome,
+                    });
                 }
                 Kind::List { id } => {
                     plan.listed.push(id);

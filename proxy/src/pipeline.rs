@@ -6,6 +6,8 @@
 //! MCP JSON-RPC to a catalogued endpoint ([`crate::mcp`]) runs through the same phases: its
 //! body is parsed in `recognise`, each `tools/call` is decided in `evaluate`, refused calls
 //! are taken out before `inject`, and the answer is filtered and merged after `forward`.
+//! Besides the request's own record, each `tools/call` of a batch leaves an `mcp_call` record
+//! under the same request id.
 //! Phases still to come slot in where the comments say (`check` after `evaluate`, `escalate`
 //! after `check`); nothing else in the crate decides the order.
 
@@ -26,7 +28,8 @@ use crate::server::Shared;
 use crate::{authenticate, evaluate, ids, inject, mcp, recognise, respond};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
-/// inside an intercepted tunnel). Always answers; always leaves one audit record.
+/// inside an intercepted tunnel). Always answers; always leaves one audit record of its own
+/// (plus one `mcp_call` record per `tools/call` of a JSON-RPC batch).
 pub async fn handle(
     shared: Arc<Shared>,
     origin: Origin,
@@ -178,6 +181,26 @@ async fn run(
             target: &target,
         };
         let plan = exchange.decide(&endpoint, asker, bytes)?;
+        // A batch's calls each get a record of their own: the request's record can name one
+        // tool and one outcome, and a refused call in a forwarded batch would be invisible.
+        // Written now, at the decision, so that they stand whatever happens upstream.
+        if plan.batch {
+            for call in &plan.calls {
+                let mut record =
+                    AuditGuard::start(&shared.audit, &shared.metrics, request_id, "mcp_call");
+                record.update(|r| {
+                    r.set_principal(&principal);
+                    r.host = Some(target.host.to_string());
+                    r.port = Some(target.port);
+                    if let Some((tool, tier)) = &call.tool {
+                        r.tool = Some(tool.clone());
+                        r.tier = Some(tier.clone());
+                    }
+                    r.rpc_id = call.rpc_id.clone();
+                });
+                record.decided(call.outcome.as_ref().map(Vec::as_slice));
+            }
+        }
         audit.update(|r| {
             if let Some(tool) = plan.tools.first() {
                 r.tool = Some(tool.clone());

@@ -238,12 +238,13 @@ tunnel = {tunnel}
         ostiary::audit::verify::query(&conn, &Default::default()).unwrap()
     }
 
-    /// The audit record of the request whose response carried `request_id`.
+    /// The audit record of the request whose response carried `request_id` (its own, not
+    /// the `mcp_call` records of the JSON-RPC calls it carried).
     pub async fn audit_of(&self, request_id: &str) -> AuditRecord {
         self.audit()
             .await
             .into_iter()
-            .find(|r| r.request_id == request_id)
+            .find(|r| r.request_id == request_id && r.kind != "mcp_call")
             .unwrap_or_else(|| panic!("no audit record for request {request_id}"))
     }
 

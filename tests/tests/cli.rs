@@ -926,6 +926,45 @@ async fn policy_validate_accepts_the_library_and_names_broken_files() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_explain_decides_tool_calls_from_the_catalog() {
+    let library = workspace_root().join("policies/library");
+    let library_arg = library.display().to_string();
+    let out = ostiary(&[
+        "policy",
+        "explain",
+        "--dir",
+        &library_arg,
+        "--agent",
+        "a",
+        "--tool",
+        "github.delete_repo",
+        "--args",
+        r#"{"owner":"a","repo":"b"}"#,
+        "--json",
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON output");
+    assert_eq!(json["decision"], "escalate", "{out}");
+    assert!(out.stdout.contains("irreversible-needs-human"), "{out}");
+
+    // A tool the catalog does not have is a usage error, not a decision.
+    let out = ostiary(&[
+        "policy",
+        "explain",
+        "--dir",
+        &library_arg,
+        "--agent",
+        "a",
+        "--tool",
+        "no.such_tool",
+    ])
+    .await;
+    assert!(!out.success(), "{out}");
+    assert!(out.stderr.contains("not in the catalog"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_test_exit_codes_say_pass_fail_or_error() {
     let library = workspace_root().join("policies/library");
     let library_arg = library.display().to_string();

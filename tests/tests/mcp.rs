@@ -276,6 +276,48 @@ async fn raw_json_rpc_is_decided_per_call_and_bounded() {
         "{reply}"
     );
 
+    // Each call of the batch is audited on its own, under the request's id, next to the
+    // request's own record; arguments stay out.
+    let request_id = by_id(2)["error"]["data"]["request_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .to_owned();
+    let records: Vec<_> = rig
+        .proxy
+        .audit()
+        .await
+        .into_iter()
+        .filter(|r| r.request_id == request_id)
+        .collect();
+    let calls: Vec<_> = records.iter().filter(|r| r.kind == "mcp_call").collect();
+    assert_eq!(calls.len(), 2, "{records:#?}");
+    let of = |id: &str| {
+        *calls
+            .iter()
+            .find(|r| r.rpc_id.as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no record of call {id}: {records:#?}"))
+    };
+    let (read, write) = (of("1"), of("2"));
+    assert_eq!(read.decision, "allow", "{read:#?}");
+    assert_eq!(read.error, None, "{read:#?}");
+    assert_eq!(read.tool.as_deref(), Some("files.read"), "{read:#?}");
+    assert_eq!(read.tier.as_deref(), Some("read"), "{read:#?}");
+    assert_eq!(read.policies, ["read-ok"], "{read:#?}");
+    assert_eq!(write.decision, "deny", "{write:#?}");
+    assert_eq!(write.error.as_deref(), Some("denied"), "{write:#?}");
+    assert_eq!(write.tool.as_deref(), Some("files.write"), "{write:#?}");
+    assert_eq!(write.tier.as_deref(), Some("write"), "{write:#?}");
+    assert_eq!(write.policies, ["no-writes"], "{write:#?}");
+    for record in &calls {
+        assert_eq!(record.host.as_deref(), Some(HOST), "{record:#?}");
+        assert!(record.session.is_some() && record.agent.is_some() && record.tenant.is_some());
+        let json = serde_json::to_string(record).unwrap();
+        assert!(!json.contains("notes.txt"), "arguments stay out: {json}");
+    }
+    let http: Vec<_> = records.iter().filter(|r| r.kind == "http").collect();
+    assert_eq!(http.len(), 1, "{records:#?}");
+    assert_eq!(http[0].decision, "allow", "{records:#?}");
+
     // A tool the catalog does not list for this endpoint: denied by default.
     let reply = rig.post(call(3, "format_disk").to_string()).await;
     assert_eq!(reply.status, 200, "{reply}");

@@ -24,7 +24,9 @@ pub struct AuditRecord {
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
-    /// `http`, `connect`, `tunnel`, `tls`, `session` or `policy`.
+    /// `http`, `connect`, `tunnel`, `tls`, `session`, `policy`, or `mcp_call` (one
+    /// `tools/call` of a JSON-RPC batch, under the request id of the `http` record that
+    /// carried it).
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
@@ -59,6 +61,9 @@ pub struct AuditRecord {
     /// The tool's risk tier (`read`, `write`, `irreversible`, `high_impact`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub tier: Option<String>,
+    /// The JSON-RPC id (as JSON text) of the call an `mcp_call` record is about.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rpc_id: Option<String>,
 }
 
 impl AuditRecord {
@@ -140,6 +145,23 @@ impl AuditGuard {
             // Added to any policies that opened the port, rather than lost behind them.
             r.add_policies(err.policies().iter().cloned());
             r.status = Some(status);
+        });
+    }
+
+    /// Close the record of one decision inside a larger exchange (a call of a JSON-RPC
+    /// batch): no status, because the HTTP status belongs to the exchange's own record.
+    pub fn decided(mut self, outcome: Result<&[String], &ProxyError>) {
+        self.write(|r| match outcome {
+            Ok(policies) => {
+                r.decision = "allow".into();
+                r.add_policies(policies.iter().cloned());
+            }
+            Err(err) => {
+                r.decision = err.audit_decision().into();
+                r.error = Some(err.kind().into());
+                r.reason = Some(err.to_string());
+                r.add_policies(err.policies().iter().cloned());
+            }
         });
     }
 
