@@ -1,0 +1,328 @@
+//! Shared by the command-line test crates (`cli.rs`, `cli_policy.rs`): the real `ostiary`
+//! binary built once per test process, `ostiary serve` as a child process on free ports, and
+//! small helpers to read what the commands print. Each crate uses a subset, so unused items
+//! are allowed here rather than duplicated per file.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ostiary_e2e::clients::{self, CmdOutput};
+use ostiary_e2e::upstream::Upstream;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+/// Allows `/echo` on `api.example.test` for every agent; anything else (including the
+/// `other.example.test` host) falls to the default deny.
+pub(crate) const POLICY: &str = r#"
+@id("allow-demo-echo")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
+when { context.path == "/echo" };
+"#;
+
+/// How long a CLI command may take.
+pub(crate) const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long `ostiary serve` may take to answer `/healthz`, and to exit after SIGTERM.
+pub(crate) const SERVER_DEADLINE: Duration = Duration::from_secs(30);
+
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_owned()
+}
+
+/// The `ostiary` binary, built once per test process so it matches the sources.
+pub(crate) fn ostiary_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let root = workspace_root();
+        let out = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "ostiary",
+                "--bin",
+                "ostiary",
+                "--manifest-path",
+            ])
+            .arg(root.join("Cargo.toml"))
+            .current_dir(&root)
+            .output()
+            .expect("running cargo build for the ostiary binary");
+        assert!(
+            out.status.success(),
+            "cargo build -p ostiary --bin ostiary failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Integration tests know `<target>/tmp`; the binary is in `<target>/debug`.
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_TARGET_TMPDIR"))
+                    .parent()
+                    .expect("target dir")
+                    .to_owned()
+            });
+        let target = if target.is_absolute() {
+            target
+        } else {
+            root.join(target)
+        };
+        let bin = target.join("debug").join("ostiary");
+        assert!(bin.is_file(), "{} was not built", bin.display());
+        bin
+    })
+}
+
+/// Runs `ostiary <args>` with the proxy and CA variables scrubbed (see [`clients::run`]).
+pub(crate) async fn ostiary(args: &[&str]) -> CmdOutput {
+    let bin = ostiary_bin();
+    clients::run(bin, args, &[("OSTIARY_LOG", "warn")], CLI_TIMEOUT).await
+}
+
+/// A port that was free a moment ago (bound on 127.0.0.1:0 and released).
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding 127.0.0.1:0")
+        .port()
+}
+
+/// `GET /healthz` on the control listener answers 200.
+pub(crate) async fn healthy(control: SocketAddr) -> bool {
+    let Ok(mut tcp) = tokio::net::TcpStream::connect(control).await else {
+        return false;
+    };
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {control}\r\nConnection: close\r\n\r\n");
+    if tcp.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut response)).await;
+    matches!(read, Ok(Ok(_))) && response.starts_with(b"HTTP/1.1 200")
+}
+
+/// `ostiary serve` running as a child process with its own config and state directory.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    /// Holds the config, the state directory, the policies and the server's log.
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
+    pub(crate) state: PathBuf,
+    pub(crate) proxy_addr: SocketAddr,
+    pub(crate) log: PathBuf,
+}
+
+impl Server {
+    /// Starts `ostiary --config <file> serve` for a proxy that trusts `upstream`'s CA, may
+    /// reach its port, and resolves `names` to 127.0.0.1. Free ports are picked by binding
+    /// port 0; if another process takes one in between, the start is retried.
+    pub(crate) async fn start(upstream: &Upstream, names: &[&str], policy: &str) -> Self {
+        let mut dir = tempfile::tempdir().unwrap();
+        let policies = dir.path().join("policies");
+        std::fs::create_dir_all(&policies).unwrap();
+        std::fs::write(policies.join("test.cedar"), policy).unwrap();
+        let ca_file = upstream.write_ca(dir.path());
+        let state = dir.path().join("state");
+        let config = dir.path().join("ostiary.toml");
+        let log = dir.path().join("serve.log");
+        let resolve: Vec<String> = names
+            .iter()
+            .map(|n| format!("\"{n}\" = \"127.0.0.1\""))
+            .collect();
+        let mut last_log = String::new();
+        for _attempt in 0..3 {
+            let proxy_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let control_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+            let text = format!(
+                r#"
+[listen]
+proxy = "{proxy_addr}"
+control = "{control_addr}"
+
+[state]
+dir = "{state}"
+
+[policy]
+dir = "{policies}"
+
+[egress]
+ports = [80, 443, {port}]
+allow_private = ["127.0.0.1/32"]
+resolve = {{ {resolve} }}
+ca_file = "{ca_file}"
+"#,
+                state = state.display(),
+                policies = policies.display(),
+                port = upstream.port(),
+                resolve = resolve.join(", "),
+                ca_file = ca_file.display(),
+            );
+            std::fs::write(&config, text).unwrap();
+            let child = spawn_serve(Some(&config), None, &log);
+            let mut server = Server {
+                child,
+                dir,
+                config: config.clone(),
+                state: state.clone(),
+                proxy_addr,
+                log: log.clone(),
+            };
+            match server.wait_healthy(control_addr).await {
+                Ok(()) => return server,
+                Err(text) => {
+                    last_log = text;
+                    let _ = server.child.kill().await;
+                    if !last_log.contains("binding") {
+                        break;
+                    }
+                    dir = server.dir;
+                }
+            }
+        }
+        panic!("ostiary serve did not become healthy:\n{last_log}");
+    }
+
+    /// Polls `/healthz` until it answers; on failure returns the server's log.
+    pub(crate) async fn wait_healthy(&mut self, control: SocketAddr) -> Result<(), String> {
+        wait_healthy(&mut self.child, control, &self.log).await
+    }
+
+    pub(crate) fn config_arg(&self) -> String {
+        self.config.display().to_string()
+    }
+
+    /// Stops the server with SIGTERM and waits for a clean exit, so every audit record
+    /// is committed and the head checkpoint written.
+    pub(crate) async fn stop(mut self) -> tempfile::TempDir {
+        terminate(&mut self.child, &self.log).await;
+        self.dir
+    }
+}
+
+pub(crate) fn spawn_serve(config: Option<&Path>, cwd: Option<&Path>, log: &Path) -> Child {
+    let log_file = std::fs::File::create(log).expect("creating the server log");
+    let mut cmd = Command::new(ostiary_bin());
+    if let Some(config) = config {
+        cmd.arg("--config").arg(config);
+    }
+    cmd.arg("serve")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(Stdio::from(log_file))
+        .env("OSTIARY_LOG", "info")
+        .env_remove("OSTIARY_CONFIG")
+        .env_remove("OSTIARY_ADMIN_TOKEN")
+        .kill_on_drop(true);
+    for name in clients::SCRUBBED_ENV {
+        cmd.env_remove(name);
+    }
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.spawn().expect("starting ostiary serve")
+}
+
+pub(crate) async fn wait_healthy(
+    child: &mut Child,
+    control: SocketAddr,
+    log: &Path,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + SERVER_DEADLINE;
+    loop {
+        if healthy(control).await {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "ostiary serve exited with {status}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "no /healthz on {control} within {SERVER_DEADLINE:?}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub(crate) async fn terminate(child: &mut Child, log: &Path) {
+    let pid = child.id().expect("the server is running").to_string();
+    let sent = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("running kill");
+    assert!(sent.success(), "kill -TERM {pid} failed");
+    let status = tokio::time::timeout(SERVER_DEADLINE, child.wait())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("ostiary serve did not exit within {SERVER_DEADLINE:?} of SIGTERM")
+        })
+        .expect("waiting for ostiary serve");
+    assert!(
+        status.success(),
+        "ostiary serve exited with {status} on SIGTERM:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// `KEY=VALUE` lines (as `env` prints them) into pairs.
+pub(crate) fn parse_env(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The body and status of `curl -w '\n%{http_code}'` output.
+pub(crate) fn body_and_code(out: &CmdOutput) -> (Value, String) {
+    let (body, code) = out
+        .stdout
+        .rsplit_once('\n')
+        .unwrap_or_else(|| panic!("no status line:\n{out}"));
+    let body =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("body is not JSON ({e}):\n{out}"));
+    (body, code.trim().to_owned())
+}
+
+/// Audit records from `ostiary audit query <filters>`, once `ready` holds for them (the
+/// server commits records asynchronously) or the deadline passes.
+pub(crate) async fn audit_query(
+    server: &Server,
+    filters: &[&str],
+    ready: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let config = server.config_arg();
+    let mut args = vec!["--config", config.as_str(), "audit", "query"];
+    args.extend_from_slice(filters);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let out = ostiary(&args).await;
+        assert!(out.success(), "{out}");
+        let records: Vec<Value> = out
+            .stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if ready(&records) || tokio::time::Instant::now() >= deadline {
+            return records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub(crate) fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r["kind"] == kind).collect()
+}
