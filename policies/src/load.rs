@@ -81,29 +81,31 @@ pub struct PolicyEngine {
     origins: HashMap<String, String>,
 }
 
+/// The regular files of `dir` ending in `.<ext>`, sorted by name (not recursive): policy
+/// files and policy test files are both found this way, so they are read in the same order.
+pub(crate) fn files_with_extension(dir: &Path, ext: &str) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == ext) && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
+}
+
 impl PolicyEngine {
     /// Load the catalog `dir/tools.toml` (absent: empty) and every `*.cedar` file of `dir`
     /// (sorted by name, not recursive).
     pub fn load_dir(dir: &Path) -> Result<Self, LoadError> {
-        let read_dir = std::fs::read_dir(dir).map_err(|source| LoadError::ReadDir {
+        let paths = files_with_extension(dir, "cedar").map_err(|source| LoadError::ReadDir {
             dir: dir.to_owned(),
             source,
         })?;
-        let mut paths = Vec::new();
-        for entry in read_dir {
-            let entry = entry.map_err(|source| LoadError::ReadDir {
-                dir: dir.to_owned(),
-                source,
-            })?;
-            let path = entry.path();
-            if path.extension().is_some_and(|e| e == "cedar") && path.is_file() {
-                paths.push(path);
-            }
-        }
         if paths.is_empty() {
             return Err(LoadError::Empty(dir.to_owned()));
         }
-        paths.sort();
         let mut sources = Vec::with_capacity(paths.len());
         for path in paths {
             let text = std::fs::read_to_string(&path).map_err(|source| LoadError::ReadFile {

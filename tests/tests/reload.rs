@@ -3,8 +3,6 @@
 //! one serving, and the failure shows in the response, the metrics and the audit chain.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -259,46 +257,9 @@ async fn the_watcher_picks_up_changes() {
     assert_eq!(decisions, ["allow", "error"], "{records:#?}");
 }
 
-/// The `ostiary` binary, built once per test process so it matches the sources.
-fn ostiary_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = std::process::Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "ostiary",
-                "--bin",
-                "ostiary",
-                "--manifest-path",
-            ])
-            .arg(root.join("Cargo.toml"))
-            .current_dir(root)
-            .output()
-            .expect("running cargo build");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_TARGET_TMPDIR"))
-                    .parent()
-                    .unwrap()
-                    .to_owned()
-            });
-        let target = if target.is_absolute() {
-            target
-        } else {
-            root.join(target)
-        };
-        target.join("debug").join("ostiary")
-    })
-}
+#[path = "support/cli.rs"]
+mod support;
+use support::ostiary_bin;
 
 async fn signal(child: &tokio::process::Child, name: &str) {
     let pid = child.id().expect("running").to_string();

@@ -423,25 +423,15 @@ pub fn run_dir(engine: &PolicyEngine, tests_dir: &Path) -> Result<TestReport, Te
     if !tests_dir.is_dir() {
         return Err(TestError::MissingDir(tests_dir.to_owned()));
     }
-    let read_dir = std::fs::read_dir(tests_dir).map_err(|source| TestError::ReadDir {
-        dir: tests_dir.to_owned(),
-        source,
-    })?;
-    let mut paths = Vec::new();
-    for entry in read_dir {
-        let entry = entry.map_err(|source| TestError::ReadDir {
+    let paths = crate::load::files_with_extension(tests_dir, "toml").map_err(|source| {
+        TestError::ReadDir {
             dir: tests_dir.to_owned(),
             source,
-        })?;
-        let path = entry.path();
-        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-            paths.push(path);
         }
-    }
+    })?;
     if paths.is_empty() {
         return Err(TestError::Empty(tests_dir.to_owned()));
     }
-    paths.sort();
 
     let mut files = Vec::with_capacity(paths.len());
     for path in &paths {

@@ -1,4 +1,4 @@
-//! Shared by the command-line test crates (`cli.rs`, `cli_policy.rs`): the real `ostiary`
+//! Shared by the test crates that drive the binary (`cli.rs`, `cli_policy.rs`, `reload.rs`): the real `ostiary`
 //! binary built once per test process, `ostiary serve` as a child process on free ports, and
 //! small helpers to read what the commands print. Each crate uses a subset, so unused items
 //! are allowed here rather than duplicated per file.
