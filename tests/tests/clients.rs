@@ -25,7 +25,7 @@ use hyper::{Request, StatusCode, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use ostiary_e2e::clients::{self, client_script, curl, CmdOutput};
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
-use ostiary_e2e::upstream::Upstream;
+use ostiary_e2e::upstream::{grpc_frame, Upstream};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
@@ -294,14 +294,6 @@ async fn websocket_denied_gets_no_upgrade_and_reaches_nothing() {
     assert_eq!(http[0].status, Some(403));
     assert_eq!(http[0].policies, vec!["forbid-ws".to_owned()]);
     assert_eq!(http[0].path.as_deref(), Some("/ws"));
-}
-
-/// A gRPC message: flag byte, 4-byte big-endian length, payload.
-fn grpc_frame(msg: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8];
-    out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-    out.extend_from_slice(msg);
-    out
 }
 
 /// Opens a CONNECT tunnel through the proxy with `proxy_authorization`, then TLS to `host`

@@ -659,3 +659,12 @@ impl Connection {
 
 mod routes;
 use routes::*;
+
+/// A gRPC message as the `/grpc` route expects it: flag byte, 4-byte big-endian length,
+/// payload.
+pub fn grpc_frame(msg: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}
