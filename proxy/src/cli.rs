@@ -252,7 +252,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 async fn serve(config: Config) -> Result<ExitCode, CliError> {
     let proxy_addr = config.listen.proxy;
     let control_addr = config.listen.control;
-    let ostiary = Ostiary::build(config, Options::default())?;
+    let ostiary = Ostiary::build(config, Options::default()).await?;
     let bind = |addr| async move {
         tokio::net::TcpListener::bind(addr)
             .await

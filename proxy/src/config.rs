@@ -1,7 +1,7 @@
 //! `ostiary.toml`: one serde tree, `deny_unknown_fields` everywhere, every field documented.
 //!
 //! The names are the contract of DESIGN §8: fields may be added, none renamed. Sections
-//! that later capabilities implement (`broker`, `credential`, `approvals`, `tiers`, `checks`)
+//! that later capabilities implement (`approvals`, `tiers`, `checks`)
 //! are parsed and type-checked now so that a config written against the design loads, and
 //! `ostiary serve` says at start-up which of them are not enforced yet.
 
@@ -37,8 +37,9 @@ pub struct Config {
     pub egress: Egress,
     pub sessions: Sessions,
     pub proxy: ProxyLimits,
-    pub broker: Option<toml::Table>,
-    pub credential: Vec<toml::Table>,
+    pub broker: Broker,
+    /// Credential bindings: which secret goes to which hosts, injected how (DESIGN §9).
+    pub credential: Vec<ostiary_broker::Binding>,
     pub approvals: Option<toml::Table>,
     pub tiers: BTreeMap<String, toml::Table>,
     pub checks: Option<toml::Table>,
@@ -103,6 +104,34 @@ impl Default for Policy {
         Self {
             dir: PathBuf::from(DEFAULT_POLICY_DIR),
             watch_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Where credentials come from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Broker {
+    /// `file` or `vault`. With `vault`, Ostiary logs in to `[broker.vault]` at start-up and
+    /// refuses to start if it cannot; `vault_*` sources need it. `file` sources work with
+    /// either.
+    pub backend: String,
+    /// The file backend: `name = "value"` pairs. Relative paths are taken from the working
+    /// directory; the file should be readable only by Ostiary.
+    pub file: PathBuf,
+    pub vault: Option<ostiary_broker::vault::VaultConfig>,
+    /// How often expired leases are revoked and failed revocations retried.
+    #[serde(deserialize_with = "duration")]
+    pub reap_interval: Duration,
+}
+
+impl Default for Broker {
+    fn default() -> Self {
+        Self {
+            backend: "file".to_owned(),
+            file: PathBuf::from(".ostiary/secrets.toml"),
+            vault: None,
+            reap_interval: Duration::from_secs(5),
         }
     }
 }
@@ -252,18 +281,54 @@ impl Config {
                 "proxy.max_header_bytes must be at least 1024".into(),
             ));
         }
+        match self.broker.backend.as_str() {
+            "file" => {}
+            "vault" if self.broker.vault.is_some() => {}
+            "vault" => {
+                return Err(ConfigError::Invalid(
+                    "broker.backend = \"vault\" needs a [broker.vault] section".into(),
+                ))
+            }
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "broker.backend = {other:?}: \"file\" or \"vault\""
+                )))
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut envs = std::collections::HashSet::new();
+        for binding in &self.credential {
+            binding
+                .validate()
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            if !names.insert(binding.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "credential {:?} is defined twice",
+                    binding.name
+                )));
+            }
+            if let Some(env) = binding.env_var() {
+                if !envs.insert(env.clone()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "credential {:?}: placeholder variable {env} is used twice",
+                        binding.name
+                    )));
+                }
+            }
+            if binding.source.needs_vault() && self.broker.backend != "vault" {
+                return Err(ConfigError::Invalid(format!(
+                    "credential {:?} uses a {} source: set broker.backend = \"vault\" and [broker.vault]",
+                    binding.name,
+                    binding.source.kind()
+                )));
+            }
+        }
         Ok(())
     }
 
     /// Sections accepted but not enforced by this version, for a start-up warning.
     pub fn unenforced_sections(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.broker.is_some() {
-            out.push("broker");
-        }
-        if !self.credential.is_empty() {
-            out.push("credential");
-        }
         if self.approvals.is_some() {
             out.push("approvals");
         }

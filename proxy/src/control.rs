@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::audit::verify::{self, Query};
 use crate::body::{full, ProxyBody};
 use crate::ids;
+use crate::lifecycle;
 use crate::policy_store::{self, ReloadError, Trigger};
 use crate::respond::json_response;
 use crate::server::Shared;
@@ -157,6 +158,7 @@ async fn create_session(shared: &Shared, req: Request<Incoming>) -> Reply {
                     "expires_at": principal.expires_at,
                     "proxy_url": shared.proxy_url(&token),
                     "ca_pem": shared.ca_pem,
+                    "placeholders": placeholders(shared),
                 }),
             )
         }
@@ -194,15 +196,39 @@ async fn reload_policies(shared: &Arc<Shared>) -> Reply {
     }
 }
 
+/// The placeholder variables of the credentials a session may use: every binding with a
+/// host that some policy could permit (DESIGN §9). Values are worthless by design.
+fn placeholders(shared: &Shared) -> serde_json::Map<String, serde_json::Value> {
+    let engine = shared.policies.current();
+    shared
+        .credentials
+        .broker
+        .bindings()
+        .iter()
+        .filter(|b| {
+            b.hosts
+                .iter()
+                .any(|h| h.starts_with("*.") || engine.may_permit_http(h))
+        })
+        .filter_map(|b| Some((b.env_var()?, serde_json::Value::from(b.placeholder()))))
+        .collect()
+}
+
 async fn delete_session(shared: &Shared, id: &str) -> Reply {
-    match shared.sessions.revoke(id).await {
-        Ok(true) => {
-            shared.audit_session_event(id, "", "", "session revoked");
-            Reply(
-                StatusCode::OK,
-                json!({"session_id": id, "status": "revoked"}),
-            )
-        }
+    let principal = shared.sessions.get(id);
+    let revoked = shared.sessions.revoke(id).await;
+    // The broker side runs whatever the registry said: a session that expired but was not
+    // reaped yet still holds leases, and ending them twice is harmless.
+    let (agent, tenant) = principal
+        .as_ref()
+        .map(|p| (p.agent.as_str(), p.tenant.as_str()))
+        .unwrap_or_default();
+    lifecycle::end_session(shared, id, agent, tenant, "session revoked").await;
+    match revoked {
+        Ok(true) => Reply(
+            StatusCode::OK,
+            json!({"session_id": id, "status": "revoked"}),
+        ),
         Ok(false) => problem(
             StatusCode::NOT_FOUND,
             "not_found",

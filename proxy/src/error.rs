@@ -44,6 +44,21 @@ pub enum ProxyError {
     CheckFailed { check: &'static str, detail: String },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
+    /// A placeholder (`ostiary:<name>`) was sent to a host its credential is not bound to.
+    #[error("placeholder of credential {credential} sent to {host}, which it is not bound to")]
+    PlaceholderExfiltration { credential: String, host: String },
+    /// A credential bound to the host cannot be sent with this request: over plain http
+    /// (`credential_needs_tls`), or on a WebSocket upgrade whose frames could echo it back
+    /// unscrubbed (`credential_over_upgrade`).
+    #[error("credential {credential} refused for this request: {reason}")]
+    CredentialRefused {
+        credential: String,
+        reason: &'static str,
+    },
+    /// The broker could not produce the credential (Vault sealed, down or denying; a
+    /// quarantined lease; a value unusable in a header). `cause` is a short kind, never a value.
+    #[error("credential {credential} unavailable: {cause}")]
+    CredentialUnavailable { credential: String, cause: String },
     #[error("upstream failed: {reason}")]
     Upstream { reason: String },
     #[error("upstream did not answer in time: {reason}")]
@@ -82,6 +97,10 @@ impl ProxyError {
             ProxyError::ApprovalRequired { .. } => "approval_required",
             ProxyError::CheckFailed { .. } => "check_failed",
             ProxyError::DestinationBlocked { .. } => "destination_blocked",
+            ProxyError::PlaceholderExfiltration { .. } | ProxyError::CredentialRefused { .. } => {
+                "denied"
+            }
+            ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::Internal { .. } => "internal_error",
@@ -102,7 +121,10 @@ impl ProxyError {
             | ProxyError::Misdirected { .. } => Side::Agent,
             ProxyError::Denied { .. }
             | ProxyError::ApprovalRequired { .. }
-            | ProxyError::DestinationBlocked { .. } => Side::Policy,
+            | ProxyError::DestinationBlocked { .. }
+            | ProxyError::PlaceholderExfiltration { .. }
+            | ProxyError::CredentialRefused { .. } => Side::Policy,
+            ProxyError::CredentialUnavailable { .. } => Side::Internal,
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
             ProxyError::Internal { .. } => Side::Internal,
             ProxyError::McpRefused { replies, .. } => {

@@ -3,6 +3,10 @@
 //!
 //! Two pools: the general one negotiates `h2` or `http/1.1` by ALPN; WebSocket handshakes use
 //! an HTTP/1.1-only pool, because an upgrade cannot ride an h2 connection.
+//!
+//! A request carrying an mTLS credential goes through a client of its own, built for that
+//! one certificate and cached while the credential lives: pooled connections that present
+//! one session's certificate are never reused for another session's requests.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,53 +15,115 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::ClientConfig;
+use ostiary_broker::{Held, Material};
+use rustls::{ClientConfig, RootCertStore};
 
 use crate::body::ProxyBody;
 use crate::connector::{UpstreamConnector, UpstreamTlsFailure};
 use crate::egress::{EgressError, Guard};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::tls::upstream::{self, UpstreamTlsError};
+
+type Pool = Client<UpstreamConnector, ProxyBody>;
 
 /// The pooled upstream clients.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Upstreams {
-    general: Client<UpstreamConnector, ProxyBody>,
-    upgrade: Client<UpstreamConnector, ProxyBody>,
+    guard: Arc<Guard>,
+    roots: Arc<RootCertStore>,
+    general: Pool,
+    upgrade: Pool,
+    /// One client per mTLS credential (keyed by the broker's credential id).
+    mtls: moka::sync::Cache<u64, (Pool, Pool)>,
     response_timeout: Duration,
 }
 
+impl std::fmt::Debug for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstreams")
+            .field("mtls_clients", &self.mtls.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The two pools (ALPN h2+h1, and h1 only for upgrades) over one TLS configuration.
+fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
+    let mut h1_only = tls.clone();
+    h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let build = |tls: ClientConfig| {
+        Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(UpstreamConnector::new(guard.clone(), Arc::new(tls)))
+    };
+    (build(tls), build(h1_only))
+}
+
 impl Upstreams {
-    /// Build the pools over `guard`, with `tls` for https upstreams.
-    pub fn new(guard: Arc<Guard>, tls: Arc<ClientConfig>, response_timeout: Duration) -> Self {
-        let mut h1_only = (*tls).clone();
-        h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let build = |tls: Arc<ClientConfig>| {
-            Client::builder(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .pool_timer(TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(90))
-                .build(UpstreamConnector::new(guard.clone(), tls))
-        };
-        Self {
-            general: build(tls.clone()),
-            upgrade: build(Arc::new(h1_only)),
+    /// Build the pools over `guard`, verifying upstream certificates against `roots`.
+    pub fn new(
+        guard: Arc<Guard>,
+        roots: Arc<RootCertStore>,
+        response_timeout: Duration,
+    ) -> Result<Self, UpstreamTlsError> {
+        let (general, upgrade) = pools(&guard, upstream::plain_config(roots.clone())?);
+        Ok(Self {
+            guard,
+            roots,
+            general,
+            upgrade,
+            mtls: moka::sync::Cache::builder()
+                .max_capacity(10_000)
+                // A client outlives its credential by at most this much idle time; teardown
+                // drops it at once ([`Upstreams::forget`]).
+                .time_to_idle(Duration::from_secs(300))
+                .build(),
             response_timeout,
-        }
+        })
     }
 
-    /// Send a prepared request; the response head within the configured timeout.
+    /// Drop the client of an mTLS credential (teardown, expiry).
+    pub fn forget(&self, credential_id: u64) {
+        self.mtls.invalidate(&credential_id);
+    }
+
+    /// The pools to use for a request with the client identity `identity`, if any.
+    fn pools_for(&self, identity: Option<&Held>) -> Result<(Pool, Pool), ProxyError> {
+        let Some(held) = identity else {
+            return Ok((self.general.clone(), self.upgrade.clone()));
+        };
+        let Material::ClientCert(id) = &held.credential.material else {
+            return Err(ProxyError::Internal {
+                reason: format!(
+                    "credential {} is not a client certificate",
+                    held.binding.name
+                ),
+            });
+        };
+        self.mtls
+            .try_get_with(held.id, || {
+                upstream::mtls_config(self.roots.clone(), &id.cert_chain_pem, id.key_pem.expose())
+                    .map(|tls| pools(&self.guard, tls))
+            })
+            .map_err(|e| ProxyError::CredentialUnavailable {
+                credential: held.binding.name.clone(),
+                cause: e.to_string(),
+            })
+    }
+
+    /// Send a prepared request; the response head within the configured timeout. With an
+    /// `identity`, the connection presents that client certificate.
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
         upgrade: bool,
+        identity: Option<&Held>,
         metrics: &Metrics,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let client = if upgrade {
-            &self.upgrade
-        } else {
-            &self.general
-        };
+        let (general, for_upgrade) = self.pools_for(identity)?;
+        let client = if upgrade { &for_upgrade } else { &general };
         let started = Instant::now();
         let result = tokio::time::timeout(self.response_timeout, client.request(req)).await;
         metrics

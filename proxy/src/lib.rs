@@ -11,6 +11,8 @@
 //!   [`audit`] guard around them.
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
+//! - [`scrub`] — injected secrets redacted from upstream responses (headers, streamed bodies,
+//!   compressed bodies decoded first) before the agent sees them.
 //!
 //! Around it: [`policy_store`] (the policy set in force and its hot reload), [`session`]
 //! (tokens and live sessions), [`control`] (the control API),
@@ -34,12 +36,14 @@ pub mod evaluate;
 pub mod forward;
 pub mod ids;
 pub mod inject;
+pub mod lifecycle;
 pub mod mcp;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_store;
 pub mod recognise;
 pub mod respond;
+pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod state;

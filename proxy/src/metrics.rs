@@ -1,6 +1,8 @@
 //! Prometheus metrics (`GET /metrics`): requests by decision, decision latency (Cedar
 //! evaluation only), upstream latency (time to the response head), policy reloads by
-//! outcome and the generation of the policy set in force.
+//! outcome and the generation of the policy set in force; credentials by binding and
+//! outcome, broker fetch latency, revocations, quarantined leases and placeholder
+//! exfiltration attempts. Labels name credentials, never values or lease ids (unbounded).
 
 use std::sync::Mutex;
 
@@ -27,6 +29,30 @@ pub struct ReloadLabels {
     pub outcome: String,
 }
 
+/// Labels of the credential counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CredentialLabels {
+    pub credential: String,
+    /// `file`, `vault_kv`, `vault_jwt`, `vault_pki`, `vault_database`.
+    pub source: String,
+    /// `cached`, `fetched`, or the failure kind (`vault_sealed`, `vault_unreachable`, ...).
+    pub outcome: String,
+}
+
+/// Labels of counters keyed by credential only.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NameLabels {
+    pub credential: String,
+}
+
+/// Labels of the revocation counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RevocationLabels {
+    pub credential: String,
+    /// `revoked` or `failed` (then quarantined and retried).
+    pub outcome: String,
+}
+
 /// All metrics of one proxy.
 #[derive(Debug)]
 pub struct Metrics {
@@ -36,6 +62,12 @@ pub struct Metrics {
     pub upstream_seconds: Histogram,
     pub policy_reloads: Family<ReloadLabels, Counter>,
     pub policy_generation: Gauge,
+    pub credentials: Family<CredentialLabels, Counter>,
+    pub credential_fetch_seconds: Histogram,
+    pub revocations: Family<RevocationLabels, Counter>,
+    pub quarantined_leases: Gauge,
+    pub live_leases: Gauge,
+    pub exfiltration_attempts: Family<NameLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -80,7 +112,50 @@ impl Default for Metrics {
             "Generation of the policy set in force (1 at start-up, +1 per successful reload)",
             policy_generation.clone(),
         );
+        let credentials = Family::<CredentialLabels, Counter>::default();
+        registry.register(
+            "credentials",
+            "Credentials asked of the broker, by binding, source and outcome",
+            credentials.clone(),
+        );
+        // 100 µs .. ~6.5 s: one Vault round trip.
+        let credential_fetch_seconds = Histogram::new(exponential_buckets(1e-4, 2.0, 17));
+        registry.register(
+            "credential_fetch_seconds",
+            "Time to fetch a credential the cache did not hold (file read or Vault round trip)",
+            credential_fetch_seconds.clone(),
+        );
+        let revocations = Family::<RevocationLabels, Counter>::default();
+        registry.register(
+            "lease_revocations",
+            "Lease revocations at teardown or expiry, by binding and outcome",
+            revocations.clone(),
+        );
+        let quarantined_leases = Gauge::default();
+        registry.register(
+            "quarantined_leases",
+            "Leases whose revocation failed and is being retried",
+            quarantined_leases.clone(),
+        );
+        let live_leases = Gauge::default();
+        registry.register(
+            "live_leases",
+            "Leases held for live sessions",
+            live_leases.clone(),
+        );
+        let exfiltration_attempts = Family::<NameLabels, Counter>::default();
+        registry.register(
+            "placeholder_exfiltration_attempts",
+            "Requests refused for carrying a credential placeholder to a host it is not bound to",
+            exfiltration_attempts.clone(),
+        );
         Self {
+            credentials,
+            credential_fetch_seconds,
+            revocations,
+            quarantined_leases,
+            live_leases,
+            exfiltration_attempts,
             registry: Mutex::new(registry),
             requests,
             decision_seconds,
@@ -116,6 +191,56 @@ impl Metrics {
     pub fn set_policy_generation(&self, generation: u64) {
         self.policy_generation
             .set(i64::try_from(generation).unwrap_or(i64::MAX));
+    }
+
+    /// Count one credential asked of the broker; `fetch` is the fetch time when the cache
+    /// did not hold it.
+    pub fn credential_outcome(
+        &self,
+        credential: &str,
+        source: &str,
+        outcome: &str,
+        fetch: Option<std::time::Duration>,
+    ) {
+        self.credentials
+            .get_or_create(&CredentialLabels {
+                credential: credential.to_owned(),
+                source: source.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        if let Some(fetch) = fetch {
+            self.credential_fetch_seconds.observe(fetch.as_secs_f64());
+        }
+    }
+
+    /// Count one refused placeholder exfiltration.
+    pub fn placeholder_exfiltration(&self, credential: &str) {
+        self.exfiltration_attempts
+            .get_or_create(&NameLabels {
+                credential: credential.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count revocations of one teardown or reaper pass.
+    pub fn revoked(&self, report: &ostiary_broker::Revoked) {
+        for (credential, _) in &report.revoked {
+            self.revocations
+                .get_or_create(&RevocationLabels {
+                    credential: credential.clone(),
+                    outcome: "revoked".to_owned(),
+                })
+                .inc();
+        }
+        for (credential, _, _) in &report.quarantined {
+            self.revocations
+                .get_or_create(&RevocationLabels {
+                    credential: credential.clone(),
+                    outcome: "failed".to_owned(),
+                })
+                .inc();
+        }
     }
 
     /// Prometheus text exposition.

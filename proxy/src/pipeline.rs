@@ -1,7 +1,8 @@
 //! The request pipeline: the one function that lists the phases of DESIGN §3 in order.
 //!
 //! ```text
-//! authenticate → classify → recognise → evaluate → inject → forward   (audit: a guard around all)
+//! authenticate → classify → recognise → placeholders → evaluate → inject → forward → scrub
+//!                                                          (audit: a guard around all)
 //! ```
 //! MCP JSON-RPC to a catalogued endpoint ([`crate::mcp`]) runs through the same phases: its
 //! body is parsed in `recognise`, each `tools/call` is decided in `evaluate`, refused calls
@@ -24,8 +25,9 @@ use crate::body::{self, ProxyBody};
 use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
+use crate::inject::credentials::Bound;
 use crate::server::Shared;
-use crate::{authenticate, evaluate, ids, inject, mcp, recognise, respond};
+use crate::{authenticate, evaluate, ids, inject, mcp, recognise, respond, scrub};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
 /// inside an intercepted tunnel). Always answers; always leaves one audit record of its own
@@ -135,6 +137,25 @@ async fn run(
         _ => None,
     };
 
+    // placeholders — after recognise (a tool call's or MCP body is in hand to look into),
+    // before evaluate: a placeholder headed for a host its credential is not bound to is an
+    // exfiltration attempt whatever policy would say, and is recorded as one.
+    let tool_name = call.as_ref().map(|c| c.tool.name().to_owned());
+    let found = {
+        let held_body = match (&call, &mcp) {
+            (Some(call), _) => serde_json::to_vec(&call.args).ok(),
+            (None, Some((_, _, bytes))) => Some(bytes.to_vec()),
+            _ => None,
+        };
+        shared.credentials.placeholders(
+            req.headers(),
+            req.uri(),
+            held_body.as_deref(),
+            &target.host.to_string(),
+            &shared.metrics,
+        )?
+    };
+
     // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
     if matches!(origin, Origin::Plain) {
         let opened_by = evaluate::port(
@@ -239,16 +260,47 @@ async fn run(
 
     // check, escalate — the tier checks and the approval queue arrive with the tool catalog.
 
-    // inject — after the decision, so nothing is prepared for a request that is refused.
-    // The WebSocket handshake is only honoured once authorized.
+    // inject — after the decision, so nothing is prepared (and no credential fetched) for a
+    // request that is refused. The WebSocket handshake is only honoured once authorized.
+    // Credentials go in after `prepare` pointed the request at its checked upstream URI,
+    // so a query credential lands in the URI actually sent.
     let upgrade = is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let upstream_req = inject::prepare(req, &target, upgrade)?;
+    let (mut parts, upstream_body) = upstream_req.into_parts();
+    let tool_name = tool_name.or_else(|| audit.record().and_then(|r| r.tool.clone()));
+    let injected = shared
+        .credentials
+        .apply(
+            &mut parts,
+            Bound {
+                target: &target,
+                principal: &principal,
+                tool: tool_name.as_deref(),
+                upgrade,
+            },
+            &found,
+            &shared.metrics,
+        )
+        .await?;
+    if !injected.held.is_empty() {
+        audit.update(|r| {
+            r.credentials = injected.names();
+            r.leases = injected.leases();
+        });
+    }
+    let upstream_req = Request::from_parts(parts, upstream_body);
 
-    // forward — the egress guard runs inside the connector, on every dial.
+    // forward — the egress guard runs inside the connector, on every dial; TLS is verified
+    // for the exact host before the request (and any credential in it) is written.
     let sent = shared
         .upstreams
-        .send(upstream_req, upgrade, &shared.metrics)
+        .send(
+            upstream_req,
+            upgrade,
+            injected.identity.as_deref(),
+            &shared.metrics,
+        )
         .await;
     let mut response = match (sent, agent_body_failed.get()) {
         (Ok(response), _) => response,
@@ -267,10 +319,21 @@ async fn run(
     if let (Some(agent), true) = (agent_upgrade, switching) {
         splice(agent, hyper::upgrade::on(&mut response));
     }
+    // scrub — first thing on the answer: no injected secret reaches anything downstream
+    // of here (the MCP filter, the agent), and a body that cannot be decoded to be scrubbed
+    // is refused rather than passed on.
+    let response = match &injected.scrubber {
+        Some(scrubber) => {
+            scrub::scrub_response(scrubber, response).map_err(|e| ProxyError::Upstream {
+                reason: e.to_string(),
+            })?
+        }
+        None => response.map(body::stream),
+    };
     // MCP answers are filtered and merged after forward, before hop-by-hop headers go.
     let mut response = match mcp_reply {
         Some(plan) => plan.apply(response).await?,
-        None => response.map(body::stream),
+        None => response,
     };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
     Ok(response)

@@ -147,6 +147,36 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             format!("The destination {address} may not be reached ({reason})."),
             json!({ "address": address, "reason": reason }),
         ),
+        ProxyError::PlaceholderExfiltration { credential, host } => (
+            StatusCode::FORBIDDEN,
+            format!(
+                "The placeholder of credential {credential} may only be sent to its own hosts, \
+                 not to {host}; this attempt is recorded."
+            ),
+            json!({ "policies": [], "reason": "placeholder_exfiltration", "credential": credential, "host": host }),
+        ),
+        ProxyError::CredentialRefused { credential, reason } => (
+            StatusCode::FORBIDDEN,
+            match *reason {
+                "credential_needs_tls" => format!(
+                    "This host's credential {credential} is only sent over https with a \
+                     verified certificate; use https."
+                ),
+                _ => format!(
+                    "This host's credential {credential} is not sent on a WebSocket upgrade: \
+                     its frames cannot be scrubbed."
+                ),
+            },
+            json!({ "policies": [], "reason": reason, "credential": credential }),
+        ),
+        ProxyError::CredentialUnavailable { credential, cause } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "The credential {credential} for this host is unavailable ({cause}); nothing was \
+                 sent upstream."
+            ),
+            json!({ "credential": credential, "reason": cause }),
+        ),
         ProxyError::Upstream { reason } => (
             StatusCode::BAD_GATEWAY,
             format!("The upstream failed: {reason}."),

@@ -19,12 +19,15 @@ use crate::config::Config;
 use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
+use crate::inject::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::policy_store::{self, PolicyStore};
 use crate::session::{SessionRegistry, TokenKeys};
 use crate::state::{files, SecretString, StateDir};
 use crate::tls::ca::LeafMinter;
-use crate::{accept, control, ids, store, tls};
+use crate::{accept, control, ids, lifecycle, store, tls};
+use ostiary_broker::vault::VaultClient;
+use ostiary_broker::Broker;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +46,10 @@ pub enum ServeError {
     UpstreamTls(#[from] crate::tls::upstream::UpstreamTlsError),
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
+    #[error("credential broker: {0}")]
+    Broker(#[from] ostiary_broker::BrokerError),
+    #[error("credential broker: {0}")]
+    Vault(#[from] ostiary_broker::vault::VaultError),
 }
 
 /// Seams for tests: where names are resolved and how sockets are dialed.
@@ -70,6 +77,8 @@ pub struct Shared {
     pub sessions: SessionRegistry,
     pub guard: Arc<Guard>,
     pub upstreams: Upstreams,
+    /// The credential broker and what the proxy derives from its credentials.
+    pub credentials: Credentials,
     pub minter: LeafMinter,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
@@ -135,8 +144,8 @@ pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
 }
 
 impl Ostiary {
-    /// Open state, load policies, start the audit writer.
-    pub fn build(config: Config, options: Options) -> Result<Self, ServeError> {
+    /// Open state, load policies, log in to Vault if configured, start the audit writer.
+    pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
         for section in config.unenforced_sections() {
             tracing::warn!(
                 section,
@@ -176,8 +185,22 @@ impl Ostiary {
             config.egress.allow_private.clone(),
             config.proxy.connect_timeout,
         ));
-        let upstream_tls = tls::upstream::client_config(&config.egress.ca_file)?;
-        let upstreams = Upstreams::new(guard.clone(), upstream_tls, config.proxy.upstream_timeout);
+        let roots = Arc::new(tls::upstream::root_store(&config.egress.ca_file)?);
+        let upstreams = Upstreams::new(guard.clone(), roots, config.proxy.upstream_timeout)?;
+        let vault = match (&config.broker.backend[..], &config.broker.vault) {
+            ("vault", Some(vault)) => {
+                let client = VaultClient::connect(vault).await?;
+                tracing::info!(addr = %vault.addr, "logged in to vault");
+                Some(Arc::new(client))
+            }
+            _ => None,
+        };
+        let broker = Broker::new(
+            config.credential.clone(),
+            Some(config.broker.file.clone()),
+            vault,
+        )?;
+        let credentials = Credentials::new(Arc::new(broker), &metrics);
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = config
             .egress
@@ -196,6 +219,7 @@ impl Ostiary {
             sessions,
             guard,
             upstreams,
+            credentials,
             minter,
             audit,
             metrics,
@@ -244,10 +268,30 @@ impl Ostiary {
             self.shared.clone(),
             stopped(stop_rx.clone()),
         ));
-        let watch_task = tokio::spawn(policy_store::watch(self.shared.clone(), stopped(stop_rx)));
+        let watch_task = tokio::spawn(policy_store::watch(
+            self.shared.clone(),
+            stopped(stop_rx.clone()),
+        ));
+        let reap_task = tokio::spawn(lifecycle::reap(
+            self.shared.clone(),
+            stopped(stop_rx.clone()),
+        ));
+        let vault_task = self
+            .shared
+            .credentials
+            .broker
+            .vault()
+            .cloned()
+            .map(|vault| {
+                let stop = stopped(stop_rx);
+                tokio::spawn(async move { vault.keep_token_alive(stop).await })
+            });
         shutdown.await;
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(proxy_task, control_task, watch_task);
+        let _ = tokio::join!(proxy_task, control_task, watch_task, reap_task);
+        if let Some(task) = vault_task {
+            let _ = task.await;
+        }
         self.shared.audit.flush().await;
         let Ostiary { shared, writer } = self;
         drop(shared);

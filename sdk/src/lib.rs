@@ -49,6 +49,11 @@ pub struct Session {
     pub expires_at: i64,
     pub proxy_url: String,
     pub ca_pem: String,
+    /// Placeholder variables for the credentials the session may use
+    /// (`GITHUB_TOKEN=ostiary:github`): worthless outside the proxy, swapped for the secret
+    /// only towards the credential's hosts.
+    #[serde(default)]
+    pub placeholders: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Session {
@@ -93,6 +98,9 @@ impl Session {
             env.push((name.to_owned(), ca_path.display().to_string()));
         }
         env.push(("OSTIARY_SESSION_ID".to_owned(), self.session_id.clone()));
+        for (name, value) in &self.placeholders {
+            env.push((name.clone(), value.clone()));
+        }
         env
     }
 }

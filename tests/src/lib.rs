@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clients;
+pub mod openbao;
 pub mod pki;
 pub mod proxy;
 pub mod raw;

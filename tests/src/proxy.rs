@@ -178,7 +178,7 @@ tunnel = {tunnel}
         dir: tempfile::TempDir,
         options: Options,
     ) -> Self {
-        let ostiary = Ostiary::build(config, options).expect("proxy builds");
+        let ostiary = Ostiary::build(config, options).await.expect("proxy builds");
         let shared = ostiary.shared().clone();
         let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -64,6 +64,12 @@ pub struct AuditRecord {
     /// The JSON-RPC id (as JSON text) of the call an `mcp_call` record is about.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rpc_id: Option<String>,
+    /// Credentials injected into the request (binding names), never their values.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub credentials: Vec<String>,
+    /// Lease ids of those credentials (Vault lease ids, `pki:<mount>:<serial>`).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub leases: Vec<String>,
 }
 
 impl AuditRecord {
@@ -163,6 +169,11 @@ impl AuditGuard {
                 r.add_policies(err.policies().iter().cloned());
             }
         });
+    }
+
+    /// The record so far (`None` once written).
+    pub fn record(&self) -> Option<&AuditRecord> {
+        self.record.as_ref()
     }
 
     /// Close the record of an event that is not an HTTP exchange (a policy reload): a

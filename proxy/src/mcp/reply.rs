@@ -31,7 +31,6 @@ use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use ostiary_policies::PolicyEngine;
 use serde_json::Value;
 
@@ -153,7 +152,7 @@ impl ReplyPlan {
     /// Filter and merge the upstream's answer.
     pub async fn apply(
         self,
-        response: Response<Incoming>,
+        response: Response<ProxyBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let media = response
             .headers()
@@ -179,7 +178,7 @@ impl ReplyPlan {
             return Ok(Response::from_parts(parts, body::full(body)));
         }
         if !status.is_success() {
-            return Ok(Response::from_parts(parts, body::stream(incoming)));
+            return Ok(Response::from_parts(parts, incoming));
         }
         match media.as_str() {
             "application/json" => {
@@ -196,7 +195,7 @@ impl ReplyPlan {
                     .flat_map(|e| format!("event: message\ndata: {e}\n\n").into_bytes())
                     .collect();
                 let filter = SseFilter {
-                    upstream: body::stream(incoming),
+                    upstream: incoming,
                     pending: VecDeque::from([Bytes::from(prelude)]),
                     buffer: Vec::new(),
                     scanned: 0,
@@ -206,7 +205,7 @@ impl ReplyPlan {
                 };
                 Ok(Response::from_parts(parts, filter.boxed()))
             }
-            _ => Ok(Response::from_parts(parts, body::stream(incoming))),
+            _ => Ok(Response::from_parts(parts, incoming)),
         }
     }
 
@@ -236,7 +235,7 @@ impl ReplyPlan {
 }
 
 /// The whole upstream body, refused past `limit`.
-async fn collect(mut incoming: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+async fn collect(mut incoming: ProxyBody, limit: usize) -> Result<Bytes, ProxyError> {
     let mut buffer = Vec::new();
     while let Some(frame) = incoming.frame().await {
         let frame = frame.map_err(|e| ProxyError::Upstream {

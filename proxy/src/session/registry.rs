@@ -196,12 +196,31 @@ impl SessionRegistry {
                 .live
                 .write()
                 .map_err(|e| StoreError::Task(e.to_string()))?;
-            // Expired sessions are refused on lookup; dropping them here keeps the map bounded
-            // by the sessions alive now, not every session ever created.
-            live.retain(|_, p| p.expires_at > now);
+            // Expired sessions are refused on lookup and taken out by the reaper
+            // ([`SessionRegistry::take_expired`]), which tears them down.
             live.insert(principal.session_id.clone(), principal.clone());
         }
         Ok((principal, token))
+    }
+
+    /// Take expired sessions out of the live map, for teardown: refused on lookup already,
+    /// they still hold leases until someone ends them.
+    pub fn take_expired(&self) -> Vec<Arc<Principal>> {
+        let now = now_ms() / 1000;
+        let Ok(mut live) = self.live.write() else {
+            return Vec::new();
+        };
+        let expired: Vec<String> = live
+            .iter()
+            .filter(|(_, p)| p.expires_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        expired.iter().filter_map(|id| live.remove(id)).collect()
+    }
+
+    /// The live session `id`, if any.
+    pub fn get(&self, session_id: &str) -> Option<Arc<Principal>> {
+        self.live.read().ok()?.get(session_id).cloned()
     }
 
     /// Tear a session down. Returns false when it was not live. Idempotent.

@@ -18,6 +18,20 @@
 //! - `/grpc` — a gRPC-style unary echo: `application/grpc`, the request's length-prefixed
 //!   message(s) echoed, and trailers `grpc-status: 0`, `grpc-message: ok` (h2 only carries them);
 //! - `/ws` — a WebSocket echo over an HTTP/1.1 Upgrade;
+//! - `/reflect[?mode=M]` — a hostile upstream that echoes whatever credential it got: the
+//!   request's `Authorization`, `Cookie`, query and `x-*` headers copied into `x-reflect-*`
+//!   response headers, `Set-Cookie: s=<authorization>`, and a JSON echo of the whole
+//!   request streamed in 3-byte chunks (so a secret straddles frames). `mode` changes the
+//!   answer: `sse` (one event per request header), `gzip`/`br`/`zstd`/`deflate` (the echo
+//!   compressed whatever `Accept-Encoding` said), `compress` (`Content-Encoding: compress`,
+//!   undecodable), `b64` (the echo in base64), `redirect` (302 to
+//!   `https://other.example.test:<port>/reflect?auth=<authorization>`), `error` (a 500 HTML
+//!   page quoting the request headers), `plain` (a fixed body, no reflection at all),
+//!   `names` (also each `authorization`/`x-*` value turned into a header name
+//!   `x-n-<value>`), `json_slashes` (the echo with `/` escaped as `\/`, as PHP writes JSON);
+//!   `trailers` (the reflection repeated in `x-trailer-*` trailers), `reason` (HTTP/1.1
+//!   reason phrase `Echo <authorization>`), `encoding_upper` (`Content-Encoding` set to the
+//!   uppercased `x-api-key` value); `delay_ms=D` spaces the chunks;
 //! - `/status/{code}` — answers with that status;
 //! - anything else — 404.
 //!
@@ -563,7 +577,7 @@ impl Connection {
             // The upgrade must be claimed before the request is consumed.
             return self.websocket(&mut req, id);
         }
-        let keep = path == "/grpc";
+        let keep = path == "/grpc" || path == "/reflect";
         let (parts, body) = req.into_parts();
         let read = read_body(body, &self.state, id, keep).await;
         if !read.complete {
@@ -580,6 +594,7 @@ impl Connection {
                 json!({"received": read.len, "sha256": hex(&read.sha256)}),
             ),
             "/grpc" => grpc(read.data.unwrap_or_default()),
+            "/reflect" => reflect(&parts, read.data.unwrap_or_default()).await,
             _ => match path.strip_prefix("/status/") {
                 Some(code) => status(code),
                 None => json_response(
@@ -658,6 +673,7 @@ impl Connection {
 }
 
 mod routes;
+pub use routes::plain_reflect_body;
 use routes::*;
 
 /// A gRPC message as the `/grpc` route expects it: flag byte, 4-byte big-endian length,

@@ -2,8 +2,12 @@
 //!
 //! Hop-by-hop headers and everything addressed to the proxy (`Proxy-Authorization`, the
 //! session token) are removed, `Host` is rebuilt from the checked target, and the request is
-//! pointed at the absolute upstream URI. Brokered credentials are added here once the broker
-//! exists; the agent never chooses what is injected.
+//! pointed at the absolute upstream URI. Brokered credentials are then added by
+//! [`credentials`]; the agent never chooses what is injected, and the placeholders it was
+//! given ([`placeholders`]) only ever turn into secrets towards their own hosts.
+
+pub mod credentials;
+pub mod placeholders;
 
 use http::header::{HeaderName, CONNECTION, HOST, TE, UPGRADE};
 use http::{HeaderMap, Request, Version};

@@ -1,0 +1,193 @@
+//! Response scrubbing cost, against a plain pass-through of the same body measured in the
+//! same run: throughput on a 1 MiB body (no secret, and a secret every 4 KiB) streamed in
+//! 16 KiB frames, and the per-response overhead on a 1 KiB body (headers scrubbed, body
+//! wrapped, scanned). A plain timing loop first prints the figures and ratios; Criterion
+//! then gives its own estimates.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{criterion_group, Criterion, Throughput};
+use hyper::body::{Body, Frame};
+use hyper::Response;
+use ostiary::body::{BoxError, ProxyBody};
+use ostiary::scrub::{scrub_response, Scrubber};
+
+const SECRET: &str = "ghp_R2d2C3poBb8Lk4Zq9Xw7Vn5Mt1Hs6Jf0Ya3e";
+const FRAME: usize = 16 * 1024;
+
+/// A body whose frames are all ready (the upstream's bytes already read).
+struct Frames(VecDeque<Bytes>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// JSON-ish text of `len` bytes, with `SECRET` every `every` bytes when given.
+fn body(len: usize, every: Option<usize>) -> Bytes {
+    let mut out = Vec::with_capacity(len + 64);
+    let mut i = 0u64;
+    let mut next_secret = every.unwrap_or(usize::MAX);
+    while out.len() < len {
+        out.extend_from_slice(
+            format!(
+                "{{\"id\":{i},\"name\":\"item-{i}\",\"state\":\"open\",\"n\":{}}}\n",
+                i * 7919
+            )
+            .as_bytes(),
+        );
+        i += 1;
+        if out.len() >= next_secret {
+            out.extend_from_slice(SECRET.as_bytes());
+            next_secret += every.unwrap_or(0);
+        }
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
+fn response(body: &Bytes) -> Response<Frames> {
+    let frames = (0..body.len())
+        .step_by(FRAME)
+        .map(|at| body.slice(at..(at + FRAME).min(body.len())))
+        .collect();
+    let mut r = Response::new(Frames(frames));
+    let h = r.headers_mut();
+    h.insert("content-type", "application/json".parse().unwrap());
+    h.insert("content-length", body.len().to_string().parse().unwrap());
+    h.insert("date", "Mon, 30 Nov 2026 06:00:00 GMT".parse().unwrap());
+    h.insert("server", "upstream/1.0".parse().unwrap());
+    h.insert(
+        "x-request-id",
+        "0f8e2c1a-6b7d-4e3f-9a8b-1c2d3e4f5a6b".parse().unwrap(),
+    );
+    h.insert("cache-control", "no-store".parse().unwrap());
+    h.insert(
+        "etag",
+        "\"33a64df551425fcc55e4d42a148795d9f25f89d4\""
+            .parse()
+            .unwrap(),
+    );
+    h.insert("vary", "accept-encoding".parse().unwrap());
+    r
+}
+
+/// Read a body whose frames are always ready; the bytes seen.
+fn drain(mut body: ProxyBody) -> usize {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut n = 0;
+    loop {
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => n += frame.data_ref().map_or(0, Bytes::len),
+            Poll::Ready(None) => return n,
+            Poll::Ready(Some(Err(e))) => panic!("{e}"),
+            Poll::Pending => unreachable!("frames are always ready"),
+        }
+    }
+}
+
+fn passthrough(body: &Bytes) -> usize {
+    drain(ostiary::body::stream(response(body).into_body()))
+}
+
+fn scrubbed(scrubber: &Scrubber, body: &Bytes) -> usize {
+    let r = scrub_response(scrubber, response(body)).expect("identity answers scrub");
+    drain(r.into_body())
+}
+
+/// Median time of `f` over `rounds` runs.
+fn median(rounds: usize, mut f: impl FnMut() -> usize) -> Duration {
+    let mut times: Vec<Duration> = (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(f());
+            started.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[rounds / 2]
+}
+
+fn figures(scrubber: &Scrubber) {
+    let mib = 1024 * 1024;
+    let clean = body(mib, None);
+    let dirty = body(mib, Some(4096));
+    assert_eq!(scrubbed(scrubber, &clean), clean.len());
+    assert!(
+        scrubbed(scrubber, &dirty) < dirty.len(),
+        "the secrets were found"
+    );
+    let mbps = |d: Duration| mib as f64 / d.as_secs_f64() / 1e6;
+    let base = median(200, || passthrough(&clean));
+    let none = median(200, || scrubbed(scrubber, &clean));
+    let some = median(200, || scrubbed(scrubber, &dirty));
+    println!(
+        "scrub 1 MiB ({} patterns, max {} bytes): pass-through {:.0} MB/s, no match {:.0} MB/s \
+         ({:.2}x the pass-through time), 256 matches {:.0} MB/s ({:.2}x)",
+        scrubber.pattern_count(),
+        scrubber.max_pattern_len(),
+        mbps(base),
+        mbps(none),
+        none.as_secs_f64() / base.as_secs_f64(),
+        mbps(some),
+        some.as_secs_f64() / base.as_secs_f64(),
+    );
+    let small = body(1024, None);
+    let base = median(100_000, || passthrough(&small));
+    let scrub = median(100_000, || scrubbed(scrubber, &small));
+    println!(
+        "scrub 1 KiB response: pass-through {base:?}, scrubbed {scrub:?}: overhead {:?} \
+         ({:.2}x the pass-through time)",
+        scrub.saturating_sub(base),
+        scrub.as_secs_f64() / base.as_secs_f64(),
+    );
+    let started = Instant::now();
+    let built = Scrubber::new([SECRET, "bench-user:bench-password"]);
+    println!(
+        "building a scrubber (2 secrets, {} patterns): {:?}",
+        built.pattern_count(),
+        started.elapsed()
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    let scrubber = Scrubber::new([SECRET]);
+    let mib = 1024 * 1024;
+    let clean = body(mib, None);
+    let dirty = body(mib, Some(4096));
+    let mut group = c.benchmark_group("scrub_1mib");
+    group.throughput(Throughput::Bytes(mib as u64));
+    group.bench_function("passthrough", |b| b.iter(|| passthrough(&clean)));
+    group.bench_function("no_match", |b| b.iter(|| scrubbed(&scrubber, &clean)));
+    group.bench_function("matches_every_4k", |b| {
+        b.iter(|| scrubbed(&scrubber, &dirty))
+    });
+    group.finish();
+    let small = body(1024, None);
+    let mut group = c.benchmark_group("scrub_1kib_response");
+    group.bench_function("passthrough", |b| b.iter(|| passthrough(&small)));
+    group.bench_function("scrubbed", |b| b.iter(|| scrubbed(&scrubber, &small)));
+    group.finish();
+    c.bench_function("scrubber_new", |b| {
+        b.iter(|| Scrubber::new(std::hint::black_box([SECRET])))
+    });
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    figures(&Scrubber::new([SECRET]));
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

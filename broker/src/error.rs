@@ -1,0 +1,44 @@
+//! Why a credential could not be produced or revoked. Never carries a secret value.
+
+use std::path::PathBuf;
+
+/// Errors of the broker. Messages name credentials, paths and Vault status codes, never
+/// values: Vault's own error bodies are not copied in, since some echo request data.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("reading secrets file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("secrets file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("credential {0:?} is not in the secrets file")]
+    Unknown(String),
+    #[error("the credential source needs Vault, but no [broker.vault] is configured")]
+    NoVault,
+    #[error("vault: {0}")]
+    Vault(#[from] crate::vault::VaultError),
+    #[error("the file backend is not configured ([broker] file)")]
+    NoFile,
+    #[error("the session has ended")]
+    SessionEnded,
+    #[error("credential {credential:?} arrived already at the end of its lease")]
+    Expired { credential: String },
+}
+
+impl BrokerError {
+    /// A short machine-readable cause for metrics and audit (`vault_unreachable`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BrokerError::Read { .. } | BrokerError::Parse { .. } => "file_unreadable",
+            BrokerError::Unknown(_) => "unknown_secret",
+            BrokerError::NoVault => "no_vault",
+            BrokerError::Vault(e) => e.kind(),
+            BrokerError::NoFile => "no_file",
+            BrokerError::SessionEnded => "session_ended",
+            BrokerError::Expired { .. } => "expired",
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Session teardown and the reaper: the one place where a session's end reaches the broker.
+//!
+//! A session ends by `DELETE /v1/sessions/{id}` (or `ostiary run` exiting, which calls it)
+//! or by expiry. Either way: the session is refused from then on (the registry), its cached
+//! credentials are dropped and its leases revoked (the broker), what the proxy derived from
+//! those credentials (mTLS clients, scrubbers) is dropped, and the audit chain says which
+//! leases were revoked and which could not be (quarantined, retried by the reaper).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use ostiary_broker::Revoked;
+
+use crate::audit::AuditGuard;
+use crate::ids;
+use crate::server::Shared;
+
+/// End a session's credentials and record it. The registry side (refusing the session) is
+/// the caller's: `DELETE` revokes first, expiry has already happened.
+pub async fn end_session(shared: &Shared, session: &str, agent: &str, tenant: &str, why: &str) {
+    let report = shared.credentials.broker.end_session(session).await;
+    for id in &report.dropped {
+        shared.upstreams.forget(*id);
+    }
+    shared.credentials.forget(&report.dropped);
+    shared.metrics.revoked(&report);
+    record(shared, Some((session, agent, tenant)), why, &report);
+    update_gauges(shared);
+}
+
+/// Run the reaper until `shutdown`: end expired sessions, revoke leases that reached their
+/// end, retry quarantined revocations.
+pub async fn reap(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+    let interval = shared.config.broker.reap_interval;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ticker.tick() => {}
+        }
+        for principal in shared.sessions.take_expired() {
+            end_session(
+                &shared,
+                &principal.session_id,
+                &principal.agent,
+                &principal.tenant,
+                "session expired",
+            )
+            .await;
+        }
+        let report = shared.credentials.broker.reap().await;
+        if !report.revoked.is_empty() || !report.quarantined.is_empty() {
+            shared.metrics.revoked(&report);
+            record(&shared, None, "leases reaped", &report);
+        }
+        update_gauges(&shared);
+    }
+}
+
+fn update_gauges(shared: &Shared) {
+    let broker = &shared.credentials.broker;
+    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    shared
+        .metrics
+        .quarantined_leases
+        .set(gauge(broker.quarantined().len()));
+    shared.metrics.live_leases.set(gauge(broker.live_leases()));
+}
+
+/// One `session` record for the teardown, one `lease` record per failed revocation (each
+/// names its lease, so an operator can finish the job by hand if Vault never comes back).
+fn record(shared: &Shared, who: Option<(&str, &str, &str)>, why: &str, report: &Revoked) {
+    let request_id = ids::request_id();
+    if let Some((session, agent, tenant)) = who {
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "session");
+        audit.update(|r| {
+            r.session = Some(session.to_owned());
+            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
+            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
+            r.reason = Some(why.to_owned());
+            r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
+            r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
+        });
+        audit.allow(0);
+    } else if !report.revoked.is_empty() {
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "lease");
+        audit.update(|r| {
+            r.reason = Some(why.to_owned());
+            r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
+            r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
+        });
+        audit.allow(0);
+    }
+    for (binding, lease, error) in &report.quarantined {
+        tracing::warn!(credential = %binding, lease, error, "lease revocation failed; quarantined");
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "lease");
+        audit.update(|r| {
+            if let Some((session, _, _)) = who {
+                r.session = Some(session.to_owned());
+            }
+            r.reason = Some(format!("revocation failed, quarantined: {error}"));
+            r.credentials = vec![binding.clone()];
+            r.leases = vec![lease.clone()];
+        });
+        audit.event("error", Some("revocation_failed"));
+    }
+}

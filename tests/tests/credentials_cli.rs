@@ -1,0 +1,228 @@
+//! Brokered credentials through the real `ostiary` binary: `ostiary serve` with the file
+//! backend and `OSTIARY_LOG=debug`, an agent started by `ostiary run` whose curl calls use
+//! the exported placeholder, and a grep of everything the operator's side produced — the
+//! server's log, `audit query` — and everything the agent saw, for the canary secret.
+//! The upstream did receive it; nothing else may hold it in any form (THREATS
+//! "Credentials": a canary grepped across logs, audit, metrics, error bodies → 0 hits).
+
+use std::net::SocketAddr;
+
+use base64::Engine;
+use ostiary_e2e::upstream::Upstream;
+
+#[path = "support/cli.rs"]
+mod support;
+use support::*;
+
+const CANARY: &str = "ghp_CANARY_5f3a9e1c7b2d";
+
+const ALLOW_ALL: &str = r#"
+@id("allow-all-http")
+permit (principal, action == Ostiary::Action::"http", resource);
+@id("allow-all-connect")
+permit (principal, action == Ostiary::Action::"connect", resource);
+"#;
+
+/// The canary raw, percent-encoded and in base64/base64url at every alignment.
+fn forms(secret: &str) -> Vec<String> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let mut out = vec![
+        secret.to_owned(),
+        STANDARD.encode(secret),
+        URL_SAFE.encode(secret),
+    ];
+    for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+        for shift in 0..3usize {
+            let mut shifted = vec![0u8; shift];
+            shifted.extend_from_slice(secret.as_bytes());
+            let encoded = engine.encode(&shifted);
+            let start = (8 * shift).div_ceil(6);
+            let end = (8 * (shift + secret.len())) / 6;
+            out.push(encoded[start..end].to_owned());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn hits(what: &str, text: &str) -> Vec<String> {
+    forms(CANARY)
+        .into_iter()
+        .filter(|f| text.contains(f.as_str()))
+        .map(|f| format!("{what} holds {f:?}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_canary_never_reaches_the_log_audit_or_agent() {
+    let upstream = Upstream::builder()
+        .names(&[
+            "api.example.test",
+            "other.example.test",
+            "missing.example.test",
+        ])
+        .start()
+        .await;
+    let port = upstream.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("test.cedar"), ALLOW_ALL).unwrap();
+    let secrets = dir.path().join("secrets.toml");
+    std::fs::write(&secrets, format!("github = \"{CANARY}\"\n")).unwrap();
+    let ca_file = upstream.write_ca(dir.path());
+    let config = dir.path().join("ostiary.toml");
+    let log = dir.path().join("serve.log");
+    let proxy_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let control_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[listen]
+proxy = "{proxy_addr}"
+control = "{control_addr}"
+
+[state]
+dir = "{state}"
+
+[policy]
+dir = "{policies}"
+
+[egress]
+ports = [80, 443, {port}]
+allow_private = ["127.0.0.1/32"]
+resolve = {{ "api.example.test" = "127.0.0.1", "other.example.test" = "127.0.0.1", "missing.example.test" = "127.0.0.1" }}
+ca_file = "{ca_file}"
+
+[broker]
+backend = "file"
+file = "{secrets}"
+
+[[credential]]
+name = "github"
+source = {{ file = "github" }}
+hosts = ["api.example.test"]
+inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
+
+[[credential]]
+name = "missing"
+source = {{ file = "not-there" }}
+hosts = ["missing.example.test"]
+inject = {{ query = "key" }}
+"#,
+            state = dir.path().join("state").display(),
+            policies = policies.display(),
+            ca_file = ca_file.display(),
+            secrets = secrets.display(),
+        ),
+    )
+    .unwrap();
+
+    // `ostiary serve` at debug level, stdout and stderr into one file.
+    let log_file = std::fs::File::create(&log).unwrap();
+    let mut cmd = tokio::process::Command::new(ostiary_bin());
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("serve")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(log_file))
+        .env("OSTIARY_LOG", "debug")
+        .env_remove("OSTIARY_LOG_FORMAT")
+        .env_remove("OSTIARY_CONFIG")
+        .env_remove("OSTIARY_ADMIN_TOKEN")
+        .kill_on_drop(true);
+    for name in ostiary_e2e::clients::SCRUBBED_ENV {
+        cmd.env_remove(name);
+    }
+    let mut child = cmd.spawn().expect("starting ostiary serve");
+    wait_healthy(&mut child, control_addr, &log)
+        .await
+        .unwrap_or_else(|text| panic!("{text}"));
+
+    // The agent: curl calls through the proxy, the placeholder from its environment.
+    let script = format!(
+        r#"
+U=https://api.example.test:{port}
+echo "PLACEHOLDER=$GITHUB_TOKEN"
+curl -q -sS -i "$U/reflect" -H "X-Api-Key: $GITHUB_TOKEN" -H "Authorization: Bearer mine"
+curl -q -sS -i "$U/reflect?mode=gzip&t=$GITHUB_TOKEN"
+curl -q -sS -i "$U/reflect?mode=sse"
+curl -q -sS -i "$U/reflect?mode=error"
+curl -q -sS -i -L "$U/reflect?mode=redirect"
+curl -q -sS -i "$U/reflect?mode=compress"
+curl -q -sS -i "https://other.example.test:{port}/reflect?k=$GITHUB_TOKEN"
+curl -q -sS -i "https://missing.example.test:{port}/reflect"
+curl -q -sS -i "http://api.example.test:{port}/reflect"
+exit 0
+"#
+    );
+    let config_arg = config.display().to_string();
+    let out = ostiary(&[
+        "--config",
+        &config_arg,
+        "run",
+        "--agent",
+        "demo",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    assert!(out.stdout.contains("PLACEHOLDER=ostiary:github"), "{out}");
+    // Inner responses are h2 (curl negotiates it with the proxy), the plain one h1.
+    for code in [200, 302, 403, 500, 502, 503] {
+        assert!(
+            out.stdout.contains(&format!("HTTP/2 {code}"))
+                || out.stdout.contains(&format!("HTTP/1.1 {code}")),
+            "the agent's transcript lacks a {code}:\n{out}"
+        );
+    }
+    for needle in [
+        "placeholder_exfiltration",
+        "credential_needs_tls",
+        "[REDACTED by ostiary]",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "the agent's transcript lacks {needle:?}:\n{out}"
+        );
+    }
+    let mut found = hits("agent stdout", &out.stdout);
+    found.extend(hits("agent stderr", &out.stderr));
+
+    // The upstream did get the secret (so the grep below means something).
+    let at_bound: Vec<_> = upstream
+        .seen()
+        .into_iter()
+        .filter(|s| s.sni.as_deref() == Some("api.example.test"))
+        .collect();
+    assert!(at_bound.len() >= 6, "{at_bound:#?}");
+    assert!(
+        at_bound
+            .iter()
+            .all(|s| s.header("authorization") == Some(&format!("Bearer {CANARY}"))),
+        "{at_bound:#?}"
+    );
+    assert_eq!(at_bound[0].header("x-api-key"), Some(CANARY));
+
+    // The audit, as the operator reads it.
+    let audit = ostiary(&["--config", &config_arg, "audit", "query"]).await;
+    assert!(audit.success(), "{audit}");
+    assert!(audit.stdout.contains("\"github\""), "{audit}");
+    found.extend(hits("audit query", &audit.stdout));
+
+    terminate(&mut child, &log).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("DEBUG"),
+        "the log is at debug level (so the grep covers it):\n{text}"
+    );
+    assert!(text.contains("credential unavailable"), "{text}");
+    found.extend(hits("server log", &text));
+    assert!(found.is_empty(), "the canary leaked: {found:#?}");
+}
