@@ -10,15 +10,15 @@
 //! 3. placeholders of those credentials are swapped in headers and the query;
 //! 4. the agent's `Authorization`, `Cookie` and the bindings' own headers are removed — the
 //!    agent never chooses which secret is used — and the credentials are written;
-//! 5. the upstream is asked for identity encoding, and a [`Scrubber`] over every injected
-//!    value is handed back for the response.
+//! 5. the upstream is asked for identity encoding and a whole (not ranged) response, and a
+//!    [`Scrubber`] over every injected value is handed back for the response.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use base64::Engine;
-use http::header::{AUTHORIZATION, COOKIE};
+use http::header::{AUTHORIZATION, COOKIE, IF_RANGE, RANGE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
 use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret};
@@ -222,6 +222,10 @@ impl Credentials {
             }
         }
         scrub::request_identity(&mut parts.headers);
+        // A partial response could start inside an echoed secret, and its rest would not
+        // match any pattern: credentialed requests get whole responses.
+        parts.headers.remove(RANGE);
+        parts.headers.remove(IF_RANGE);
         injected.scrubber = Some(self.scrubber(&injected.held));
         Ok(injected)
     }

@@ -119,6 +119,7 @@ pub struct UpstreamBuilder {
     tls: bool,
     http2: bool,
     ca: Option<TestCa>,
+    client_ca_pem: Option<String>,
 }
 
 impl Default for UpstreamBuilder {
@@ -128,6 +129,7 @@ impl Default for UpstreamBuilder {
             tls: true,
             http2: true,
             ca: None,
+            client_ca_pem: None,
         }
     }
 }
@@ -150,6 +152,13 @@ impl UpstreamBuilder {
     /// ALPN, to test a proxy talking to an upstream that lacks h2.
     pub fn http2(mut self, http2: bool) -> Self {
         self.http2 = http2;
+        self
+    }
+
+    /// Require a client certificate issued by this CA (PEM) on every TLS connection (mTLS);
+    /// the handshake fails without one. [`Upstream::client_certs`] lists what was presented.
+    pub fn client_ca(mut self, pem: &str) -> Self {
+        self.client_ca_pem = Some(pem.to_owned());
         self
     }
 
@@ -221,7 +230,10 @@ impl UpstreamBuilder {
             } else {
                 &[b"http/1.1"]
             };
-            Some(tls_acceptor(&ca, &names, alpn)?)
+            Some(match &self.client_ca_pem {
+                Some(pem) => mtls_acceptor(&ca, &names, alpn, pem)?,
+                None => tls_acceptor(&ca, &names, alpn)?,
+            })
         } else {
             None
         };
@@ -365,6 +377,15 @@ impl Upstream {
         self.state.seen.clone()
     }
 
+    /// DER of each client certificate presented to this upstream (mTLS), in order.
+    pub fn client_certs(&self) -> Vec<Vec<u8>> {
+        self.state
+            .client_certs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// TCP connections accepted so far, TLS handshake or not: zero proves that nothing
     /// (not even a CONNECT that was later denied) reached this server.
     pub fn connections(&self) -> usize {
@@ -404,6 +425,8 @@ impl Drop for Upstream {
 pub struct ServerState {
     pub seen: Arc<Mutex<Vec<Seen>>>,
     pub connections: Arc<AtomicUsize>,
+    /// DER of the leaf client certificate of each mTLS handshake, in order.
+    pub client_certs: Arc<Mutex<Vec<Vec<u8>>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -461,6 +484,38 @@ impl Default for ServeOptions {
             handshake_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// Like [`tls_acceptor`], requiring a client certificate that chains to `client_ca_pem`.
+pub fn mtls_acceptor(
+    ca: &TestCa,
+    names: &[&str],
+    alpn: &[&[u8]],
+    client_ca_pem: &str,
+) -> Result<TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    let (chain, key) = ca.issue_rustls(names);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
+        roots
+            .add(cert.context("client CA PEM")?)
+            .context("client CA certificate")?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .context("client verifier")?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("protocol versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .context("server certificate")?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// A rustls acceptor with a certificate from `ca` for `names`, offering `alpn`.
@@ -539,6 +594,14 @@ impl Connection {
                 // the client reports them, so the server stays quiet.
                 if let Ok(Ok(tls)) = accepted {
                     let sni = tls.get_ref().1.server_name().map(str::to_owned);
+                    if let Some(leaf) = tls.get_ref().1.peer_certificates().and_then(|c| c.first())
+                    {
+                        self.state
+                            .client_certs
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(leaf.to_vec());
+                    }
                     self.serve_io(tls, sni).await;
                 }
             }
