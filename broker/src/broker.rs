@@ -31,6 +31,16 @@ static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 /// How long an ended session is remembered, to revoke what a racing fetch mints after it.
 const ENDED_MEMORY: Duration = Duration::from_secs(24 * 3600);
 
+/// Where the broker writes down the leases it owes a revocation, so that a restart does
+/// not forget them: the process that fetched a credential held it in memory only, so after
+/// a restart nothing can use it any more and it is revoked at once ([`Broker::adopt`]).
+pub trait LeaseJournal: Send + Sync + std::fmt::Debug {
+    /// A lease was fetched for `session`.
+    fn owed(&self, session: &str, owed: &OwedLease);
+    /// The lease was revoked (or found already gone): nothing is owed any more.
+    fn settled(&self, lease_id: &str);
+}
+
 /// A credential as handed to the proxy: what it is, for which binding, and until when.
 #[derive(Debug)]
 pub struct Held {
@@ -105,6 +115,7 @@ pub struct Broker {
     ledger: Mutex<HashMap<Arc<str>, SessionLedger>>,
     quarantine: Mutex<Vec<Quarantined>>,
     ended: moka::sync::Cache<Arc<str>, ()>,
+    journal: Option<Arc<dyn LeaseJournal>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -152,7 +163,31 @@ impl Broker {
                 .max_capacity(1_000_000)
                 .time_to_live(ENDED_MEMORY)
                 .build(),
+            journal: None,
         })
+    }
+
+    /// Write every lease to `journal` as it is fetched and settled.
+    pub fn with_journal(mut self, journal: Arc<dyn LeaseJournal>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Take over leases a previous process owed (read from the journal at start-up). No
+    /// cache holds them any more, so they are revoked on the reaper's next pass, with the
+    /// quarantine's retries if Vault refuses.
+    pub fn adopt(&self, leftovers: Vec<(String, OwedLease)>) {
+        let now = Instant::now();
+        let mut q = self.quarantine.lock().expect("broker quarantine poisoned");
+        for (session, owed) in leftovers {
+            q.push(Quarantined {
+                owed,
+                session,
+                attempts: 0,
+                last_error: "left by a previous run".to_owned(),
+                next_try: now,
+            });
+        }
     }
 
     /// Every binding.
@@ -258,6 +293,9 @@ impl Broker {
                 let entry = ledger.entry(key.session.clone()).or_default();
                 entry.keys.push(key.clone());
                 entry.leases.extend(owed.clone());
+                if let (Some(journal), Some(owed)) = (&self.journal, &owed) {
+                    journal.owed(&key.session, owed);
+                }
             }
             ended
         };
@@ -324,7 +362,11 @@ impl Broker {
 
     async fn revoke(&self, lease: &Lease) -> Result<(), BrokerError> {
         let vault = self.vault.as_ref().ok_or(BrokerError::NoVault)?;
-        Ok(vault.revoke(lease).await?)
+        vault.revoke(lease).await?;
+        if let Some(journal) = &self.journal {
+            journal.settled(&lease.id);
+        }
+        Ok(())
     }
 
     /// One pass of the reaper: revoke leases that reached their end (Vault ends them too,

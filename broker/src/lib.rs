@@ -20,7 +20,7 @@ pub mod source;
 pub mod vault;
 
 pub use binding::{Binding, BindingError, Injection, PLACEHOLDER_PREFIX};
-pub use broker::{Broker, Held, OwedLease, Quarantined, Revoked};
+pub use broker::{Broker, Held, LeaseJournal, OwedLease, Quarantined, Revoked};
 pub use credential::{ClientIdentity, Credential, Lease, Material, MintFor, Revocation};
 pub use error::BrokerError;
 pub use file::FileSource;

@@ -36,6 +36,7 @@ pub mod evaluate;
 pub mod forward;
 pub mod ids;
 pub mod inject;
+pub mod lease_journal;
 pub mod lifecycle;
 pub mod mcp;
 pub mod metrics;

@@ -20,6 +20,7 @@ use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
 use crate::inject::credentials::Credentials;
+use crate::lease_journal::{self, SqliteJournal};
 use crate::metrics::Metrics;
 use crate::policy_store::{self, PolicyStore};
 use crate::session::{SessionRegistry, TokenKeys};
@@ -195,11 +196,23 @@ impl Ostiary {
             }
             _ => None,
         };
+        let journal = Arc::new(SqliteJournal::start(&db_path)?);
         let broker = Broker::new(
             config.credential.clone(),
             Some(config.broker.file.clone()),
             vault,
-        )?;
+        )?
+        .with_journal(journal);
+        // Leases a previous run fetched: nothing holds them now, so they are revoked on
+        // the reaper's first pass (and retried, quarantined, while Vault refuses).
+        let leftovers = lease_journal::load(&db_path)?;
+        if !leftovers.is_empty() {
+            tracing::info!(
+                leases = leftovers.len(),
+                "revoking leases left by a previous run"
+            );
+            broker.adopt(leftovers);
+        }
         let credentials = Credentials::new(Arc::new(broker), &metrics);
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = config

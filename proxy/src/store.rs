@@ -1,5 +1,5 @@
-//! The embedded SQLite store: one database file in the state directory holding sessions and
-//! the audit chain. WAL mode so that the CLI can read (`ostiary audit query`) while the
+//! The embedded SQLite store: one database file in the state directory holding sessions,
+//! the audit chain and the lease journal. WAL mode so that the CLI can read (`ostiary audit query`) while the
 //! server writes.
 
 use std::path::Path;
@@ -38,6 +38,17 @@ CREATE TABLE IF NOT EXISTS audit (
     hash      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_session ON audit(session);
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id      TEXT PRIMARY KEY,
+    session       TEXT NOT NULL,
+    binding       TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    mount         TEXT,
+    serial        TEXT,
+    renewable     INTEGER NOT NULL,
+    expires_at_ms INTEGER,
+    created_ms    INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts_ms);
 ";
 

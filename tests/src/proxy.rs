@@ -253,6 +253,20 @@ tunnel = {tunnel}
         session.env(&self.ca_path)
     }
 
+    /// Stop the proxy and start a new one on the same config and state directory (new
+    /// ports, default resolver and dialer), as a restart of the process would.
+    pub async fn restart(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let config = Config::load(&self.config_path).expect("test config reloads");
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("a temp dir"));
+        *self = Self::start_with(config, self.config_path.clone(), dir, Options::default()).await;
+    }
+
     /// Stop the proxy and wait for it.
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {

@@ -1,76 +1,44 @@
 //! Brokered credentials through the real `ostiary` binary: `ostiary serve` with the file
 //! backend and `OSTIARY_LOG=debug`, an agent started by `ostiary run` whose curl calls use
 //! the exported placeholder, and a grep of everything the operator's side produced — the
-//! server's log, `audit query` — and everything the agent saw, for the canary secret.
-//! The upstream did receive it; nothing else may hold it in any form (THREATS
-//! "Credentials": a canary grepped across logs, audit, metrics, error bodies → 0 hits).
+//! server's log, `audit query` — and everything the agent saw, for the canary secrets
+//! (the bindings and secrets file are those of `support/credentials.rs`, shared with
+//! `credentials_inject.rs` and `credentials_scrub.rs`). The upstream did receive the
+//! canary; nothing else may hold it in any form (THREATS "Credentials": a canary grepped
+//! across logs, audit, metrics, error bodies → 0 hits).
 
 use std::net::SocketAddr;
 
-use base64::Engine;
+use ostiary_e2e::proxy::ALLOW_ALL;
 use ostiary_e2e::upstream::Upstream;
 
 #[path = "support/cli.rs"]
 mod support;
 use support::*;
 
-const CANARY: &str = "ghp_CANARY_5f3a9e1c7b2d";
+#[path = "support/credentials.rs"]
+mod credentials_support;
+use credentials_support::{
+    broker_toml, leaks_in, secrets_toml, seen_at, ALL_SECRETS, BOUND, CANARY, MISSING_HOST, OTHER,
+};
 
-const ALLOW_ALL: &str = r#"
-@id("allow-all-http")
-permit (principal, action == Ostiary::Action::"http", resource);
-@id("allow-all-connect")
-permit (principal, action == Ostiary::Action::"connect", resource);
-"#;
-
-/// The canary raw, percent-encoded and in base64/base64url at every alignment.
-fn forms(secret: &str) -> Vec<String> {
-    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
-    let mut out = vec![
-        secret.to_owned(),
-        STANDARD.encode(secret),
-        URL_SAFE.encode(secret),
-    ];
-    for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
-        for shift in 0..3usize {
-            let mut shifted = vec![0u8; shift];
-            shifted.extend_from_slice(secret.as_bytes());
-            let encoded = engine.encode(&shifted);
-            let start = (8 * shift).div_ceil(6);
-            let end = (8 * (shift + secret.len())) / 6;
-            out.push(encoded[start..end].to_owned());
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
+/// Where `text` holds any of the secrets (the canary among them) raw, percent-encoded or
+/// in base64/base64url at any alignment.
 fn hits(what: &str, text: &str) -> Vec<String> {
-    forms(CANARY)
-        .into_iter()
-        .filter(|f| text.contains(f.as_str()))
-        .map(|f| format!("{what} holds {f:?}"))
-        .collect()
+    leaks_in(what, text.as_bytes(), &ALL_SECRETS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_canary_never_reaches_the_log_audit_or_agent() {
-    let upstream = Upstream::builder()
-        .names(&[
-            "api.example.test",
-            "other.example.test",
-            "missing.example.test",
-        ])
-        .start()
-        .await;
+    let names = [BOUND, OTHER, MISSING_HOST];
+    let upstream = Upstream::builder().names(&names).start().await;
     let port = upstream.port();
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("policies");
     std::fs::create_dir_all(&policies).unwrap();
     std::fs::write(policies.join("test.cedar"), ALLOW_ALL).unwrap();
     let secrets = dir.path().join("secrets.toml");
-    std::fs::write(&secrets, format!("github = \"{CANARY}\"\n")).unwrap();
+    std::fs::write(&secrets, secrets_toml(CANARY)).unwrap();
     let ca_file = upstream.write_ca(dir.path());
     let config = dir.path().join("ostiary.toml");
     let log = dir.path().join("serve.log");
@@ -93,29 +61,14 @@ dir = "{policies}"
 [egress]
 ports = [80, 443, {port}]
 allow_private = ["127.0.0.1/32"]
-resolve = {{ "api.example.test" = "127.0.0.1", "other.example.test" = "127.0.0.1", "missing.example.test" = "127.0.0.1" }}
+resolve = {{ {resolve} }}
 ca_file = "{ca_file}"
-
-[broker]
-backend = "file"
-file = "{secrets}"
-
-[[credential]]
-name = "github"
-source = {{ file = "github" }}
-hosts = ["api.example.test"]
-inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
-
-[[credential]]
-name = "missing"
-source = {{ file = "not-there" }}
-hosts = ["missing.example.test"]
-inject = {{ query = "key" }}
-"#,
+{broker}"#,
             state = dir.path().join("state").display(),
             policies = policies.display(),
             ca_file = ca_file.display(),
-            secrets = secrets.display(),
+            broker = broker_toml(&secrets, "5m"),
+            resolve = names.map(|n| format!("\"{n}\" = \"127.0.0.1\"")).join(", "),
         ),
     )
     .unwrap();
@@ -196,11 +149,7 @@ exit 0
     found.extend(hits("agent stderr", &out.stderr));
 
     // The upstream did get the secret (so the grep below means something).
-    let at_bound: Vec<_> = upstream
-        .seen()
-        .into_iter()
-        .filter(|s| s.sni.as_deref() == Some("api.example.test"))
-        .collect();
+    let at_bound = seen_at(&upstream, BOUND);
     assert!(at_bound.len() >= 6, "{at_bound:#?}");
     assert!(
         at_bound
