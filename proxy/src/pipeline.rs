@@ -289,6 +289,15 @@ async fn run(
             r.leases = injected.leases();
         });
     }
+    // A streamed body is where a placeholder can hide from the check before evaluate: it is
+    // guarded chunk by chunk on its way, and the chunk carrying one is never passed on.
+    let (upstream_body, placeholder_in_body) = match shared
+        .credentials
+        .guard_body(&target.host.to_string(), upstream_body)
+    {
+        Ok((guarded, tripped)) => (guarded, Some(tripped)),
+        Err(unguarded) => (unguarded, None),
+    };
     let upstream_req = Request::from_parts(parts, upstream_body);
 
     // forward — the egress guard runs inside the connector, on every dial; TLS is verified
@@ -302,6 +311,13 @@ async fn run(
             &shared.metrics,
         )
         .await;
+    if let Some(credential) = placeholder_in_body.as_ref().and_then(|t| t.get()) {
+        shared.metrics.placeholder_exfiltration(credential);
+        return Err(ProxyError::PlaceholderExfiltration {
+            credential: credential.clone(),
+            host: target.host.to_string(),
+        });
+    }
     let mut response = match (sent, agent_body_failed.get()) {
         (Ok(response), _) => response,
         // The send failed because the agent's own body did (e.g. the wire guard refused a

@@ -21,6 +21,7 @@ use std::time::Duration;
 use base64::Engine;
 use http::StatusCode;
 use ostiary::audit::AuditRecord;
+use ostiary_e2e::clients::curl;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy, ALLOW_ALL};
 use ostiary_e2e::raw::{self, Reply};
 use ostiary_e2e::upstream::Upstream;
@@ -539,4 +540,87 @@ async fn no_credential_reaches_an_upstream_whose_certificate_is_not_trusted() {
         "an HTTP request (and its credential) reached an unverified upstream"
     );
     assert!(!reply.to_string().contains(CANARY), "{body}");
+}
+
+// ---------------------------------------------------------------------------------------
+// DESIGN §9: "a placeholder sent anywhere else is refused" — in a streamed body too.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_deep_in_a_streamed_body_is_stopped_before_it_leaves() {
+    let rig = Rig::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("upload.bin");
+    // 2 MiB before the placeholder: well past anything the proxy reads before forwarding.
+    let offset = 2 * 1024 * 1024;
+    let mut data = vec![b'a'; offset];
+    data.extend_from_slice(b"\"ostiary:github\"");
+    data.extend_from_slice(&vec![b'z'; 64 * 1024]);
+    std::fs::write(&file, &data).unwrap();
+    let env = rig.env();
+    let url = rig.url("https", OTHER, "/upload");
+    let upload = format!("@{}", file.display());
+    let out = curl(
+        &[
+            "-sS",
+            "-X",
+            "POST",
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            &upload,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
+        &borrow(&env),
+    )
+    .await;
+    assert!(
+        out.stdout.trim_end().ends_with("403"),
+        "expected 403 for the body's placeholder:\n{out}"
+    );
+    assert!(out.stdout.contains("placeholder_exfiltration"), "{out}");
+    for seen in rig.seen_at(OTHER) {
+        assert!(
+            !seen.body_complete,
+            "the upstream got the whole body: {seen:#?}"
+        );
+        assert!(
+            (seen.body_len as usize) < offset + "ostiary:github".len(),
+            "the upstream got past the placeholder: {} bytes",
+            seen.body_len
+        );
+    }
+    let audit = rig.proxy.audit().await;
+    assert!(
+        audit.iter().any(|r| r.decision == "deny"
+            && r.host.as_deref() == Some(OTHER)
+            && r.reason
+                .as_deref()
+                .is_some_and(|t| t.contains("placeholder"))),
+        "no deny record of the attempt"
+    );
+    // Control: the same body to the bound host passes whole (the placeholder is
+    // worthless there, and a streamed body is not rewritten).
+    let url = rig.url("https", BOUND, "/upload");
+    let out = curl(
+        &[
+            "-sS",
+            "-X",
+            "POST",
+            "--data-binary",
+            &upload,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
+        &borrow(&env),
+    )
+    .await;
+    assert!(out.stdout.trim_end().ends_with("200"), "{out}");
+    let seen = rig.only_seen_at(BOUND);
+    assert!(
+        seen.body_complete && seen.body_len as usize == data.len(),
+        "{seen:#?}"
+    );
 }

@@ -23,7 +23,9 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
 use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret};
 
+use super::body_guard::{BodyGuard, Tripped};
 use super::placeholders::{self, Found};
+use crate::body::ProxyBody;
 use crate::classify::Target;
 use crate::error::ProxyError;
 use crate::metrics::{CredentialLabels, Metrics};
@@ -42,6 +44,8 @@ pub struct Credentials {
     /// The `cached` outcome counter of each binding, made once: counting a cache hit must
     /// not allocate label strings on every request.
     cache_hits: HashMap<String, Counter>,
+    /// Placeholders in streamed request bodies.
+    body_guard: BodyGuard,
 }
 
 /// What was injected into one request.
@@ -98,6 +102,7 @@ impl Credentials {
             })
             .collect();
         Self {
+            body_guard: BodyGuard::new(&broker),
             broker,
             cache_hits,
             scrubbers: moka::sync::Cache::builder()
@@ -128,6 +133,16 @@ impl Credentials {
             }
         })?;
         Ok(found)
+    }
+
+    /// Guard a streamed body going to `host` against placeholders of credentials not bound
+    /// to it; `Err` gives the body back unchanged when nothing could be refused there.
+    pub fn guard_body(
+        &self,
+        host: &str,
+        body: ProxyBody,
+    ) -> Result<(ProxyBody, Tripped), ProxyBody> {
+        self.body_guard.wrap(&self.broker, host, body)
     }
 
     /// Inject the credentials bound to the target's host into `parts` (see the module docs).

@@ -6,6 +6,7 @@
 //! [`credentials`]; the agent never chooses what is injected, and the placeholders it was
 //! given ([`placeholders`]) only ever turn into secrets towards their own hosts.
 
+pub mod body_guard;
 pub mod credentials;
 pub mod placeholders;
 

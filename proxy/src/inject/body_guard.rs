@@ -1,0 +1,261 @@
+//! Placeholders in streamed request bodies: the part of the exfiltration check that cannot
+//! run before the request is forwarded, because the body is not read before it is sent.
+//!
+//! Bodies the proxy reads whole (tool calls, MCP) are checked with the head, before policy
+//! ([`super::placeholders`]). Every other body towards a host streams through this guard:
+//! one automaton over every configured placeholder (`ostiary:<name>`, also spelled
+//! `ostiary%3A<name>`, any case) scans each chunk together with the tail of the previous
+//! one, so a placeholder split across chunks is found. A chunk holding the placeholder of a
+//! credential not bound to the host is never passed on: the body ends with an error there,
+//! the upstream sees an incomplete request, and the agent gets the same 403
+//! `placeholder_exfiltration` as for a placeholder in a header.
+//!
+//! Placeholders of credentials bound to the host pass unchanged: they are worthless, and
+//! swapping a secret into a streamed body would change its length under a sent
+//! `Content-Length`.
+
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use ostiary_broker::{Broker, PLACEHOLDER_PREFIX};
+
+use crate::body::{BoxError, ProxyBody};
+
+/// The placeholders of every binding, compiled once.
+#[derive(Debug, Clone)]
+pub struct BodyGuard {
+    inner: Option<Arc<Patterns>>,
+}
+
+#[derive(Debug)]
+struct Patterns {
+    automaton: AhoCorasick,
+    /// Binding name per pattern index.
+    names: Vec<String>,
+    /// Bytes carried from one chunk to the next: enough to complete any pattern plus the
+    /// byte after it (which tells `ostiary:github` from `ostiary:githubx`).
+    carry: usize,
+}
+
+/// The credential whose placeholder tripped a guard.
+pub type Tripped = Arc<OnceLock<String>>;
+
+impl BodyGuard {
+    /// A guard over the placeholders of `broker`'s bindings (none when there are none).
+    pub fn new(broker: &Broker) -> Self {
+        let mut patterns = Vec::new();
+        let mut names = Vec::new();
+        for binding in broker.bindings() {
+            for spelled in [PLACEHOLDER_PREFIX.to_owned(), "ostiary%3a".to_owned()] {
+                patterns.push(format!("{spelled}{}", binding.name));
+                names.push(binding.name.clone());
+            }
+        }
+        if patterns.is_empty() {
+            return Self { inner: None };
+        }
+        let automaton = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::Standard)
+            .build(&patterns)
+            .expect("placeholder patterns are plain ASCII and few");
+        let carry = patterns.iter().map(String::len).max().unwrap_or(0) + 1;
+        Self {
+            inner: Some(Arc::new(Patterns {
+                automaton,
+                names,
+                carry,
+            })),
+        }
+    }
+
+    /// Wrap `body` going to `host`: `None` when no placeholder could be refused there (no
+    /// bindings, or every binding is bound to the host). The returned flag names the
+    /// credential once the guard trips.
+    pub fn wrap(
+        &self,
+        broker: &Broker,
+        host: &str,
+        body: ProxyBody,
+    ) -> Result<(ProxyBody, Tripped), ProxyBody> {
+        let Some(patterns) = &self.inner else {
+            return Err(body);
+        };
+        let refused: Vec<bool> = patterns
+            .names
+            .iter()
+            .map(|name| broker.binding(name).is_none_or(|b| !b.allows_host(host)))
+            .collect();
+        if !refused.contains(&true) {
+            return Err(body);
+        }
+        let tripped: Tripped = Arc::new(OnceLock::new());
+        let guarded = Guarded {
+            source: body,
+            patterns: patterns.clone(),
+            refused,
+            tail: Vec::new(),
+            tripped: tripped.clone(),
+            done: false,
+        };
+        Ok((http_body_util::BodyExt::boxed(guarded), tripped))
+    }
+}
+
+struct Guarded {
+    source: ProxyBody,
+    patterns: Arc<Patterns>,
+    /// Per pattern: whether its credential is refused towards this host.
+    refused: Vec<bool>,
+    /// The last bytes already passed on, to find placeholders split across chunks.
+    tail: Vec<u8>,
+    tripped: Tripped,
+    done: bool,
+}
+
+impl Guarded {
+    /// The refused credential whose placeholder `chunk` completes, if any.
+    fn scan(&mut self, chunk: &[u8]) -> Option<String> {
+        let mut window = std::mem::take(&mut self.tail);
+        let old = window.len();
+        window.extend_from_slice(chunk);
+        let mut hit = None;
+        for m in self.patterns.automaton.find_overlapping_iter(&window) {
+            // Matches ending inside the old tail were judged with the previous chunk (one
+            // ending at its very end was judged without knowing the next byte, and refused
+            // if its credential is: a rare false refusal beats a miss).
+            if m.end() <= old {
+                continue;
+            }
+            let index = m.pattern().as_usize();
+            let continues = window
+                .get(m.end())
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b"-_".contains(b));
+            if self.refused[index] && !continues {
+                hit = Some(self.patterns.names[index].clone());
+                break;
+            }
+        }
+        let keep = window.len().min(self.patterns.carry);
+        self.tail = window.split_off(window.len() - keep);
+        hit
+    }
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.source).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Some(name) = this.scan(data) {
+                        this.done = true;
+                        let _ = this.tripped.set(name.clone());
+                        return Poll::Ready(Some(Err(format!(
+                            "the request body carries the placeholder of credential {name}"
+                        )
+                        .into())));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.source.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.source.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body;
+    use futures_util::stream;
+    use http_body_util::{BodyExt, StreamBody};
+
+    fn broker() -> Broker {
+        let binding = |name: &str| {
+            toml::from_str(&format!(
+                "name = \"{name}\"\nsource = {{ file = \"{name}\" }}\nhosts = [\"api.{name}.com\"]\ninject = {{ query = \"k\" }}"
+            ))
+            .unwrap()
+        };
+        Broker::new(vec![binding("github"), binding("stripe")], None, None).unwrap()
+    }
+
+    fn chunked(parts: &[&str]) -> ProxyBody {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::copy_from_slice(p.as_bytes()))))
+            .collect();
+        body::stream(StreamBody::new(stream::iter(frames)))
+    }
+
+    /// What passed before the guard stopped the body, and whom it tripped on.
+    async fn run(host: &str, parts: &[&str]) -> (String, Option<String>) {
+        let b = broker();
+        let guard = BodyGuard::new(&b);
+        let (mut guarded, tripped) = match guard.wrap(&b, host, chunked(parts)) {
+            Ok(wrapped) => wrapped,
+            Err(_) => return (parts.concat(), None),
+        };
+        let mut passed = String::new();
+        while let Some(frame) = guarded.frame().await {
+            match frame {
+                Ok(frame) => passed.push_str(&String::from_utf8_lossy(frame.data_ref().unwrap())),
+                Err(_) => break,
+            }
+        }
+        (passed, tripped.get().cloned())
+    }
+
+    #[tokio::test]
+    async fn a_placeholder_split_anywhere_is_stopped_before_it_passes() {
+        let text = "{\"token\": \"ostiary:github\", \"x\": 1}";
+        for cut in 0..=text.len() {
+            let (a, b) = text.split_at(cut);
+            let (passed, tripped) = run("evil.example", &[a, b, "tail"]).await;
+            assert_eq!(tripped.as_deref(), Some("github"), "cut at {cut}");
+            assert!(!passed.contains("ostiary:github"), "cut at {cut}: {passed}");
+        }
+    }
+
+    #[tokio::test]
+    async fn spellings_and_case_are_caught() {
+        for body in ["a=OSTIARY%3Agithub&b=1", "Ostiary:Stripe "] {
+            let (_, tripped) = run("evil.example", &[body]).await;
+            assert!(tripped.is_some(), "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bound_hosts_and_other_names_pass() {
+        let (passed, tripped) = run("api.github.com", &["ostiary:github"]).await;
+        assert_eq!((passed.as_str(), tripped), ("ostiary:github", None));
+        // Bound for github, not for stripe: the guard still runs for stripe.
+        let (_, tripped) = run("api.github.com", &["ostiary:stripe"]).await;
+        assert_eq!(tripped.as_deref(), Some("stripe"));
+        let (passed, tripped) = run("evil.example", &["ostiary:githubx ostiary:", "unknown"]).await;
+        assert_eq!(tripped, None);
+        assert_eq!(passed, "ostiary:githubx ostiary:unknown");
+    }
+}
