@@ -110,7 +110,10 @@ struct SessionLedger {
 pub struct Broker {
     bindings: Vec<Arc<Binding>>,
     file: Option<PathBuf>,
-    vault: Option<Arc<VaultClient>>,
+    /// Set once logged in; empty while Vault has not been reached yet (a broker made with
+    /// [`Broker::awaiting_vault`] serves `file` sources meanwhile and refuses Vault ones).
+    vault: std::sync::OnceLock<Arc<VaultClient>>,
+    vault_expected: bool,
     cache: moka::future::Cache<Key, Arc<Held>>,
     ledger: Mutex<HashMap<Arc<str>, SessionLedger>>,
     quarantine: Mutex<Vec<Quarantined>>,
@@ -123,7 +126,7 @@ impl std::fmt::Debug for Broker {
         f.debug_struct("Broker")
             .field("bindings", &self.bindings.len())
             .field("cached", &self.cache.entry_count())
-            .field("vault", &self.vault.is_some())
+            .field("vault", &self.vault.get().is_some())
             .finish_non_exhaustive()
     }
 }
@@ -144,15 +147,49 @@ impl Broker {
         file: Option<PathBuf>,
         vault: Option<Arc<VaultClient>>,
     ) -> Result<Self, BrokerError> {
+        let expected = vault.is_some();
+        let broker = Self::build(bindings, file, expected)?;
+        if let Some(vault) = vault {
+            broker.set_vault(vault);
+        }
+        Ok(broker)
+    }
+
+    /// A broker whose Vault client arrives later ([`Broker::set_vault`]): Ostiary starts
+    /// and serves while Vault is down or sealed, answering `credential_unavailable` for
+    /// Vault sources until it is logged in.
+    pub fn awaiting_vault(
+        bindings: Vec<Binding>,
+        file: Option<PathBuf>,
+    ) -> Result<Self, BrokerError> {
+        Self::build(bindings, file, true)
+    }
+
+    /// Hand over the logged-in client; a second call is ignored.
+    pub fn set_vault(&self, vault: Arc<VaultClient>) {
+        let _ = self.vault.set(vault);
+    }
+
+    /// Whether Vault sources are configured but no client is logged in yet.
+    pub fn awaits_vault(&self) -> bool {
+        self.vault_expected && self.vault.get().is_none()
+    }
+
+    fn build(
+        bindings: Vec<Binding>,
+        file: Option<PathBuf>,
+        vault_expected: bool,
+    ) -> Result<Self, BrokerError> {
         for binding in &bindings {
-            if binding.source.needs_vault() && vault.is_none() {
+            if binding.source.needs_vault() && !vault_expected {
                 return Err(BrokerError::NoVault);
             }
         }
         Ok(Self {
             bindings: bindings.into_iter().map(Arc::new).collect(),
             file,
-            vault,
+            vault: std::sync::OnceLock::new(),
+            vault_expected,
             cache: moka::future::Cache::builder()
                 .max_capacity(100_000)
                 .expire_after(ExpireAtHeld)
@@ -207,7 +244,7 @@ impl Broker {
 
     /// The Vault client, if configured.
     pub fn vault(&self) -> Option<&Arc<VaultClient>> {
-        self.vault.as_ref()
+        self.vault.get()
     }
 
     /// The credential of `binding` for `who`: cached, or fetched once for all concurrent
@@ -259,7 +296,7 @@ impl Broker {
                 Credential::token(FileSource::load(path)?.get(name)?)
             }
             spec => {
-                let vault = self.vault.as_ref().ok_or(BrokerError::NoVault)?;
+                let vault = self.vault.get().ok_or(BrokerError::VaultNotConnected)?;
                 vault.mint(spec, who).await?
             }
         };
@@ -361,7 +398,7 @@ impl Broker {
     }
 
     async fn revoke(&self, lease: &Lease) -> Result<(), BrokerError> {
-        let vault = self.vault.as_ref().ok_or(BrokerError::NoVault)?;
+        let vault = self.vault.get().ok_or(BrokerError::VaultNotConnected)?;
         vault.revoke(lease).await?;
         if let Some(journal) = &self.journal {
             journal.settled(&lease.id);

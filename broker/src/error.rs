@@ -20,6 +20,8 @@ pub enum BrokerError {
     NoVault,
     #[error("vault: {0}")]
     Vault(#[from] crate::vault::VaultError),
+    #[error("not logged in to vault yet (it was unreachable, sealed or refused the login)")]
+    VaultNotConnected,
     #[error("the file backend is not configured ([broker] file)")]
     NoFile,
     #[error("the session has ended")]
@@ -37,6 +39,7 @@ impl BrokerError {
             BrokerError::NoVault => "no_vault",
             BrokerError::Vault(e) => e.kind(),
             BrokerError::NoFile => "no_file",
+            BrokerError::VaultNotConnected => "vault_not_connected",
             BrokerError::SessionEnded => "session_ended",
             BrokerError::Expired { .. } => "expired",
         }

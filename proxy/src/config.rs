@@ -112,9 +112,10 @@ impl Default for Policy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Broker {
-    /// `file` or `vault`. With `vault`, Ostiary logs in to `[broker.vault]` at start-up and
-    /// refuses to start if it cannot; `vault_*` sources need it. `file` sources work with
-    /// either.
+    /// `file` or `vault`. With `vault`, Ostiary logs in to `[broker.vault]` at start-up;
+    /// if Vault is unreachable, sealed or refuses the login, Ostiary serves anyway and
+    /// retries in the background (Vault sources answer `credential_unavailable` meanwhile).
+    /// `vault_*` sources need it; `file` sources work with either.
     pub backend: String,
     /// The file backend: `name = "value"` pairs. Relative paths are taken from the working
     /// directory; the file should be readable only by Ostiary.

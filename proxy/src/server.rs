@@ -131,6 +131,37 @@ impl Shared {
     }
 }
 
+/// Log in to Vault if start-up could not (retrying with backoff), then keep the token
+/// alive, until `shutdown`.
+async fn vault_session(
+    shared: Arc<Shared>,
+    config: ostiary_broker::vault::VaultConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    let broker = &shared.credentials.broker;
+    tokio::pin!(shutdown);
+    let mut wait = std::time::Duration::from_secs(1);
+    while broker.awaits_vault() {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        match VaultClient::connect(&config).await {
+            Ok(client) => {
+                tracing::info!(addr = %config.addr, "logged in to vault");
+                broker.set_vault(Arc::new(client));
+            }
+            Err(e) => {
+                tracing::warn!(addr = %config.addr, error = %e, "vault login failed; retrying");
+                wait = (wait * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    }
+    if let Some(vault) = broker.vault().cloned() {
+        vault.keep_token_alive(shutdown).await;
+    }
+}
+
 /// A built proxy, ready to serve.
 #[derive(Debug)]
 pub struct Ostiary {
@@ -188,20 +219,29 @@ impl Ostiary {
         ));
         let roots = Arc::new(tls::upstream::root_store(&config.egress.ca_file)?);
         let upstreams = Upstreams::new(guard.clone(), roots, config.proxy.upstream_timeout)?;
-        let vault = match (&config.broker.backend[..], &config.broker.vault) {
-            ("vault", Some(vault)) => {
-                let client = VaultClient::connect(vault).await?;
-                tracing::info!(addr = %vault.addr, "logged in to vault");
-                Some(Arc::new(client))
-            }
-            _ => None,
-        };
         let journal = Arc::new(SqliteJournal::start(&db_path)?);
-        let broker = Broker::new(
-            config.credential.clone(),
-            Some(config.broker.file.clone()),
-            vault,
-        )?
+        let file = Some(config.broker.file.clone());
+        let broker = match &config.broker.vault {
+            Some(vault) if config.broker.backend == "vault" => {
+                let broker = Broker::awaiting_vault(config.credential.clone(), file)?;
+                // One try now, so that a reachable Vault serves the first request; if it
+                // fails, Ostiary serves anyway (file sources, uncredentialed hosts) and
+                // keeps trying in the background ([`vault_session`]).
+                match VaultClient::connect(vault).await {
+                    Ok(client) => {
+                        tracing::info!(addr = %vault.addr, "logged in to vault");
+                        broker.set_vault(Arc::new(client));
+                    }
+                    Err(e) => tracing::error!(
+                        addr = %vault.addr,
+                        error = %e,
+                        "vault login failed; retrying in the background, vault credentials unavailable meanwhile"
+                    ),
+                }
+                broker
+            }
+            _ => Broker::new(config.credential.clone(), file, None)?,
+        }
         .with_journal(journal);
         // Leases a previous run fetched: nothing holds them now, so they are revoked on
         // the reaper's first pass (and retried, quarantined, while Vault refuses).
@@ -289,16 +329,13 @@ impl Ostiary {
             self.shared.clone(),
             stopped(stop_rx.clone()),
         ));
-        let vault_task = self
-            .shared
-            .credentials
-            .broker
-            .vault()
-            .cloned()
-            .map(|vault| {
-                let stop = stopped(stop_rx);
-                tokio::spawn(async move { vault.keep_token_alive(stop).await })
-            });
+        let vault_task = self.shared.config.broker.vault.clone().map(|config| {
+            tokio::spawn(vault_session(
+                self.shared.clone(),
+                config,
+                stopped(stop_rx.clone()),
+            ))
+        });
         shutdown.await;
         let _ = stop_tx.send(true);
         let _ = tokio::join!(proxy_task, control_task, watch_task, reap_task);

@@ -46,6 +46,11 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Result<Self> {
+        Self::start_sealed(false).await
+    }
+
+    /// `sealed`: the proxy starts while OpenBao is sealed (unseal with `rig.bao.unseal()`).
+    async fn start_sealed(sealed: bool) -> Result<Self> {
         let bao = OpenBao::start().await?;
         bao.put_kv("github", json!({ "token": KV_SECRET })).await?;
         bao.enable_transit("agents", "ed25519").await?;
@@ -103,6 +108,9 @@ inject = {{ mtls = true }}
 "#,
             addr = bao.addr()
         );
+        if sealed {
+            bao.seal().await?;
+        }
         let proxy = TestProxy::start(ProxySpec {
             names: [KV_HOST, JWT_HOST, DB_HOST, MTLS_HOST, MTLS_UNBOUND]
                 .iter()
@@ -573,5 +581,25 @@ async fn leases_left_by_a_previous_run_are_revoked_at_start_up() -> Result<()> {
     assert_eq!(rig.get(&session, DB_HOST).await.status, StatusCode::OK);
     let (fresh_user, _) = basic_pair(&rig.seen_at(DB_HOST)[1]);
     assert_ne!(fresh_user, user);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ostiary_starts_while_vault_is_sealed_and_logs_in_once_it_is_back() -> Result<()> {
+    let mut rig = Rig::start_sealed(true).await?;
+    let session = rig.session("agent-early", None).await;
+    let reply = rig.get(&session, KV_HOST).await;
+    assert_unavailable(&reply, "github");
+    assert_eq!(reply.json()["reason"], "vault_not_connected", "{reply}");
+    assert!(
+        rig.seen_at(KV_HOST).is_empty(),
+        "forwarded without a credential"
+    );
+    rig.bao.unseal().await?;
+    let ready = eventually(Duration::from_secs(15), || async {
+        rig.get(&session, KV_HOST).await.status == StatusCode::OK
+    })
+    .await;
+    assert!(ready, "no background login after Vault came back");
     Ok(())
 }
