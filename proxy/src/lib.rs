@@ -7,15 +7,17 @@
 //!   [`tls::ca`], or uninspected relays ([`tunnel`]) for `egress.tunnel` hosts.
 //! - [`pipeline`] — the one function listing the phases:
 //!   [`authenticate`] → [`classify`] → [`recognise`] (catalogued REST tool calls and their
-//!   arguments; MCP JSON-RPC in [`mcp`]) → [`evaluate`] → [`inject`] → [`forward`], with an
-//!   [`audit`] guard around them.
+//!   arguments; MCP JSON-RPC in [`mcp`]) → placeholders ([`inject::placeholders`]) →
+//!   [`evaluate`] → [`inject`] (brokered credentials: [`inject::credentials`]) → [`forward`]
+//!   → [`scrub`], with an [`audit`] guard around them.
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
 //! - [`scrub`] — injected secrets redacted from upstream responses (headers, streamed bodies,
 //!   compressed bodies decoded first) before the agent sees them.
 //!
 //! Around it: [`policy_store`] (the policy set in force and its hot reload), [`session`]
-//! (tokens and live sessions), [`control`] (the control API),
+//! (tokens and live sessions), [`lifecycle`] (teardown and the lease reaper) with
+//! [`lease_journal`], [`control`] (the control API),
 //! [`metrics`], [`store`] (SQLite), [`state`] (the state directory), [`config`], [`server`]
 //! (assembly), [`cli`] (the `ostiary` command).
 #![forbid(unsafe_code)]
