@@ -62,6 +62,11 @@ pub async fn handle(
                     .insert(CONNECTION, http::HeaderValue::from_static("close"));
             }
             tracing::info!(request_id, error = %err, "request refused");
+            // An exfiltration attempt names the credential whose placeholder it carried, so
+            // `audit query` can find every attempt on one credential.
+            if let ProxyError::PlaceholderExfiltration { credential, .. } = &err {
+                audit.update(|r| r.credentials = vec![credential.clone()]);
+            }
             audit.refuse(&err, response.status().as_u16());
             response
         }

@@ -127,6 +127,15 @@ exit 0
     .await;
     assert!(out.success(), "{out}");
     assert!(out.stdout.contains("PLACEHOLDER=ostiary:github"), "{out}");
+    // `session new` exports the same placeholders for a shell to eval.
+    let new = ostiary(&["--config", &config_arg, "session", "new", "--agent", "demo"]).await;
+    assert!(new.success(), "{new}");
+    for line in [
+        "export GITHUB_TOKEN='ostiary:github'",
+        "export BASIC_TOKEN='ostiary:basic'",
+    ] {
+        assert!(new.stdout.contains(line), "no `{line}` in:\n{new}");
+    }
     // Inner responses are h2 (curl negotiates it with the proxy), the plain one h1.
     for code in [200, 302, 403, 500, 502, 503] {
         assert!(

@@ -208,7 +208,9 @@ async fn assert_github_refused(rig: &Rig, reply: &Reply, reason: &str, what: &st
 async fn assert_exfiltration_refused(rig: &Rig, reply: &Reply, what: &str) {
     let record = assert_github_refused(rig, reply, "placeholder_exfiltration", what).await;
     assert_eq!(record.decision, "deny", "{what}: {record:#?}");
-    assert!(record.credentials.is_empty(), "{what}: {record:#?}");
+    // The record names the credential the placeholder stood for; nothing was injected.
+    assert_eq!(record.credentials, ["github"], "{what}: {record:#?}");
+    assert!(record.leases.is_empty(), "{what}: {record:#?}");
     assert_clean(reply);
 }
 

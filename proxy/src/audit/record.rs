@@ -64,7 +64,8 @@ pub struct AuditRecord {
     /// The JSON-RPC id (as JSON text) of the call an `mcp_call` record is about.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rpc_id: Option<String>,
-    /// Credentials injected into the request (binding names), never their values.
+    /// Credentials injected into the request (binding names), never their values; for a
+    /// refused placeholder exfiltration, the credential whose placeholder it carried.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub credentials: Vec<String>,
     /// Lease ids of those credentials (Vault lease ids, `pki:<mount>:<serial>`).

@@ -107,6 +107,8 @@ impl Credentials {
             cache_hits,
             scrubbers: moka::sync::Cache::builder()
                 .max_capacity(10_000)
+                // Teardown drops the scrubbers of a session's credentials by predicate.
+                .support_invalidation_closures()
                 .time_to_idle(std::time::Duration::from_secs(600))
                 .build(),
         }
@@ -259,12 +261,17 @@ impl Credentials {
 
     /// Drop what the proxy derived from a session's credentials (teardown).
     pub fn forget(&self, ids: &[u64]) {
-        self.scrubbers
-            .invalidate_entries_if({
-                let ids = ids.to_vec();
-                move |key, _| key.iter().any(|id| ids.contains(id))
-            })
-            .ok();
+        if ids.is_empty() {
+            return;
+        }
+        let ids = ids.to_vec();
+        if let Err(e) = self
+            .scrubbers
+            .invalidate_entries_if(move |key, _| key.iter().any(|id| ids.contains(id)))
+        {
+            // Only a builder without invalidation closures fails here; they then idle out.
+            tracing::warn!(error = %e, "scrubbers of ended credentials not dropped");
+        }
     }
 }
 
