@@ -243,6 +243,26 @@ impl Ostiary {
             _ => Broker::new(config.credential.clone(), file, None)?,
         }
         .with_journal(journal);
+        // A tool that names a credential no binding defines would run without it: say so
+        // at start-up rather than at the first call. Without any binding (the bare default,
+        // whose library names credentials for illustration) there is nothing to misspell.
+        let tools = policies.current();
+        let tools = if broker.bindings().is_empty() {
+            &[][..]
+        } else {
+            tools.catalog().tools()
+        };
+        for tool in tools {
+            if let Some(name) = tool.credential() {
+                if broker.binding(name).is_none() {
+                    tracing::warn!(
+                        tool = tool.name(),
+                        credential = name,
+                        "the tool catalog names a credential that no [[credential]] binding defines"
+                    );
+                }
+            }
+        }
         // Leases a previous run fetched: nothing holds them now, so they are revoked on
         // the reaper's first pass (and retried, quarantined, while Vault refuses).
         let leftovers = lease_journal::load(&db_path)?;
