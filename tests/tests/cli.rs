@@ -503,7 +503,7 @@ async fn serve_without_config_creates_state_on_default_ports() {
     }
     let cwd = tempfile::tempdir().unwrap();
     let log = cwd.path().join("serve.log");
-    let mut child = spawn_serve(None, Some(cwd.path()), &log);
+    let mut child = spawn_serve(None, Some(cwd.path()), &log, "info");
     if let Err(text) = wait_healthy(&mut child, control, &log).await {
         panic!("{text}");
     }

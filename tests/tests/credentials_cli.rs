@@ -7,8 +7,6 @@
 //! canary; nothing else may hold it in any form (THREATS "Credentials": a canary grepped
 //! across logs, audit, metrics, error bodies → 0 hits).
 
-use std::net::SocketAddr;
-
 use ostiary_e2e::proxy::ALLOW_ALL;
 use ostiary_e2e::upstream::Upstream;
 
@@ -33,67 +31,18 @@ async fn the_canary_never_reaches_the_log_audit_or_agent() {
     let names = [BOUND, OTHER, MISSING_HOST];
     let upstream = Upstream::builder().names(&names).start().await;
     let port = upstream.port();
-    let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir_all(&policies).unwrap();
-    std::fs::write(policies.join("test.cedar"), ALLOW_ALL).unwrap();
-    let secrets = dir.path().join("secrets.toml");
+    let secrets_dir = tempfile::tempdir().unwrap();
+    let secrets = secrets_dir.path().join("secrets.toml");
     std::fs::write(&secrets, secrets_toml(CANARY)).unwrap();
-    let ca_file = upstream.write_ca(dir.path());
-    let config = dir.path().join("ostiary.toml");
-    let log = dir.path().join("serve.log");
-    let proxy_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let control_addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[listen]
-proxy = "{proxy_addr}"
-control = "{control_addr}"
-
-[state]
-dir = "{state}"
-
-[policy]
-dir = "{policies}"
-
-[egress]
-ports = [80, 443, {port}]
-allow_private = ["127.0.0.1/32"]
-resolve = {{ {resolve} }}
-ca_file = "{ca_file}"
-{broker}"#,
-            state = dir.path().join("state").display(),
-            policies = policies.display(),
-            ca_file = ca_file.display(),
-            broker = broker_toml(&secrets, "5m"),
-            resolve = names.map(|n| format!("\"{n}\" = \"127.0.0.1\"")).join(", "),
-        ),
+    // `ostiary serve` at debug level, so the grep below covers the most talkative log.
+    let mut server = Server::start_with(
+        &upstream,
+        &names,
+        ALLOW_ALL,
+        &broker_toml(&secrets, "5m"),
+        "debug",
     )
-    .unwrap();
-
-    // `ostiary serve` at debug level, stdout and stderr into one file.
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut cmd = tokio::process::Command::new(ostiary_bin());
-    cmd.arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(log_file.try_clone().unwrap()))
-        .stderr(std::process::Stdio::from(log_file))
-        .env("OSTIARY_LOG", "debug")
-        .env_remove("OSTIARY_LOG_FORMAT")
-        .env_remove("OSTIARY_CONFIG")
-        .env_remove("OSTIARY_ADMIN_TOKEN")
-        .kill_on_drop(true);
-    for name in ostiary_e2e::clients::SCRUBBED_ENV {
-        cmd.env_remove(name);
-    }
-    let mut child = cmd.spawn().expect("starting ostiary serve");
-    wait_healthy(&mut child, control_addr, &log)
-        .await
-        .unwrap_or_else(|text| panic!("{text}"));
+    .await;
 
     // The agent: curl calls through the proxy, the placeholder from its environment.
     let script = format!(
@@ -112,7 +61,7 @@ curl -q -sS -i "http://api.example.test:{port}/reflect"
 exit 0
 "#
     );
-    let config_arg = config.display().to_string();
+    let config_arg = server.config_arg();
     let out = ostiary(&[
         "--config",
         &config_arg,
@@ -174,8 +123,8 @@ exit 0
     assert!(audit.stdout.contains("\"github\""), "{audit}");
     found.extend(hits("audit query", &audit.stdout));
 
-    terminate(&mut child, &log).await;
-    let text = std::fs::read_to_string(&log).unwrap();
+    terminate(&mut server.child, &server.log).await;
+    let text = std::fs::read_to_string(&server.log).unwrap();
     assert!(
         text.contains("DEBUG"),
         "the log is at debug level (so the grep covers it):\n{text}"

@@ -125,6 +125,18 @@ impl Server {
     /// reach its port, and resolves `names` to 127.0.0.1. Free ports are picked by binding
     /// port 0; if another process takes one in between, the start is retried.
     pub(crate) async fn start(upstream: &Upstream, names: &[&str], policy: &str) -> Self {
+        Self::start_with(upstream, names, policy, "", "info").await
+    }
+
+    /// Like [`Server::start`], with `extra_toml` appended to the config (sections it does
+    /// not write, e.g. `[broker]`) and `OSTIARY_LOG` set to `log_level`.
+    pub(crate) async fn start_with(
+        upstream: &Upstream,
+        names: &[&str],
+        policy: &str,
+        extra_toml: &str,
+        log_level: &str,
+    ) -> Self {
         let mut dir = tempfile::tempdir().unwrap();
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
@@ -158,6 +170,7 @@ ports = [80, 443, {port}]
 allow_private = ["127.0.0.1/32"]
 resolve = {{ {resolve} }}
 ca_file = "{ca_file}"
+{extra_toml}
 "#,
                 state = state.display(),
                 policies = policies.display(),
@@ -166,7 +179,7 @@ ca_file = "{ca_file}"
                 ca_file = ca_file.display(),
             );
             std::fs::write(&config, text).unwrap();
-            let child = spawn_serve(Some(&config), None, &log);
+            let child = spawn_serve(Some(&config), None, &log, log_level);
             let mut server = Server {
                 child,
                 dir,
@@ -207,7 +220,12 @@ ca_file = "{ca_file}"
     }
 }
 
-pub(crate) fn spawn_serve(config: Option<&Path>, cwd: Option<&Path>, log: &Path) -> Child {
+pub(crate) fn spawn_serve(
+    config: Option<&Path>,
+    cwd: Option<&Path>,
+    log: &Path,
+    log_level: &str,
+) -> Child {
     let log_file = std::fs::File::create(log).expect("creating the server log");
     let mut cmd = Command::new(ostiary_bin());
     if let Some(config) = config {
@@ -217,7 +235,8 @@ pub(crate) fn spawn_serve(config: Option<&Path>, cwd: Option<&Path>, log: &Path)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log_file.try_clone().unwrap()))
         .stderr(Stdio::from(log_file))
-        .env("OSTIARY_LOG", "info")
+        .env("OSTIARY_LOG", log_level)
+        .env_remove("OSTIARY_LOG_FORMAT")
         .env_remove("OSTIARY_CONFIG")
         .env_remove("OSTIARY_ADMIN_TOKEN")
         .kill_on_drop(true);
