@@ -37,28 +37,36 @@ pub(crate) fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
-/// The `ostiary` binary, built once per test process so it matches the sources.
+/// The `ostiary` binary, brought up to date once per test process so it matches the
+/// sources. It is built the way the test run itself builds it (`cargo test --no-run
+/// --workspace`, which builds a package's binaries for its integration tests): a plain
+/// `cargo build -p ostiary` resolves features without the workspace's dev-dependencies
+/// and would compile much of the dependency tree a second time — minutes on a fresh CI
+/// machine. After `cargo nextest run --workspace` this is a freshness check.
 pub(crate) fn ostiary_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let root = workspace_root();
-        let out = std::process::Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "ostiary",
-                "--bin",
-                "ostiary",
-                "--manifest-path",
-            ])
+        let mut cmd = std::process::Command::new(cargo);
+        // The test process carries the variables cargo set for it (`CARGO_MANIFEST_DIR`,
+        // `CARGO_PKG_*`, ...); ring's build script reruns when `CARGO_MANIFEST_DIR`
+        // changes, which would dirty its whole dependent tree, here and in the next run.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy().into_owned();
+            if name.starts_with("CARGO_") && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
+                cmd.env_remove(name);
+            }
+        }
+        let out = cmd
+            .args(["test", "--no-run", "--workspace", "--manifest-path"])
             .arg(root.join("Cargo.toml"))
             .current_dir(&root)
             .output()
             .expect("running cargo build for the ostiary binary");
         assert!(
             out.status.success(),
-            "cargo build -p ostiary --bin ostiary failed:\n{}",
+            "cargo test --no-run --workspace (for the ostiary binary) failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         // Integration tests know `<target>/tmp`; the binary is in `<target>/debug`.
