@@ -98,10 +98,12 @@ async fn run(
 
     // classify — before policy: fronting (421) and malformed targets never reach Cedar.
     let target = classify::target(origin, &req)?;
+    // The host as text, made once: audit, placeholder checks and errors all name it.
+    let host = target.host.to_string();
     audit.update(|r| {
         r.method = Some(target.method.to_string());
         r.scheme = Some(target.scheme.into());
-        r.host = Some(target.host.to_string());
+        r.host = Some(host.clone());
         r.port = Some(target.port);
         r.path = Some(target.path.clone());
     });
@@ -156,7 +158,7 @@ async fn run(
             req.headers(),
             req.uri(),
             held_body.as_deref(),
-            &target.host.to_string(),
+            &host,
             &shared.metrics,
         )?
     };
@@ -296,13 +298,11 @@ async fn run(
     }
     // A streamed body is where a placeholder can hide from the check before evaluate: it is
     // guarded chunk by chunk on its way, and the chunk carrying one is never passed on.
-    let (upstream_body, placeholder_in_body) = match shared
-        .credentials
-        .guard_body(&target.host.to_string(), upstream_body)
-    {
-        Ok((guarded, tripped)) => (guarded, Some(tripped)),
-        Err(unguarded) => (unguarded, None),
-    };
+    let (upstream_body, placeholder_in_body) =
+        match shared.credentials.guard_body(&host, upstream_body) {
+            Ok((guarded, tripped)) => (guarded, Some(tripped)),
+            Err(unguarded) => (unguarded, None),
+        };
     let upstream_req = Request::from_parts(parts, upstream_body);
 
     // forward — the egress guard runs inside the connector, on every dial; TLS is verified
@@ -320,7 +320,7 @@ async fn run(
         shared.metrics.placeholder_exfiltration(credential);
         return Err(ProxyError::PlaceholderExfiltration {
             credential: credential.clone(),
-            host: target.host.to_string(),
+            host: host.clone(),
         });
     }
     let mut response = match (sent, agent_body_failed.get()) {
