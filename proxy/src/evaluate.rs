@@ -13,7 +13,21 @@ use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::session::Principal;
 
-/// Evaluate one question, timing it.
+/// What policy said yes to, or would say yes to with a human's approval.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Allowed, by these policies.
+    Allow(Vec<String>),
+    /// Denied only by `@escalate("approval")` forbids: the request goes to the approval
+    /// queue. The action is handed back so the queue can keep what was decided.
+    Escalate {
+        policies: Vec<String>,
+        action: Action,
+    },
+}
+
+/// Evaluate one question, timing it; an escalation is refused as `approval_required`
+/// (for callers that cannot hold a request: CONNECT, MCP batches).
 pub fn decide(
     engine: &PolicyEngine,
     metrics: &Metrics,
@@ -21,6 +35,34 @@ pub fn decide(
     host: &Host,
     action: Action,
 ) -> Result<Vec<String>, ProxyError> {
+    match decide_or_escalate(engine, metrics, principal, host, action)? {
+        Verdict::Allow(policies) => Ok(policies),
+        Verdict::Escalate { policies, action } => Err(ProxyError::ApprovalRequired {
+            resource: resource_of(principal, host, &action),
+            action: action.uid_text(),
+            policies,
+        }),
+    }
+}
+
+fn resource_of(principal: &Principal, host: &Host, action: &Action) -> String {
+    AccessRequest {
+        agent: principal.agent.clone(),
+        tenant: principal.tenant.clone(),
+        host: host.to_string(),
+        action: action.clone(),
+    }
+    .resource()
+}
+
+/// Evaluate one question, timing it; an escalation is handed back as [`Verdict::Escalate`].
+pub fn decide_or_escalate(
+    engine: &PolicyEngine,
+    metrics: &Metrics,
+    principal: &Principal,
+    host: &Host,
+    action: Action,
+) -> Result<Verdict, ProxyError> {
     let request = AccessRequest {
         agent: principal.agent.clone(),
         tenant: principal.tenant.clone(),
@@ -33,13 +75,10 @@ pub fn decide(
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());
     match decision {
-        Decision::Allow { policies } => Ok(policies),
-        // Until the approval queue exists, an escalation is refused with its own kind so the
-        // agent (and its human) can tell "ask for approval" from "never".
-        Decision::Escalate { policies } => Err(ProxyError::ApprovalRequired {
+        Decision::Allow { policies } => Ok(Verdict::Allow(policies)),
+        Decision::Escalate { policies } => Ok(Verdict::Escalate {
             policies,
-            action: request.action.uid_text(),
-            resource: request.resource(),
+            action: request.action,
         }),
         Decision::Deny { policies, reason } => {
             // A tool call whose arguments do not fit the tool's schema cannot be evaluated

@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod approvals;
 pub mod audit;
 pub mod authenticate;
 pub mod body;
@@ -34,6 +35,7 @@ pub mod connector;
 pub mod control;
 pub mod egress;
 pub mod error;
+pub mod escalate;
 pub mod evaluate;
 pub mod forward;
 pub mod ids;

@@ -68,6 +68,26 @@ pub struct Metrics {
     pub quarantined_leases: Gauge,
     pub live_leases: Gauge,
     pub exfiltration_attempts: Family<NameLabels, Counter>,
+    pub approval_transitions: Family<TransitionLabels, Counter>,
+    pub approval_notifications: Family<NotificationLabels, Counter>,
+    pub approvals_pending: Gauge,
+    pub approvals_executing: Gauge,
+    pub approval_notifications_failing: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// `held`, `approved`, `denied`, `expired`, `reminded`, `executed`, `failed`,
+    /// `refused`, `recovered`.
+    pub transition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NotificationLabels {
+    /// `slack` or `email`.
+    pub channel: String,
+    /// `sent`, `failed` (will be retried) or `dropped` (decided before delivery).
+    pub outcome: String,
 }
 
 impl Default for Metrics {
@@ -149,7 +169,42 @@ impl Default for Metrics {
             "Requests refused for carrying a credential placeholder to a host it is not bound to",
             exfiltration_attempts.clone(),
         );
+        let approval_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "approval_transitions",
+            "Approval state transitions (held, approved, denied, expired, reminded, executed, failed, refused, recovered)",
+            approval_transitions.clone(),
+        );
+        let approval_notifications = Family::<NotificationLabels, Counter>::default();
+        registry.register(
+            "approval_notifications",
+            "Notifications to approvers, by channel and outcome (failed ones are retried)",
+            approval_notifications.clone(),
+        );
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "Approvals waiting for a human",
+            approvals_pending.clone(),
+        );
+        let approvals_executing = Gauge::default();
+        registry.register(
+            "approvals_executing",
+            "Approved requests claimed for execution and not yet finished",
+            approvals_executing.clone(),
+        );
+        let approval_notifications_failing = Gauge::default();
+        registry.register(
+            "approval_notifications_failing",
+            "Notifications that failed at least once and are still being retried",
+            approval_notifications_failing.clone(),
+        );
         Self {
+            approval_transitions,
+            approval_notifications,
+            approvals_pending,
+            approvals_executing,
+            approval_notifications_failing,
             credentials,
             credential_fetch_seconds,
             revocations,
@@ -167,6 +222,25 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count one approval transition.
+    pub fn approval_transition(&self, transition: &str) {
+        self.approval_transitions
+            .get_or_create(&TransitionLabels {
+                transition: transition.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count one notification attempt.
+    pub fn approval_notification(&self, channel: &str, outcome: &str) {
+        self.approval_notifications
+            .get_or_create(&NotificationLabels {
+                channel: channel.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
     /// Count one finished request.
     pub fn count(&self, kind: &str, decision: &str) {
         self.requests

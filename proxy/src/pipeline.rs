@@ -1,16 +1,18 @@
 //! The request pipeline: the one function that lists the phases of DESIGN §3 in order.
 //!
 //! ```text
-//! authenticate → classify → recognise → placeholders → evaluate → inject → forward → scrub
-//!                                                          (audit: a guard around all)
+//! authenticate → classify → [collect] → recognise → placeholders → evaluate → [hold] →
+//! inject → forward → scrub                                  (audit: a guard around all)
 //! ```
 //! MCP JSON-RPC to a catalogued endpoint ([`crate::mcp`]) runs through the same phases: its
 //! body is parsed in `recognise`, each `tools/call` is decided in `evaluate`, refused calls
 //! are taken out before `inject`, and the answer is filtered and merged after `forward`.
 //! Besides the request's own record, each `tools/call` of a batch leaves an `mcp_call` record
 //! under the same request id.
-//! Phases still to come slot in where the comments say (`check` after `evaluate`, `escalate`
-//! after `check`); nothing else in the crate decides the order.
+//! `escalate` has two halves ([`crate::escalate`]): a retry carrying `Ostiary-Approval`
+//! collects a held request's outcome right after classify; an escalated decision is held
+//! right after evaluate. `check` (issue 6) slots in before the hold; nothing else in the
+//! crate decides the order.
 
 use std::sync::Arc;
 
@@ -25,9 +27,10 @@ use crate::body::{self, ProxyBody};
 use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
+use crate::evaluate::Verdict;
 use crate::inject::credentials::Bound;
 use crate::server::Shared;
-use crate::{authenticate, evaluate, ids, inject, mcp, recognise, respond, scrub};
+use crate::{authenticate, escalate, evaluate, ids, inject, mcp, recognise, respond, scrub};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
 /// inside an intercepted tunnel). Always answers; always leaves one audit record of its own
@@ -80,6 +83,15 @@ async fn run(
     audit: &mut AuditGuard,
     request_id: &str,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    // The agent's window on the approval queue (`status_url`) is answered by the proxy
+    // itself, before anything treats it as a request to forward; it authenticates inside.
+    if matches!(origin, Origin::Plain) {
+        if let Some(id) = escalate::status_request(shared, &req) {
+            audit.update(|r| r.approval = Some(id.clone()));
+            return escalate::status(shared, req, &id, request_id).await;
+        }
+    }
+
     // authenticate — first: nothing about an unauthenticated request is examined further. In
     // a tunnel the token was checked at CONNECT; the session is re-checked on every request
     // so that teardown cuts off open tunnels too.
@@ -119,6 +131,16 @@ async fn run(
     let (parts, agent_body) = req.into_parts();
     let (agent_body, agent_body_failed) = body::watched(agent_body);
     let mut req = Request::from_parts(parts, agent_body);
+
+    // escalate (collect) — a retry carrying `Ostiary-Approval` only collects the outcome of
+    // a request held earlier: it was decided when held and is decided again when executed,
+    // so it is not recognised or evaluated here, and nothing is forwarded for it.
+    if let Some(id) = escalate::approval_header(req.headers()) {
+        let id = id?;
+        audit.update(|r| r.approval = Some(id.clone()));
+        return escalate::redeem(shared, &principal, &target, &mut req, &id).await;
+    }
+
     let call = match recognise::route(engine.catalog(), &target) {
         Some(route) => {
             let tool = route.tool;
@@ -176,7 +198,7 @@ async fn run(
         audit.update(|r| r.add_policies(opened_by));
     }
     let action = match call {
-        Some(call) => Some(call.action()),
+        Some(call) => Some(call.action(None)),
         // Every message but `tools/call` is decided as the plain request it travels in; a
         // POST of only calls is decided call by call below, and nothing else.
         None if mcp
@@ -194,9 +216,29 @@ async fn run(
         }),
     };
     if let Some(action) = action {
-        let policies =
-            evaluate::decide(&engine, &shared.metrics, &principal, &target.host, action)?;
-        audit.update(|r| r.add_policies(policies));
+        match evaluate::decide_or_escalate(
+            &engine,
+            &shared.metrics,
+            &principal,
+            &target.host,
+            action,
+        )? {
+            Verdict::Allow(policies) => audit.update(|r| r.add_policies(policies)),
+            // escalate (hold) — right after evaluate: the request is stored as policy saw
+            // it, before anything is prepared or injected for it (credentials are minted
+            // at execution, after the approval). Tier checks, when they arrive, go before
+            // this, so that a request failing them is not put before a human.
+            Verdict::Escalate { policies, action } => {
+                audit.update(|r| r.add_policies(policies.clone()));
+                let tier = audit.record().and_then(|r| r.tier.clone());
+                let (id, held) = escalate::hold(
+                    shared, &principal, &target, &mut req, policies, action, tier, request_id,
+                )
+                .await?;
+                audit.update(|r| r.approval = Some(id));
+                return Err(held);
+            }
+        }
     }
     // Each `tools/call` on its own. Refused calls are taken out of the body here, before
     // inject, so that nothing is prepared or forwarded for them.
@@ -265,7 +307,7 @@ async fn run(
         }
     }
 
-    // check, escalate — the tier checks and the approval queue arrive with the tool catalog.
+    // check — the tier checks (issue 6) go between evaluate and escalate.
 
     // inject — after the decision, so nothing is prepared (and no credential fetched) for a
     // request that is refused. The WebSocket handshake is only honoured once authorized.

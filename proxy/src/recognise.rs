@@ -114,8 +114,9 @@ impl<'a> Route<'a> {
 }
 
 impl ToolCall<'_> {
-    /// The Cedar action of this call.
-    pub fn action(self) -> Action {
+    /// The Cedar action of this call; `approval` is the approver once a human approved it
+    /// (`context.approval.granted`), `None` when the agent asks.
+    pub fn action(self, approval: Option<String>) -> Action {
         Action::Tool {
             name: self.tool.name().to_owned(),
             // No extractor, or nothing usable at its pointer: the call touches no counted
@@ -125,8 +126,7 @@ impl ToolCall<'_> {
             // Session counters (calls, cost, depth so far) arrive with session accounting
             // (issue 7); until then every call is decided as a session's first.
             session: SessionState::default(),
-            // The approval queue does not exist yet; an escalation is refused (403).
-            approval: None,
+            approval,
             args: self.args,
         }
     }

@@ -13,6 +13,9 @@ use crate::error::ProxyError;
 
 /// Header carrying the request id on every response Ostiary produces.
 pub const REQUEST_ID: &str = "ostiary-request-id";
+/// Header naming an approval: on the 202 that holds a request, and on the agent's retry
+/// that collects its outcome.
+pub const APPROVAL: &str = "ostiary-approval";
 
 /// Status and JSON body for a refusal or failure.
 pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
@@ -31,6 +34,11 @@ pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
     }
     let (status, _, _) = describe(err);
     let mut response = json_response(status, &error_body(err, request_id), request_id);
+    if let ProxyError::ApprovalPending { approval_id, .. } = err {
+        if let Ok(id) = HeaderValue::from_str(approval_id) {
+            response.headers_mut().insert(APPROVAL, id);
+        }
+    }
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         response.headers_mut().insert(
             PROXY_AUTHENTICATE,
@@ -62,7 +70,9 @@ pub const JSONRPC_REFUSED: i64 = -32001;
 /// same body an HTTP refusal carries, so agents read one shape either way.
 pub fn jsonrpc_error(id: &Value, err: &ProxyError, request_id: &str) -> Value {
     let code = match err {
-        ProxyError::ApprovalRequired { .. } => JSONRPC_APPROVAL_PENDING,
+        ProxyError::ApprovalRequired { .. } | ProxyError::ApprovalPending { .. } => {
+            JSONRPC_APPROVAL_PENDING
+        }
         _ => JSONRPC_REFUSED,
     };
     let data = error_body(err, request_id);
@@ -141,6 +151,74 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
                 policies.join(", ")
             ),
             json!({ "policies": policies, "action": action, "resource": resource }),
+        ),
+        ProxyError::ApprovalPending {
+            approval_id,
+            status_url,
+            expires_at,
+            status,
+        } => (
+            StatusCode::ACCEPTED,
+            format!(
+                "This request is held for a human's approval ({approval_id}). Re-send it with \
+                 Ostiary-Approval: {approval_id} (add Prefer: wait=<seconds> to wait) or poll \
+                 the status URL to get the outcome."
+            ),
+            json!({
+                "approval_id": approval_id,
+                "status_url": status_url,
+                "expires_at": expires_at,
+                "status": status,
+            }),
+        ),
+        ProxyError::ApprovalDenied {
+            approval_id,
+            approver,
+            reason,
+        } => (
+            StatusCode::FORBIDDEN,
+            format!("The approver {approver} denied this request."),
+            json!({ "approval_id": approval_id, "approver": approver, "reason": reason }),
+        ),
+        ProxyError::ApprovalExpired { approval_id } => (
+            StatusCode::FORBIDDEN,
+            "Nobody approved this request before its deadline; it was not executed.".into(),
+            json!({ "approval_id": approval_id, "approver": null }),
+        ),
+        ProxyError::ApprovalNotExecuted {
+            approval_id,
+            status,
+            reason,
+        } => (
+            if *status == "failed" {
+                StatusCode::BAD_GATEWAY
+            } else {
+                StatusCode::FORBIDDEN
+            },
+            format!("The request was approved but not executed: {reason}."),
+            json!({ "approval_id": approval_id, "status": status, "reason": reason, "policies": [] }),
+        ),
+        ProxyError::ApprovalMismatch {
+            approval_id,
+            reason,
+        } => (
+            StatusCode::BAD_REQUEST,
+            match *reason {
+                "approval_mismatch" => format!(
+                    "Approval {approval_id} was given for a different request (method, URL or \
+                     body differ)."
+                ),
+                _ => format!("No approval {approval_id} belongs to this session."),
+            },
+            json!({ "approval_id": approval_id, "reason": reason }),
+        ),
+        ProxyError::ApprovalBodyTooLarge { limit } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "This request needs approval, and its body is larger than the {limit} bytes an \
+                 approval can hold."
+            ),
+            json!({ "reason": "approval_body_too_large", "limit": limit }),
         ),
         ProxyError::DestinationBlocked { address, reason } => (
             StatusCode::FORBIDDEN,

@@ -13,6 +13,10 @@ use std::sync::{Arc, OnceLock};
 use ostiary_policies::PolicyEngine;
 use tokio::net::TcpListener;
 
+use crate::approvals::link::LinkSigner;
+use crate::approvals::notify::Notifier;
+use crate::approvals::store::ApprovalStore;
+use crate::approvals::ApprovalQueue;
 use crate::audit::{AuditGuard, AuditSink, AuditWriter};
 use crate::classify::Tunnel;
 use crate::config::Config;
@@ -26,7 +30,7 @@ use crate::policy_store::{self, PolicyStore};
 use crate::session::{SessionRegistry, TokenKeys};
 use crate::state::{files, SecretString, StateDir};
 use crate::tls::ca::LeafMinter;
-use crate::{accept, control, ids, lifecycle, store, tls};
+use crate::{accept, approvals, control, ids, lifecycle, store, tls};
 use ostiary_broker::vault::VaultClient;
 use ostiary_broker::Broker;
 
@@ -51,6 +55,8 @@ pub enum ServeError {
     Broker(#[from] ostiary_broker::BrokerError),
     #[error("credential broker: {0}")]
     Vault(#[from] ostiary_broker::vault::VaultError),
+    #[error("approval notifications: {0}")]
+    Notify(#[from] crate::approvals::notify::message::NotifyError),
 }
 
 /// Seams for tests: where names are resolved and how sockets are dialed.
@@ -80,6 +86,8 @@ pub struct Shared {
     pub upstreams: Upstreams,
     /// The credential broker and what the proxy derives from its credentials.
     pub credentials: Credentials,
+    /// Requests held for a human.
+    pub approvals: ApprovalQueue,
     pub minter: LeafMinter,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
@@ -96,14 +104,17 @@ impl Shared {
         self.tunnel_hosts.contains(host)
     }
 
-    /// The proxy URL an agent uses, with its token as the password.
-    pub fn proxy_url(&self, token: &str) -> String {
-        let addr = self
-            .proxy_addr
+    /// The proxy listener's address as bound (the configured one before `serve`).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
             .get()
             .copied()
-            .unwrap_or(self.config.listen.proxy);
-        format!("http://agent:{token}@{addr}")
+            .unwrap_or(self.config.listen.proxy)
+    }
+
+    /// The proxy URL an agent uses, with its token as the password.
+    pub fn proxy_url(&self, token: &str) -> String {
+        format!("http://agent:{token}@{}", self.proxy_addr())
     }
 
     /// Record a tunnel cut off after CONNECT was accepted (TLS or SNI refused): there is no
@@ -274,6 +285,14 @@ impl Ostiary {
             broker.adopt(leftovers);
         }
         let credentials = Credentials::new(Arc::new(broker), &metrics);
+        let approvals = ApprovalQueue::new(
+            ApprovalStore::open(&db_path)?,
+            config.approvals.clone(),
+            Notifier::from_config(&config.approvals)?,
+            LinkSigner::new(state.approvals_key.expose().as_bytes()),
+            audit.clone(),
+            metrics.clone(),
+        );
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = config
             .egress
@@ -293,6 +312,7 @@ impl Ostiary {
             guard,
             upstreams,
             credentials,
+            approvals,
             minter,
             audit,
             metrics,
@@ -322,6 +342,10 @@ impl Ostiary {
         let proxy_addr = proxy.local_addr()?;
         let control_addr = control.local_addr()?;
         let _ = self.shared.proxy_addr.set(proxy_addr);
+        self.shared.approvals.set_control_addr(control_addr);
+        // Before the listeners: an execution a crash interrupted is back in the queue
+        // before anyone can look at it.
+        approvals::sweep::recover(&self.shared).await;
         self.shared
             .guard
             .set_own_listeners(vec![proxy_addr, control_addr]);
@@ -345,6 +369,10 @@ impl Ostiary {
             self.shared.clone(),
             stopped(stop_rx.clone()),
         ));
+        let sweep_task = tokio::spawn(approvals::sweep::run(
+            self.shared.clone(),
+            stopped(stop_rx.clone()),
+        ));
         let reap_task = tokio::spawn(lifecycle::reap(
             self.shared.clone(),
             stopped(stop_rx.clone()),
@@ -358,7 +386,7 @@ impl Ostiary {
         });
         shutdown.await;
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(proxy_task, control_task, watch_task, reap_task);
+        let _ = tokio::join!(proxy_task, control_task, watch_task, reap_task, sweep_task);
         if let Some(task) = vault_task {
             let _ = task.await;
         }

@@ -2,7 +2,7 @@
 //!
 //! Created at first start: the CA that signs intercepted leaf certificates, the admin token
 //! of the control API, the Ed25519 key that signs session tokens, the key that seals the
-//! audit chain, and the SQLite database. Secret files are written `0600`; nothing here is
+//! audit chain, the key that signs approval links, and the SQLite database. Secret files are written `0600`; nothing here is
 //! ever logged.
 
 use std::fmt;
@@ -58,6 +58,8 @@ pub struct StateDir {
     pub signing_key_pem: SecretString,
     pub verify_key_pem: String,
     pub audit_key: SecretString,
+    /// Signs approval review links.
+    pub approvals_key: SecretString,
 }
 
 /// File names inside the state directory.
@@ -68,6 +70,7 @@ pub mod files {
     pub const SIGNING_KEY: &str = "session-signing.key.pem";
     pub const VERIFY_KEY: &str = "session-signing.pub.pem";
     pub const AUDIT_KEY: &str = "audit.key";
+    pub const APPROVALS_KEY: &str = "approvals.key";
     pub const DATABASE: &str = "ostiary.db";
     pub const AUDIT_HEAD: &str = "audit.head";
 }
@@ -79,6 +82,7 @@ impl StateDir {
         let (ca_cert_pem, ca_key_pem) = ensure_ca(dir)?;
         let admin_token = ensure_secret(dir, files::ADMIN_TOKEN, || random_hex(32))?;
         let audit_key = ensure_secret(dir, files::AUDIT_KEY, || random_hex(32))?;
+        let approvals_key = ensure_secret(dir, files::APPROVALS_KEY, || random_hex(32))?;
         let (signing_key_pem, verify_key_pem) = ensure_signing_key(dir)?;
         Ok(Self {
             dir: dir.to_owned(),
@@ -88,6 +92,7 @@ impl StateDir {
             signing_key_pem: SecretString(signing_key_pem),
             verify_key_pem,
             audit_key: SecretString(audit_key),
+            approvals_key: SecretString(approvals_key),
         })
     }
 

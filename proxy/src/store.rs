@@ -1,6 +1,6 @@
 //! The embedded SQLite store: one database file in the state directory holding sessions,
-//! the audit chain and the lease journal. WAL mode so that the CLI can read (`ostiary audit query`) while the
-//! server writes.
+//! the audit chain, the lease journal and the approval queue. WAL mode so that the CLI can
+//! read (`ostiary audit query`) while the server writes.
 
 use std::path::Path;
 
@@ -50,6 +50,53 @@ CREATE TABLE IF NOT EXISTS leases (
     created_ms    INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts_ms);
+CREATE TABLE IF NOT EXISTS approvals (
+    id                TEXT PRIMARY KEY,
+    status            TEXT NOT NULL,
+    created_ms        INTEGER NOT NULL,
+    deadline_ms       INTEGER NOT NULL,
+    renotify_ms       INTEGER NOT NULL,
+    rounds            INTEGER NOT NULL,
+    session           TEXT NOT NULL,
+    agent             TEXT NOT NULL,
+    tenant            TEXT NOT NULL,
+    request_id        TEXT NOT NULL,
+    policies          TEXT NOT NULL,
+    policy_generation INTEGER NOT NULL,
+    request           TEXT NOT NULL,
+    observed          TEXT NOT NULL,
+    approver          TEXT,
+    channel           TEXT,
+    decided_ms        INTEGER,
+    reason            TEXT,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    result            TEXT,
+    updated_ms        INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS approvals_status ON approvals(status);
+CREATE INDEX IF NOT EXISTS approvals_session ON approvals(session);
+CREATE TABLE IF NOT EXISTS approval_links_used (
+    nonce       TEXT PRIMARY KEY,
+    approval_id TEXT NOT NULL,
+    used_ms     INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS slack_callbacks_seen (
+    signature TEXT PRIMARY KEY,
+    seen_ms   INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS approval_notifications (
+    id          INTEGER PRIMARY KEY,
+    approval_id TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    round       INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_ms     INTEGER NOT NULL,
+    sent_ms     INTEGER,
+    last_error  TEXT,
+    UNIQUE (approval_id, channel, recipient, round)
+);
+CREATE INDEX IF NOT EXISTS approval_notifications_due ON approval_notifications(sent_ms, next_ms);
 ";
 
 /// Open (and migrate) the database file.

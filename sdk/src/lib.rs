@@ -149,6 +149,68 @@ impl ControlClient {
         }
     }
 
+    /// Approvals, newest first (`status`: `pending`, `approved`, `executed`, ...), with
+    /// queue counts: `{"approvals": [...], "counts": {...}}`.
+    pub async fn approvals(&self, status: Option<&str>) -> Result<serde_json::Value, SdkError> {
+        let path = match status {
+            Some(s) => format!("/v1/approvals?status={}", urlencode(s)),
+            None => "/v1/approvals".to_owned(),
+        };
+        self.get_json(&path).await
+    }
+
+    /// One approval, whole, with its notification deliveries.
+    pub async fn approval(&self, id: &str) -> Result<serde_json::Value, SdkError> {
+        self.get_json(&format!("/v1/approvals/{}", urlencode(id)))
+            .await
+    }
+
+    /// Approve (`approve = true`) or deny an approval as `approver`.
+    pub async fn decide(
+        &self,
+        id: &str,
+        approve: bool,
+        approver: &str,
+        reason: Option<&str>,
+    ) -> Result<serde_json::Value, SdkError> {
+        let verb = if approve { "approve" } else { "deny" };
+        let body = serde_json::json!({ "approver": approver, "reason": reason });
+        let path = format!("/v1/approvals/{}/{verb}", urlencode(id));
+        let (status, bytes) = self
+            .call(Method::POST, &path, body.to_string().into_bytes())
+            .await?;
+        if status != StatusCode::OK {
+            return Err(api_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))
+    }
+
+    /// A review-page link for `approver`.
+    pub async fn approval_link(&self, id: &str, approver: &str) -> Result<String, SdkError> {
+        let body = serde_json::json!({ "approver": approver });
+        let path = format!("/v1/approvals/{}/link", urlencode(id));
+        let (status, bytes) = self
+            .call(Method::POST, &path, body.to_string().into_bytes())
+            .await?;
+        if status != StatusCode::OK {
+            return Err(api_error(status, &bytes));
+        }
+        let value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))?;
+        value["url"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| SdkError::Decode("no url in the answer".into()))
+    }
+
+    async fn get_json(&self, path: &str) -> Result<serde_json::Value, SdkError> {
+        let (status, bytes) = self.call(Method::GET, path, Vec::new()).await?;
+        if status != StatusCode::OK {
+            return Err(api_error(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))
+    }
+
     async fn call(
         &self,
         method: Method,
@@ -181,6 +243,19 @@ impl ControlClient {
             .to_bytes();
         Ok((status, bytes))
     }
+}
+
+/// Percent-encode a path segment or query value (ids are plain, but the CLI passes what
+/// a human typed).
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn api_error(status: StatusCode, bytes: &[u8]) -> SdkError {

@@ -3,9 +3,12 @@
 //! ([`proxy`]), and hand-driven wire clients for adversarial tests ([`raw`]).
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod clients;
 pub mod openbao;
 pub mod pki;
 pub mod proxy;
 pub mod raw;
+pub mod slack;
+pub mod smtp;
 pub mod upstream;

@@ -209,16 +209,19 @@ async fn tool_calls_are_decided_by_tier_and_arguments() {
         "refused calls are never forwarded"
     );
 
-    // irreversible: escalated; until approvals exist, 403 approval_required naming the forbid.
+    // irreversible: escalated; held for a human (202 approval_pending), nothing forwarded.
     let delete = rig.call("DELETE", "/repos/acme/widgets", None).await;
-    assert_eq!(delete.status(), 403, "{}", delete.0);
+    assert_eq!(delete.status(), 202, "{}", delete.0);
     let body = delete.json();
-    assert_eq!(body["error"], "approval_required");
-    assert_eq!(
-        body["policies"],
-        serde_json::json!(["irreversible-needs-human"])
+    assert_eq!(body["error"], "approval_pending");
+    assert!(
+        body["approval_id"].as_str().unwrap().starts_with("apr_"),
+        "{body}"
     );
-    assert_eq!(body["action"], "Ostiary::Action::\"tool:gh.delete_repo\"");
+    assert!(body["status_url"]
+        .as_str()
+        .unwrap()
+        .contains("/v1/approvals/apr_"));
     assert_eq!(
         rig.upstream
             .seen_path("/repos/acme/widgets")
@@ -243,14 +246,19 @@ async fn tool_calls_are_decided_by_tier_and_arguments() {
             (Some("gh.create_issue"), Some("write"), "deny"),
             (Some("gh.create_issue"), Some("write"), "deny"),
             (Some("gh.create_issue"), Some("write"), "deny"),
-            (Some("gh.delete_repo"), Some("irreversible"), "deny"),
+            (Some("gh.delete_repo"), Some("irreversible"), "escalate"),
         ],
         "{records:#?}"
     );
     assert_eq!(http[0].policies, vec!["read-ok".to_owned()]);
     assert_eq!(http[1].policies, vec!["write-with-title".to_owned()]);
     assert_eq!(http[3].error.as_deref(), Some("check_failed"));
-    assert_eq!(http[5].error.as_deref(), Some("approval_required"));
+    assert_eq!(http[5].error.as_deref(), Some("approval_pending"));
+    assert_eq!(
+        http[5].policies,
+        vec!["irreversible-needs-human".to_owned()]
+    );
+    assert!(http[5].approval.is_some());
     for record in &records {
         let json = serde_json::to_string(record).unwrap();
         assert!(

@@ -24,7 +24,8 @@ pub struct AuditRecord {
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
-    /// `http`, `connect`, `tunnel`, `tls`, `session`, `policy`, or `mcp_call` (one
+    /// `http`, `connect`, `tunnel`, `tls`, `session`, `policy`, `approval` (a transition of
+    /// the approval queue), or `mcp_call` (one
     /// `tools/call` of a JSON-RPC batch, under the request id of the `http` record that
     /// carried it).
     pub kind: String,
@@ -39,7 +40,7 @@ pub struct AuditRecord {
     /// Path only: queries may carry values the agent should not have sent; they stay out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// `allow`, `deny`, `error` or `cancel`.
+    /// `allow`, `deny`, `error`, `cancel`, or `escalate` (held for a human).
     pub decision: String,
     /// The `error` kind of DESIGN §5 for refusals and failures.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,6 +72,12 @@ pub struct AuditRecord {
     /// Lease ids of those credentials (Vault lease ids, `pki:<mount>:<serial>`).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub leases: Vec<String>,
+    /// The approval a held request, a decision or an execution belongs to.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub approval: Option<String>,
+    /// Who decided it (never the agent).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub approver: Option<String>,
 }
 
 impl AuditRecord {

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod approvals;
+
 use clap::{Args, Parser, Subcommand};
 use ostiary_sdk::{ControlClient, NewSession, Session};
 
@@ -72,6 +74,9 @@ pub enum Command {
     /// Policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// The approval queue: list, show, approve, deny, link.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -246,6 +251,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
         Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
+        Command::Approvals(cmd) => approvals::run(control_client(&config)?, cmd).await,
     }
 }
 

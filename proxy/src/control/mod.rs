@@ -1,5 +1,5 @@
 //! The control API (DESIGN §6), on its own listener that the egress guard never lets the
-//! proxy reach: sessions, audit, policy reload, metrics, health.
+//! proxy reach: sessions, approvals ([`approvals`]), audit, policy reload, metrics, health.
 //!
 //! Admin calls carry `Authorization: Bearer <admin token>`, compared in constant time.
 
@@ -20,6 +20,9 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+mod approvals;
+
+use crate::approvals::Verdict;
 use crate::audit::verify::{self, Query};
 use crate::body::{full, ProxyBody};
 use crate::ids;
@@ -60,9 +63,9 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tracker.wait()).await;
 }
 
-struct Reply(StatusCode, serde_json::Value);
+pub(crate) struct Reply(StatusCode, serde_json::Value);
 
-fn problem(status: StatusCode, error: &str, message: impl Into<String>) -> Reply {
+pub(crate) fn problem(status: StatusCode, error: &str, message: impl Into<String>) -> Reply {
     Reply(status, json!({ "error": error, "message": message.into() }))
 }
 
@@ -84,6 +87,23 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
             );
             return response;
         }
+        // The approvers' own doors: a signed link and a signed Slack callback are their
+        // credentials, not the admin token.
+        (&Method::GET | &Method::HEAD | &Method::POST, _)
+            if approvals::review_token(&path).is_some() =>
+        {
+            let token = approvals::review_token(&path)
+                .unwrap_or_default()
+                .to_owned();
+            return approvals::review(&shared, req, &token).await;
+        }
+        (&Method::POST, ["v1", "slack", "interactions"]) => {
+            let Reply(status, mut body) = approvals::slack(&shared, req).await;
+            if status.is_client_error() || status.is_server_error() {
+                body["request_id"] = json!(request_id);
+            }
+            return json_response(status, &body, &request_id);
+        }
         _ => {}
     }
     if !is_admin(&shared, &req) {
@@ -99,6 +119,17 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         (Method::POST, ["v1", "sessions"]) => create_session(&shared, req).await,
         (Method::DELETE, ["v1", "sessions", id]) => delete_session(&shared, id).await,
         (Method::POST, ["v1", "policy", "reload"]) => reload_policies(&shared).await,
+        (Method::GET, ["v1", "approvals"]) => {
+            approvals::list(&shared, req.uri().query().unwrap_or("")).await
+        }
+        (Method::GET, ["v1", "approvals", id]) => approvals::show(&shared, id).await,
+        (Method::POST, ["v1", "approvals", id, "approve"]) => {
+            approvals::decide_api(&shared, req, id, Verdict::Approve).await
+        }
+        (Method::POST, ["v1", "approvals", id, "deny"]) => {
+            approvals::decide_api(&shared, req, id, Verdict::Deny).await
+        }
+        (Method::POST, ["v1", "approvals", id, "link"]) => approvals::link(&shared, req, id).await,
         (Method::GET, ["v1", "audit"]) => {
             return audit_lines(&shared, req.uri().query().unwrap_or(""), &request_id).await
         }
@@ -125,7 +156,9 @@ fn is_admin<B>(shared: &Shared, req: &Request<B>) -> bool {
     bool::from(token.ct_eq(shared.admin_token.expose().as_bytes()))
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Reply> {
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+) -> Result<T, Reply> {
     let bytes: Bytes = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await

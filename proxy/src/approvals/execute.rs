@@ -1,0 +1,343 @@
+//! Running an approved request exactly once.
+//!
+//! ```text
+//! claim (approved → executing) → session still live? → classify + recognise again →
+//! evaluate with approval.granted = true under the policies in force now →
+//! placeholders → inject (credentials minted now) → Idempotency-Key → forward →
+//! scrub → store the response (executing → executed)
+//! ```
+//! The claim is the exactly-once guard: one guarded `UPDATE`, so of any number of tasks or
+//! processes only one executes. A crash after the claim leaves the approval `executing`;
+//! the next start puts it back to `approved` and it is sent again **with the same
+//! `Idempotency-Key`** (derived from the approval id), so an upstream that honours the key
+//! applies it once. Which of "before the upstream call" and "after it, before the result
+//! was stored" a crash hit cannot be known from here; the key is what makes both safe.
+//!
+//! The request is recognised and decided afresh rather than replayed from the decision at
+//! hold time: a policy change, a catalog change or a revoked session since then means it
+//! does not run (`refused`).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, HOST};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+
+use super::model::{Approval, Status, StoredResponse};
+use crate::body::{self, ProxyBody};
+use crate::classify::{self, Origin, Tunnel};
+use crate::error::ProxyError;
+use crate::inject::credentials::Bound;
+use crate::server::Shared;
+use crate::store::now_ms;
+use crate::{evaluate, inject, recognise, scrub};
+
+/// Header every execution carries (the de facto standard name, as Stripe and the IETF
+/// draft spell it).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// How an execution ended, before it is stored.
+enum Ending {
+    Executed(StoredResponse),
+    /// Re-authorization said no; nothing was sent.
+    Refused(String),
+    /// Nothing usable came back (or nothing could be sent).
+    Failed(String),
+}
+
+/// Execute `id` if it is approved and nobody else claimed it. Safe to call from any number
+/// of tasks at once: all but one return without doing anything.
+pub async fn run(shared: Arc<Shared>, id: String) {
+    let queue = &shared.approvals;
+    let claimed = {
+        let id = id.clone();
+        queue.store.call(move |s| s.claim(&id, now_ms())).await
+    };
+    let approval = match claimed {
+        Ok(Some(a)) => a,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::error!(approval = %id, error = %e, "claiming an approval failed");
+            return;
+        }
+    };
+    let _ = queue.refresh_gauges().await;
+    let (ending, injected) = execute(&shared, &approval).await;
+    let (status, result, reason, transition, decision, error, code) = match ending {
+        Ending::Executed(response) => {
+            let code = response.status;
+            (
+                Status::Executed,
+                Some(response),
+                None,
+                "executed",
+                "allow",
+                None,
+                Some(code),
+            )
+        }
+        Ending::Refused(reason) => (
+            Status::Refused,
+            None,
+            Some(reason),
+            "refused",
+            "deny",
+            Some("denied"),
+            None,
+        ),
+        Ending::Failed(reason) => (
+            Status::Failed,
+            None,
+            Some(reason),
+            "failed",
+            "error",
+            Some("upstream_error"),
+            None,
+        ),
+    };
+    let stored = {
+        let (id, reason, result) = (id.clone(), reason.clone(), result.clone());
+        queue
+            .store
+            .call(move |s| s.finish(&id, status, result.as_ref(), reason.as_deref(), now_ms()))
+            .await
+    };
+    match stored {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::error!(approval = %id, "execution finished but the approval was no longer executing");
+            return;
+        }
+        Err(e) => {
+            // The upstream call happened but its outcome is not recorded: the approval stays
+            // `executing` and the next start re-sends it with the same idempotency key.
+            tracing::error!(approval = %id, error = %e, "storing an execution's outcome failed");
+            return;
+        }
+    }
+    let mut done = approval.clone();
+    done.status = status;
+    let text = match &reason {
+        Some(reason) => format!("{transition}: {reason}"),
+        None => format!("{transition} (attempt {})", approval.attempts),
+    };
+    queue.record_with(&done, transition, decision, error, text, code, |r| {
+        r.credentials = injected.credentials;
+        r.leases = injected.leases;
+        r.upstream = injected.upstream;
+    });
+    let _ = queue.refresh_gauges().await;
+}
+
+/// What the execution injected, for its audit record.
+#[derive(Debug, Default)]
+pub struct Used {
+    pub credentials: Vec<String>,
+    pub leases: Vec<String>,
+    pub upstream: Option<String>,
+}
+
+async fn execute(shared: &Shared, approval: &Approval) -> (Ending, Used) {
+    let mut used = Used::default();
+    let ending = match attempt(shared, approval, &mut used).await {
+        Ok(response) => Ending::Executed(response),
+        Err(Refusal::Refused(reason)) => Ending::Refused(reason),
+        Err(Refusal::Failed(reason)) => Ending::Failed(reason),
+    };
+    (ending, used)
+}
+
+enum Refusal {
+    Refused(String),
+    Failed(String),
+}
+
+impl From<ProxyError> for Refusal {
+    fn from(e: ProxyError) -> Self {
+        match e.side() {
+            crate::error::Side::Upstream | crate::error::Side::Internal => {
+                Refusal::Failed(e.to_string())
+            }
+            _ if e.policies().is_empty() => Refusal::Refused(e.to_string()),
+            // The determining policies say why in terms an approver can look up.
+            _ => Refusal::Refused(format!("{e} (policies: {})", e.policies().join(", "))),
+        }
+    }
+}
+
+async fn attempt(
+    shared: &Shared,
+    approval: &Approval,
+    used: &mut Used,
+) -> Result<StoredResponse, Refusal> {
+    let approver = approval
+        .approver
+        .clone()
+        .ok_or_else(|| Refusal::Refused("the approval names no approver".into()))?;
+    // The session must still be live: a revoked or expired session's approvals never run.
+    if !shared.sessions.is_live(&approval.session) {
+        return Err(Refusal::Refused(
+            "the session ended before the request could run".into(),
+        ));
+    }
+    let principal = shared
+        .sessions
+        .get(&approval.session)
+        .ok_or_else(|| Refusal::Refused("the session ended".into()))?;
+    let (origin, req) = rebuild(approval, &principal)?;
+    let target = classify::target(&origin, &req)?;
+    let host = target.host.to_string();
+    let engine = shared.policies.current();
+    let mut req = req;
+    // Recognised again under the catalog in force now: it must still be the same tool.
+    let route = recognise::route(engine.catalog(), &target).ok_or_else(|| {
+        Refusal::Refused("the request is no longer recognised as a catalogued tool".into())
+    })?;
+    if Some(route.tool.name()) != approval.observed.tool.as_deref() {
+        return Err(Refusal::Refused(format!(
+            "the request is now recognised as {}, not {}",
+            route.tool.name(),
+            approval.observed.tool.as_deref().unwrap_or("-")
+        )));
+    }
+    let tool_name = route.tool.name().to_owned();
+    let call = route
+        .read(&mut req, &target, shared.config.approvals.max_body_bytes)
+        .await?;
+    let found = {
+        let args = serde_json::to_vec(&call.args).ok();
+        shared.credentials.placeholders(
+            req.headers(),
+            req.uri(),
+            args.as_deref(),
+            &host,
+            &shared.metrics,
+        )?
+    };
+    evaluate::decide(
+        &engine,
+        &shared.metrics,
+        &principal,
+        &target.host,
+        call.action(Some(approver)),
+    )?;
+
+    let upstream_req = inject::prepare(req, &target, false)?;
+    let (mut parts, upstream_body) = upstream_req.into_parts();
+    let injected = shared
+        .credentials
+        .apply(
+            &mut parts,
+            Bound {
+                target: &target,
+                principal: &principal,
+                tool: Some(&tool_name),
+                upgrade: false,
+            },
+            &found,
+            &shared.metrics,
+        )
+        .await?;
+    used.credentials = injected.names();
+    used.leases = injected.leases();
+    let key = HeaderValue::from_str(&approval.idempotency_key())
+        .map_err(|e| Refusal::Failed(format!("idempotency key: {e}")))?;
+    parts
+        .headers
+        .insert(HeaderName::from_static(IDEMPOTENCY_KEY), key);
+    let response = shared
+        .upstreams
+        .send(
+            Request::from_parts(parts, upstream_body),
+            false,
+            injected.identity.as_deref(),
+            &shared.metrics,
+        )
+        .await?;
+    if let Some(crate::connector::DialedAddr(addr)) = response.extensions().get() {
+        used.upstream = Some(addr.to_string());
+    }
+    let response = match &injected.scrubber {
+        Some(scrubber) => scrub::scrub_response(scrubber, response)
+            .map_err(|e| Refusal::Failed(format!("scrubbing the response: {e}")))?,
+        None => response.map(body::stream),
+    };
+    keep(response, shared.config.approvals.max_response_bytes).await
+}
+
+/// The stored request as the pipeline first saw it: inside a tunnel for https, absolute
+/// form for http. Its URL was classified once already; a stored URL that no longer parses
+/// means the row was tampered with.
+fn rebuild(
+    approval: &Approval,
+    principal: &Arc<crate::session::Principal>,
+) -> Result<(Origin, Request<ProxyBody>), Refusal> {
+    let held = &approval.request;
+    let uri: http::Uri = held
+        .url
+        .parse()
+        .map_err(|e| Refusal::Failed(format!("stored URL: {e}")))?;
+    let mut builder = Request::builder().method(held.method.as_str());
+    for (name, value) in &held.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    let origin = if uri.scheme_str() == Some("https") {
+        let authority = uri
+            .authority()
+            .ok_or_else(|| Refusal::Failed("stored URL has no host".into()))?;
+        let host = crate::egress::address::normalize_host(authority.host())
+            .map_err(|e| Refusal::Failed(format!("stored host: {e}")))?;
+        let port = uri.port_u16().unwrap_or(443);
+        let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        builder = builder.uri(path).header(HOST, authority.as_str());
+        Origin::Tunnel(Arc::new(Tunnel {
+            host,
+            port,
+            principal: principal.clone(),
+        }))
+    } else {
+        builder = builder.uri(uri);
+        Origin::Plain
+    };
+    let req = builder
+        .body(body::full(Bytes::from(held.body.clone())))
+        .map_err(|e| Refusal::Failed(format!("stored request: {e}")))?;
+    Ok((origin, req))
+}
+
+/// Read the response for storage: status, end-to-end headers, and the body up to `limit`.
+async fn keep(response: Response<ProxyBody>, limit: usize) -> Result<StoredResponse, Refusal> {
+    let (mut parts, mut body) = response.into_parts();
+    inject::strip_hop_by_hop(&mut parts.headers, false);
+    let mut kept = BytesMut::new();
+    let mut truncated = false;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Refusal::Failed(format!("response body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            let room = limit.saturating_sub(kept.len());
+            if data.len() > room {
+                kept.extend_from_slice(&data[..room]);
+                truncated = true;
+                // The request ran; the rest of its answer is not kept, and not waited for.
+                break;
+            }
+            kept.extend_from_slice(&data);
+        }
+    }
+    let headers = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| {
+            // The stored body is not the encoded length any more once cut.
+            !(truncated && *name == http::header::CONTENT_LENGTH)
+        })
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    Ok(StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body: kept.to_vec(),
+        truncated,
+    })
+}

@@ -1,0 +1,808 @@
+//! The durable approval queue in SQLite.
+//!
+//! Every transition is one `UPDATE ... WHERE status = <expected>` (or a transaction around
+//! one), so a transition either happens once or not at all: two executors — tasks of one
+//! process or two processes on one database — can never both claim an approval, and a
+//! decision racing the deadline is either a decision or an expiry, never both. The
+//! connection runs `synchronous = FULL`: the agent is told `202` only after its request is
+//! on disk, and a `kill -9` at any point loses nothing that was acknowledged.
+//!
+//! Also here: single-use link nonces, Slack callback signatures already seen (replay), and
+//! the notification outbox, because each of them must commit together with, or survive as
+//! durably as, the approval it belongs to.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::model::{Approval, Channel, Status, StoredResponse, Verdict};
+use crate::store::{self, StoreError};
+
+/// Why a decision was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    #[error("no approval {0}")]
+    Unknown(String),
+    #[error("approval is already {}", .0.as_str())]
+    NotPending(Status),
+    #[error("this link was already used")]
+    LinkUsed,
+    #[error("{0:?} is not one of the configured approvers")]
+    NotApprover(String),
+    #[error("the agent that made a request cannot approve it")]
+    SelfApproval,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One notification owed to one recipient on one channel for one round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub id: i64,
+    pub approval_id: String,
+    /// `slack` or `email`.
+    pub channel: String,
+    /// The approver mailed; empty for Slack (one message to the webhook's channel).
+    pub recipient: String,
+    pub round: u32,
+    pub attempts: u32,
+}
+
+/// Counts for gauges and the CLI.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub pending: i64,
+    pub approved: i64,
+    pub executing: i64,
+    /// Deliveries that failed at least once and are not yet delivered.
+    pub failing_deliveries: i64,
+}
+
+/// The queue's connection; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ApprovalStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+const COLUMNS: &str = "id, status, created_ms, deadline_ms, renotify_ms, rounds, session, agent, \
+     tenant, request_id, policies, policy_generation, request, observed, approver, channel, \
+     decided_ms, reason, attempts, result";
+
+impl ApprovalStore {
+    /// Open the queue in the database at `path` (migrated by [`store::open`]).
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = store::open(path)?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Run `f` on the connection in a blocking task.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ApprovalStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || f(&this))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|e| StoreError::Task(format!("approval store lock poisoned: {e}")))?;
+        Ok(f(&mut conn)?)
+    }
+
+    /// Store a new pending approval.
+    pub fn insert(&self, a: &Approval) -> Result<(), StoreError> {
+        let policies = json(&a.policies);
+        let request = json(&a.request);
+        let observed = json(&a.observed);
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO approvals (id, status, created_ms, deadline_ms, renotify_ms, rounds,
+                   session, agent, tenant, request_id, policies, policy_generation, request,
+                   observed, attempts, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0, ?3)",
+                params![
+                    a.id,
+                    a.status.as_str(),
+                    a.created_ms,
+                    a.deadline_ms,
+                    a.renotify_ms,
+                    a.rounds,
+                    a.session,
+                    a.agent,
+                    a.tenant,
+                    a.request_id,
+                    policies,
+                    a.policy_generation as i64,
+                    request,
+                    observed,
+                ],
+            )
+            .map(drop)
+        })
+    }
+
+    /// One approval.
+    pub fn get(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
+                [id],
+                from_row,
+            )
+            .optional()
+        })
+    }
+
+    /// Approvals, newest first, optionally of one status and one session.
+    pub fn list(
+        &self,
+        status: Option<Status>,
+        session: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Approval>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM approvals
+                 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR session = ?2)
+                 ORDER BY created_ms DESC, id LIMIT ?3"
+            ))?;
+            let rows = stmt.query_map(
+                params![status.map(Status::as_str), session, limit as i64],
+                from_row,
+            )?;
+            rows.collect()
+        })
+    }
+
+    /// Record a human's decision on a pending approval, consuming the link nonce it came
+    /// with (if any) in the same transaction: a used link can never decide again, and a
+    /// refused decision does not burn the link.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide(
+        &self,
+        id: &str,
+        verdict: Verdict,
+        approver: &str,
+        channel: Channel,
+        reason: Option<&str>,
+        nonce: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Approval, DecideError> {
+        let outcome =
+            self.with(|c| {
+                let tx = c.transaction()?;
+                let status: Option<String> = tx
+                    .query_row("SELECT status FROM approvals WHERE id = ?1", [id], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                let Some(status) = status else {
+                    return Ok(Err(DecideError::Unknown(id.to_owned())));
+                };
+                let status = Status::parse(&status).unwrap_or(Status::Failed);
+                if status != Status::Pending {
+                    return Ok(Err(DecideError::NotPending(status)));
+                }
+                if let Some(nonce) = nonce {
+                    let fresh = tx.execute(
+                        "INSERT OR IGNORE INTO approval_links_used (nonce, approval_id, used_ms)
+                     VALUES (?1, ?2, ?3)",
+                        params![nonce, id, now_ms],
+                    )?;
+                    if fresh == 0 {
+                        return Ok(Err(DecideError::LinkUsed));
+                    }
+                }
+                let next = match verdict {
+                    Verdict::Approve => Status::Approved,
+                    Verdict::Deny => Status::Denied,
+                };
+                tx.execute(
+                "UPDATE approvals SET status = ?2, approver = ?3, channel = ?4, decided_ms = ?5,
+                   reason = ?6, updated_ms = ?5
+                 WHERE id = ?1 AND status = 'pending'",
+                params![id, next.as_str(), approver, channel.as_str(), now_ms, reason],
+            )?;
+                tx.commit()?;
+                Ok(Ok(()))
+            })?;
+        outcome?;
+        self.get(id)?
+            .ok_or_else(|| DecideError::Unknown(id.to_owned()))
+    }
+
+    /// Whether a link nonce was already used (for the page: say so before showing a form).
+    pub fn link_used(&self, nonce: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT 1 FROM approval_links_used WHERE nonce = ?1",
+                [nonce],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|r| r.is_some())
+        })
+    }
+
+    /// Claim an approved approval for execution: `approved → executing`, attempts + 1.
+    /// `None` when someone else claimed it, or it is not approved.
+    pub fn claim(&self, id: &str, now_ms: i64) -> Result<Option<Approval>, StoreError> {
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = 'executing', attempts = attempts + 1,
+                   updated_ms = ?2
+                 WHERE id = ?1 AND status = 'approved'",
+                params![id, now_ms],
+            )
+        })?;
+        if changed == 0 {
+            return Ok(None);
+        }
+        self.get(id)
+    }
+
+    /// End an execution: `executing → executed | failed | refused`, with the stored
+    /// response (executed) or the reason (failed, refused).
+    pub fn finish(
+        &self,
+        id: &str,
+        status: Status,
+        result: Option<&StoredResponse>,
+        reason: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let result = result.map(json);
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = ?2, result = ?3,
+                   reason = COALESCE(?4, reason), updated_ms = ?5
+                 WHERE id = ?1 AND status = 'executing'",
+                params![id, status.as_str(), result, reason, now_ms],
+            )
+        })?;
+        Ok(changed == 1)
+    }
+
+    /// At start-up: executions a previous process claimed and never finished go back to
+    /// `approved`, to be re-sent with the same idempotency key. Returns their ids.
+    pub fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let ids = {
+                let mut stmt = tx.prepare("SELECT id FROM approvals WHERE status = 'executing'")?;
+                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            tx.execute(
+                "UPDATE approvals SET status = 'approved', updated_ms = ?1
+                 WHERE status = 'executing'",
+                [now_ms],
+            )?;
+            tx.commit()?;
+            Ok(ids)
+        })
+    }
+
+    /// Ids of approvals waiting for the executor, oldest first.
+    pub fn approved(&self) -> Result<Vec<String>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id FROM approvals WHERE status = 'approved' ORDER BY decided_ms, id",
+            )?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Expire every pending approval past its deadline; returns them (now `expired`).
+    pub fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        let ids: Vec<String> = self.with(|c| {
+            let tx = c.transaction()?;
+            let ids = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM approvals WHERE status = 'pending' AND deadline_ms <= ?1",
+                )?;
+                let rows = stmt.query_map([now_ms], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            tx.execute(
+                "UPDATE approvals SET status = 'expired', decided_ms = ?1, updated_ms = ?1,
+                   reason = 'the deadline passed without a decision'
+                 WHERE status = 'pending' AND deadline_ms <= ?1",
+                [now_ms],
+            )?;
+            tx.commit()?;
+            Ok(ids)
+        })?;
+        self.get_many(&ids)
+    }
+
+    /// Start a new notification round for every pending approval whose `renotify_ms` has
+    /// passed: rounds + 1, next reminder one `ttl` later. Returns them, updated.
+    pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        let ids: Vec<String> = self.with(|c| {
+            let tx = c.transaction()?;
+            let ids = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM approvals
+                     WHERE status = 'pending' AND renotify_ms <= ?1 AND deadline_ms > ?1",
+                )?;
+                let rows = stmt.query_map([now_ms], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            for id in &ids {
+                tx.execute(
+                    "UPDATE approvals SET rounds = rounds + 1, renotify_ms = ?2 + ?3,
+                       updated_ms = ?2
+                     WHERE id = ?1 AND status = 'pending'",
+                    params![id, now_ms, ttl_ms],
+                )?;
+            }
+            tx.commit()?;
+            Ok(ids)
+        })?;
+        self.get_many(&ids)
+    }
+
+    fn get_many(&self, ids: &[String]) -> Result<Vec<Approval>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(a) = self.get(id)? {
+                out.push(a);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Owe one notification (idempotent per approval, channel, recipient and round).
+    pub fn enqueue(
+        &self,
+        approval_id: &str,
+        channel: &str,
+        recipient: &str,
+        round: u32,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO approval_notifications
+                   (approval_id, channel, recipient, round, attempts, next_ms)
+                 VALUES (?1, ?2, ?3, ?4, 0, ?5)",
+                params![approval_id, channel, recipient, round, now_ms],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Deliveries due now, oldest first.
+    pub fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, approval_id, channel, recipient, round, attempts
+                 FROM approval_notifications
+                 WHERE sent_ms IS NULL AND next_ms <= ?1 ORDER BY next_ms, id LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![now_ms, limit as i64], |r| {
+                Ok(Delivery {
+                    id: r.get(0)?,
+                    approval_id: r.get(1)?,
+                    channel: r.get(2)?,
+                    recipient: r.get(3)?,
+                    round: r.get(4)?,
+                    attempts: r.get(5)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// A delivery went through.
+    pub fn delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE approval_notifications SET sent_ms = ?2, attempts = attempts + 1,
+                   last_error = NULL WHERE id = ?1",
+                params![id, now_ms],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A delivery failed; try again at `next_ms`. The error names the cause, never a
+    /// secret (webhook URL, SMTP password).
+    pub fn delivery_failed(&self, id: i64, error: &str, next_ms: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE approval_notifications SET attempts = attempts + 1, last_error = ?2,
+                   next_ms = ?3 WHERE id = ?1",
+                params![id, error, next_ms],
+            )
+            .map(drop)
+        })
+    }
+
+    /// A delivery that is no longer worth making (the approval was decided meanwhile).
+    pub fn delivery_dropped(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE approval_notifications SET sent_ms = ?2,
+                   last_error = COALESCE(last_error, 'dropped: decided before delivery')
+                 WHERE id = ?1",
+                params![id, now_ms],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Notifications of one approval: (channel, recipient, round, attempts, sent, last error).
+    pub fn deliveries_of(&self, approval_id: &str) -> Result<Vec<DeliveryState>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT channel, recipient, round, attempts, sent_ms, last_error
+                 FROM approval_notifications WHERE approval_id = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([approval_id], |r| {
+                Ok(DeliveryState {
+                    channel: r.get(0)?,
+                    recipient: r.get(1)?,
+                    round: r.get(2)?,
+                    attempts: r.get(3)?,
+                    sent_ms: r.get(4)?,
+                    last_error: r.get(5)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Remember a Slack callback signature; `false` if it was seen before (a replay).
+    /// Signatures older than the callback window are forgotten: their timestamps are
+    /// refused anyway.
+    pub fn slack_first_seen(&self, signature: &str, now_ms: i64) -> Result<bool, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM slack_callbacks_seen WHERE seen_ms < ?1",
+                [now_ms - 11 * 60 * 1000],
+            )?;
+            let fresh = c.execute(
+                "INSERT OR IGNORE INTO slack_callbacks_seen (signature, seen_ms) VALUES (?1, ?2)",
+                params![signature, now_ms],
+            )?;
+            Ok(fresh == 1)
+        })
+    }
+
+    /// Queue counts for gauges and `approvals list`.
+    pub fn counts(&self) -> Result<QueueCounts, StoreError> {
+        self.with(|c| {
+            let mut counts = QueueCounts::default();
+            let mut stmt = c.prepare(
+                "SELECT status, COUNT(*) FROM approvals
+                 WHERE status IN ('pending', 'approved', 'executing') GROUP BY status",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            for row in rows {
+                let (status, n) = row?;
+                match status.as_str() {
+                    "pending" => counts.pending = n,
+                    "approved" => counts.approved = n,
+                    _ => counts.executing = n,
+                }
+            }
+            counts.failing_deliveries = c.query_row(
+                "SELECT COUNT(*) FROM approval_notifications
+                 WHERE sent_ms IS NULL AND attempts > 0",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(counts)
+        })
+    }
+}
+
+/// Where one notification stands.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeliveryState {
+    pub channel: String,
+    pub recipient: String,
+    pub round: u32,
+    pub attempts: u32,
+    pub sent_ms: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    // Serialising these plain structs cannot fail (string keys, no maps with other keys).
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<Approval> {
+    let status: String = r.get(1)?;
+    let channel: Option<String> = r.get(15)?;
+    let result: Option<String> = r.get(19)?;
+    Ok(Approval {
+        id: r.get(0)?,
+        // An unknown status string can only come from a newer version's row: treat it as
+        // final so that nothing executes it.
+        status: Status::parse(&status).unwrap_or(Status::Failed),
+        created_ms: r.get(2)?,
+        deadline_ms: r.get(3)?,
+        renotify_ms: r.get(4)?,
+        rounds: r.get(5)?,
+        session: r.get(6)?,
+        agent: r.get(7)?,
+        tenant: r.get(8)?,
+        request_id: r.get(9)?,
+        policies: parse_json(r, 10)?,
+        policy_generation: r.get::<_, i64>(11)? as u64,
+        request: parse_json(r, 12)?,
+        observed: parse_json(r, 13)?,
+        approver: r.get(14)?,
+        channel: channel.as_deref().and_then(|c| match c {
+            "api" => Some(Channel::Api),
+            "page" => Some(Channel::Page),
+            "slack" => Some(Channel::Slack),
+            _ => None,
+        }),
+        decided_ms: r.get(16)?,
+        reason: r.get(17)?,
+        attempts: r.get(18)?,
+        result: result
+            .map(|text| {
+                serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        19,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })
+            })
+            .transpose()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::approvals::model::{HeldRequest, Observed};
+
+    fn approval(id: &str, now: i64) -> Approval {
+        Approval {
+            id: id.to_owned(),
+            status: Status::Pending,
+            created_ms: now,
+            deadline_ms: now + 10_000,
+            renotify_ms: now + 1_000,
+            rounds: 1,
+            session: "ses_1".into(),
+            agent: "bot".into(),
+            tenant: "default".into(),
+            request_id: "r1".into(),
+            policies: vec!["irreversible-needs-human".into()],
+            policy_generation: 3,
+            request: HeldRequest {
+                method: "POST".into(),
+                url: "https://pay.test/refund".into(),
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: b"{\"ids\":[1,2]}".to_vec(),
+                body_digest: "d".into(),
+            },
+            observed: Observed {
+                host: "pay.test".into(),
+                port: 443,
+                ..Default::default()
+            },
+            approver: None,
+            channel: None,
+            decided_ms: None,
+            reason: None,
+            attempts: 0,
+            result: None,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, ApprovalStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = ApprovalStore::open(&dir.path().join("db")).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn roundtrip_and_decide_once() {
+        let (_d, s) = store();
+        let a = approval("apr_1", 1000);
+        s.insert(&a).unwrap();
+        assert_eq!(s.get("apr_1").unwrap().unwrap(), a);
+        let decided = s
+            .decide(
+                "apr_1",
+                Verdict::Approve,
+                "alice",
+                Channel::Api,
+                None,
+                None,
+                2000,
+            )
+            .unwrap();
+        assert_eq!(decided.status, Status::Approved);
+        assert_eq!(decided.approver.as_deref(), Some("alice"));
+        let again = s.decide(
+            "apr_1",
+            Verdict::Deny,
+            "bob",
+            Channel::Api,
+            None,
+            None,
+            2001,
+        );
+        assert!(matches!(
+            again,
+            Err(DecideError::NotPending(Status::Approved))
+        ));
+    }
+
+    #[test]
+    fn a_link_nonce_decides_once_and_a_refusal_does_not_burn_it() {
+        let (_d, s) = store();
+        s.insert(&approval("apr_1", 0)).unwrap();
+        s.insert(&approval("apr_2", 0)).unwrap();
+        s.decide(
+            "apr_1",
+            Verdict::Deny,
+            "a",
+            Channel::Page,
+            None,
+            Some("n1"),
+            1,
+        )
+        .unwrap();
+        // The same nonce on another approval (it cannot happen with a valid MAC, but the
+        // table is the last line): refused.
+        let reused = s.decide(
+            "apr_2",
+            Verdict::Approve,
+            "a",
+            Channel::Page,
+            None,
+            Some("n1"),
+            2,
+        );
+        assert!(matches!(reused, Err(DecideError::LinkUsed)));
+        // A link for a decided approval is refused without being consumed.
+        let late = s.decide(
+            "apr_1",
+            Verdict::Approve,
+            "a",
+            Channel::Page,
+            None,
+            Some("n2"),
+            3,
+        );
+        assert!(matches!(late, Err(DecideError::NotPending(_))));
+        assert!(!s.link_used("n2").unwrap());
+    }
+
+    #[test]
+    fn two_stores_claiming_one_approval_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let first = ApprovalStore::open(&path).unwrap();
+        first.insert(&approval("apr_1", 0)).unwrap();
+        first
+            .decide("apr_1", Verdict::Approve, "a", Channel::Api, None, None, 1)
+            .unwrap();
+        let stores: Vec<_> = (0..8)
+            .map(|_| ApprovalStore::open(&path).unwrap())
+            .collect();
+        let wins: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = stores
+                .iter()
+                .map(|s| scope.spawn(move || s.claim("apr_1", 2).unwrap().is_some()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap() as usize)
+                .sum()
+        });
+        assert_eq!(wins, 1);
+        let a = first.get("apr_1").unwrap().unwrap();
+        assert_eq!((a.status, a.attempts), (Status::Executing, 1));
+    }
+
+    #[test]
+    fn recovery_returns_claimed_executions_to_approved() {
+        let (_d, s) = store();
+        s.insert(&approval("apr_1", 0)).unwrap();
+        s.decide("apr_1", Verdict::Approve, "a", Channel::Api, None, None, 1)
+            .unwrap();
+        s.claim("apr_1", 2).unwrap().unwrap();
+        assert_eq!(s.recover(3).unwrap(), vec!["apr_1".to_owned()]);
+        let again = s.claim("apr_1", 4).unwrap().unwrap();
+        assert_eq!(again.attempts, 2, "the second attempt is counted");
+        let result = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"ok".to_vec(),
+            truncated: false,
+        };
+        assert!(s
+            .finish("apr_1", Status::Executed, Some(&result), None, 5)
+            .unwrap());
+        assert!(!s
+            .finish("apr_1", Status::Failed, None, Some("x"), 6)
+            .unwrap());
+        assert_eq!(s.get("apr_1").unwrap().unwrap().result, Some(result));
+    }
+
+    #[test]
+    fn deadline_expires_and_reminders_advance() {
+        let (_d, s) = store();
+        s.insert(&approval("apr_1", 0)).unwrap();
+        assert!(s.renotify_due(999, 1000).unwrap().is_empty());
+        let due = s.renotify_due(1000, 1000).unwrap();
+        assert_eq!((due.len(), due[0].rounds, due[0].renotify_ms), (1, 2, 2000));
+        assert!(s.expire_due(9_999).unwrap().is_empty());
+        let expired = s.expire_due(10_000).unwrap();
+        assert_eq!(expired[0].status, Status::Expired);
+        let late = s.decide(
+            "apr_1",
+            Verdict::Approve,
+            "a",
+            Channel::Api,
+            None,
+            None,
+            10_001,
+        );
+        assert!(matches!(
+            late,
+            Err(DecideError::NotPending(Status::Expired))
+        ));
+    }
+
+    #[test]
+    fn outbox_retries_until_delivered() {
+        let (_d, s) = store();
+        s.insert(&approval("apr_1", 0)).unwrap();
+        s.enqueue("apr_1", "email", "alice@example.com", 1, 0)
+            .unwrap();
+        s.enqueue("apr_1", "email", "alice@example.com", 1, 0)
+            .unwrap();
+        let due = s.due_deliveries(0, 10).unwrap();
+        assert_eq!(due.len(), 1, "enqueue is idempotent per round");
+        s.delivery_failed(due[0].id, "smtp: connection refused", 500)
+            .unwrap();
+        assert!(s.due_deliveries(499, 10).unwrap().is_empty());
+        assert_eq!(s.counts().unwrap().failing_deliveries, 1);
+        let retry = s.due_deliveries(500, 10).unwrap();
+        assert_eq!(retry[0].attempts, 1);
+        s.delivered(retry[0].id, 600).unwrap();
+        assert!(s.due_deliveries(10_000, 10).unwrap().is_empty());
+        assert_eq!(s.counts().unwrap().failing_deliveries, 0);
+    }
+
+    #[test]
+    fn slack_signatures_are_seen_once() {
+        let (_d, s) = store();
+        assert!(s.slack_first_seen("v0=ab", 0).unwrap());
+        assert!(!s.slack_first_seen("v0=ab", 1).unwrap());
+    }
+}

@@ -1,0 +1,123 @@
+//! The queue's clock: one background task that, every `approvals.tick`, expires what passed
+//! its deadline, starts a reminder round for what passed its `ttl`, executes what was
+//! approved and not yet claimed, and sends the notifications that are due.
+//!
+//! It is also what makes the queue crash-proof: at start-up, [`recover`] puts executions a
+//! previous process claimed back to `approved`, and the first sweep runs them (with the
+//! same idempotency key). Decisions start their execution at once ([`super::execute::run`]);
+//! the sweep is the safety net, so an approval never waits on a lost wake-up.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::execute;
+use super::notify;
+use crate::server::Shared;
+use crate::store::now_ms;
+
+/// At start-up: executions interrupted by the previous process go back to `approved`.
+pub async fn recover(shared: &Shared) {
+    let queue = &shared.approvals;
+    match queue.store.call(|s| s.recover(now_ms())).await {
+        Ok(ids) => {
+            for id in ids {
+                if let Ok(Some(approval)) = queue.get(&id).await {
+                    tracing::warn!(approval = %id, "execution interrupted by a restart; sending it again with the same idempotency key");
+                    queue.record(
+                        &approval,
+                        "recovered",
+                        "allow",
+                        None,
+                        format!(
+                            "execution interrupted by a restart (attempt {}); re-sent with Idempotency-Key {}",
+                            approval.attempts,
+                            approval.idempotency_key()
+                        ),
+                        None,
+                    );
+                }
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "recovering interrupted executions failed"),
+    }
+}
+
+/// Run the sweep until `shutdown`.
+pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let mut tick = tokio::time::interval(shared.config.approvals.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tick.tick() => sweep(&shared).await,
+        }
+    }
+}
+
+/// One pass.
+pub async fn sweep(shared: &Arc<Shared>) {
+    let queue = &shared.approvals;
+    let now = now_ms();
+    match queue.store.call(move |s| s.expire_due(now)).await {
+        Ok(expired) => {
+            for approval in expired {
+                tracing::info!(approval = %approval.id, "approval expired without a decision");
+                queue.record(
+                    &approval,
+                    "expired",
+                    "deny",
+                    Some("approval_expired"),
+                    "the deadline passed without a decision".into(),
+                    None,
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "expiring approvals failed"),
+    }
+    let ttl_ms = queue.config.ttl.as_millis() as i64;
+    match queue.store.call(move |s| s.renotify_due(now, ttl_ms)).await {
+        Ok(due) => {
+            let recipients = queue.notifier.recipients(&queue.config);
+            for approval in due {
+                let (id, round) = (approval.id.clone(), approval.rounds);
+                let owed = recipients.clone();
+                let enqueued = queue
+                    .store
+                    .call(move |s| {
+                        for (channel, recipient) in &owed {
+                            s.enqueue(&id, channel, recipient, round, now)?;
+                        }
+                        Ok(())
+                    })
+                    .await;
+                if let Err(e) = enqueued {
+                    tracing::error!(error = %e, "owing a reminder failed");
+                }
+                queue.record(
+                    &approval,
+                    "reminded",
+                    "escalate",
+                    None,
+                    format!(
+                        "still pending after {}; approvers notified again (round {round})",
+                        humantime::format_duration(queue.config.ttl)
+                    ),
+                    None,
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "starting reminder rounds failed"),
+    }
+    match queue.store.call(|s| s.approved()).await {
+        Ok(ids) => {
+            for id in ids {
+                // Claimed inside: a decision's own task racing this one is harmless.
+                tokio::spawn(execute::run(shared.clone(), id));
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "listing approved requests failed"),
+    }
+    notify::deliver_due(queue).await;
+    let _ = queue.refresh_gauges().await;
+}

@@ -1,0 +1,506 @@
+//! The approvers' side of the queue on the control listener:
+//!
+//! - admin API (`Authorization: Bearer <admin token>`): `GET /v1/approvals`,
+//!   `GET /v1/approvals/{id}`, `POST /v1/approvals/{id}/approve|deny` (the CLI calls these),
+//!   `POST /v1/approvals/{id}/link` (a review link for one approver);
+//! - the review page behind a signed link: `GET`/`HEAD /approve/<token>` only show,
+//!   `POST /approve/<token>` decides (mail scanners prefetch links; a GET never changes
+//!   anything);
+//! - Slack's interactive callbacks, `POST /v1/slack/interactions`, verified with the
+//!   signing secret over the raw body and refused when replayed.
+//!
+//! Whoever decides, [`crate::approvals::ApprovalQueue::may_decide`] says whether they may;
+//! an approval it lets through starts executing at once.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{problem, Reply};
+use crate::approvals::slack_callback;
+use crate::approvals::store::DecideError;
+use crate::approvals::{execute, page, Approval, Channel, Status, Verdict};
+use crate::body::{full, ProxyBody};
+use crate::server::Shared;
+use crate::store::now_ms;
+
+/// Largest form or callback body read.
+const MAX_FORM: usize = 64 * 1024;
+
+/// `GET /v1/approvals?status=&session=&limit=`.
+pub async fn list(shared: &Shared, query: &str) -> Reply {
+    let mut status = None;
+    let mut session = None;
+    let mut limit = 100usize;
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "status" => match Status::parse(&value) {
+                Some(s) => status = Some(s),
+                None => {
+                    return problem(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        format!("unknown status {value:?}"),
+                    )
+                }
+            },
+            "session" => session = Some(value.into_owned()),
+            "limit" => limit = value.parse().unwrap_or(100).clamp(1, 10_000),
+            _ => {}
+        }
+    }
+    let listed = shared
+        .approvals
+        .store
+        .call(move |s| s.list(status, session.as_deref(), limit))
+        .await;
+    let counts = shared.approvals.refresh_gauges().await;
+    match (listed, counts) {
+        (Ok(approvals), Ok(counts)) => Reply(
+            StatusCode::OK,
+            json!({
+                "approvals": approvals.iter().map(summary).collect::<Vec<_>>(),
+                "counts": {
+                    "pending": counts.pending,
+                    "approved": counts.approved,
+                    "executing": counts.executing,
+                    "failing_notifications": counts.failing_deliveries,
+                },
+            }),
+        ),
+        (Err(e), _) | (_, Err(e)) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        ),
+    }
+}
+
+/// One approval, or the problem to answer instead.
+async fn load(shared: &Shared, id: &str) -> Result<Approval, Reply> {
+    match shared.approvals.get(id).await {
+        Ok(Some(a)) => Ok(a),
+        Ok(None) => Err(problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no approval {id}"),
+        )),
+        Err(e) => Err(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        )),
+    }
+}
+
+/// One line of a list.
+fn summary(a: &Approval) -> serde_json::Value {
+    json!({
+        "approval_id": a.id,
+        "status": a.status.as_str(),
+        "summary": a.summary(),
+        "tool": a.observed.tool,
+        "agent": a.agent,
+        "session": a.session,
+        "created_ms": a.created_ms,
+        "deadline_ms": a.deadline_ms,
+        "approver": a.approver,
+    })
+}
+
+/// `GET /v1/approvals/{id}`: everything, including notification delivery state.
+pub async fn show(shared: &Shared, id: &str) -> Reply {
+    let approval = match load(shared, id).await {
+        Ok(a) => a,
+        Err(reply) => return reply,
+    };
+    let deliveries = {
+        let id = id.to_owned();
+        shared
+            .approvals
+            .store
+            .call(move |s| s.deliveries_of(&id))
+            .await
+            .unwrap_or_default()
+    };
+    let mut body = serde_json::to_value(&approval).unwrap_or_default();
+    body["approval_id"] = json!(approval.id);
+    body["idempotency_key"] = json!(approval.idempotency_key());
+    body["notifications"] = json!(deliveries);
+    Reply(StatusCode::OK, body)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecideBody {
+    approver: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// `POST /v1/approvals/{id}/approve|deny` with `{"approver": "...", "reason": "..."}`.
+pub async fn decide_api(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    id: &str,
+    verdict: Verdict,
+) -> Reply {
+    let body: DecideBody = match super::read_json(req).await {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    match decide(
+        shared,
+        id,
+        verdict,
+        &body.approver,
+        Channel::Api,
+        body.reason,
+        None,
+    )
+    .await
+    {
+        Ok(a) => Reply(StatusCode::OK, summary(&a)),
+        Err(e) => decide_problem(&e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkBody {
+    approver: String,
+}
+
+/// `POST /v1/approvals/{id}/link` with `{"approver": "..."}`: a review link for one
+/// approver (the CLI prints it; email and Slack carry their own).
+pub async fn link(shared: &Shared, req: Request<Incoming>, id: &str) -> Reply {
+    let body: LinkBody = match super::read_json(req).await {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    let approval = match load(shared, id).await {
+        Ok(a) => a,
+        Err(reply) => return reply,
+    };
+    if let Err(e) = shared.approvals.may_decide(&approval, &body.approver) {
+        return decide_problem(&e);
+    }
+    Reply(
+        StatusCode::OK,
+        json!({ "url": shared.approvals.link(&approval, &body.approver) }),
+    )
+}
+
+/// Decide, and start executing what was approved.
+async fn decide(
+    shared: &Arc<Shared>,
+    id: &str,
+    verdict: Verdict,
+    approver: &str,
+    channel: Channel,
+    reason: Option<String>,
+    nonce: Option<String>,
+) -> Result<Approval, DecideError> {
+    let decided = shared
+        .approvals
+        .decide(id, verdict, approver, channel, reason, nonce)
+        .await?;
+    if decided.status == Status::Approved {
+        tokio::spawn(execute::run(shared.clone(), decided.id.clone()));
+    }
+    Ok(decided)
+}
+
+fn decide_problem(e: &DecideError) -> Reply {
+    let (status, kind) = match e {
+        DecideError::Unknown(_) => (StatusCode::NOT_FOUND, "not_found"),
+        DecideError::NotPending(_) => (StatusCode::CONFLICT, "not_pending"),
+        DecideError::LinkUsed => (StatusCode::GONE, "link_used"),
+        DecideError::NotApprover(_) | DecideError::SelfApproval => {
+            (StatusCode::FORBIDDEN, "not_an_approver")
+        }
+        DecideError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+    };
+    problem(status, kind, e.to_string())
+}
+
+/// An HTML response with the page's security headers.
+fn html(status: StatusCode, text: String, head_only: bool) -> Response<ProxyBody> {
+    let len = text.len();
+    let mut response = Response::new(if head_only {
+        crate::body::empty()
+    } else {
+        full(text)
+    });
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in page::security_headers() {
+        headers.insert(name, value);
+    }
+    headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
+    response
+}
+
+/// `GET`, `HEAD` and `POST /approve/<token>`.
+pub async fn review(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    token: &str,
+) -> Response<ProxyBody> {
+    let head_only = req.method() == Method::HEAD;
+    let refuse =
+        |status, title: &str, message: &str| html(status, page::outcome(title, message), head_only);
+    let claims = match shared.approvals.verify_link(token) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::info!(error = %e, "review link refused");
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "This link is not valid",
+                &format!("{e}. Ask for a new link (ostiary approvals show)."),
+            );
+        }
+    };
+    let approval = match shared.approvals.get(&claims.approval_id).await {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                "No such approval",
+                "This link names an approval that does not exist.",
+            )
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reading an approval for the review page failed");
+            return refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Something went wrong",
+                "The approval could not be read; try again.",
+            );
+        }
+    };
+    if let Err(e) = shared.approvals.may_decide(&approval, &claims.approver) {
+        return refuse(StatusCode::FORBIDDEN, "Not an approver", &e.to_string());
+    }
+    let used = {
+        let nonce = claims.nonce.clone();
+        shared
+            .approvals
+            .store
+            .call(move |s| s.link_used(&nonce))
+            .await
+            .unwrap_or(true)
+    };
+    match *req.method() {
+        Method::GET | Method::HEAD => {
+            if used && approval.status == Status::Pending {
+                return refuse(
+                    StatusCode::GONE,
+                    "This link was already used",
+                    "Each link decides once. Ask for a new link.",
+                );
+            }
+            let action = format!("/approve/{token}");
+            html(
+                StatusCode::OK,
+                page::review(&approval, &claims.approver, &action),
+                head_only,
+            )
+        }
+        Method::POST => {
+            let bytes = match read_form(req).await {
+                Ok(b) => b,
+                Err(message) => {
+                    return refuse(StatusCode::BAD_REQUEST, "Bad request", &message);
+                }
+            };
+            let (verdict, reason) = match page::parse_form(&bytes) {
+                Ok(v) => v,
+                Err(message) => {
+                    return refuse(StatusCode::BAD_REQUEST, "Bad request", &message);
+                }
+            };
+            match decide(
+                shared,
+                &approval.id,
+                verdict,
+                &claims.approver,
+                Channel::Page,
+                reason,
+                Some(claims.nonce),
+            )
+            .await
+            {
+                Ok(decided) => {
+                    let (title, message) = match verdict {
+                        Verdict::Approve => (
+                            "Approved",
+                            format!(
+                                "{} was approved; it runs once now. The agent receives the result.",
+                                decided.summary()
+                            ),
+                        ),
+                        Verdict::Deny => (
+                            "Denied",
+                            format!("{} was denied; it will not run.", decided.summary()),
+                        ),
+                    };
+                    html(StatusCode::OK, page::outcome(title, &message), false)
+                }
+                Err(e) => {
+                    let Reply(status, _) = decide_problem(&e);
+                    refuse(status, "Not recorded", &e.to_string())
+                }
+            }
+        }
+        _ => {
+            let mut response = refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "Use the buttons on the page.",
+            );
+            response.headers_mut().insert(
+                http::header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST"),
+            );
+            response
+        }
+    }
+}
+
+async fn read_form(req: Request<Incoming>) -> Result<Bytes, String> {
+    Limited::new(req.into_body(), MAX_FORM)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| format!("body: {e}"))
+}
+
+/// `POST /v1/slack/interactions`.
+pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
+    let config = &shared.config.approvals;
+    let secret = std::env::var(&config.slack_signing_secret_env)
+        .ok()
+        .filter(|s| !s.is_empty());
+    let Some(secret) = secret else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "Slack callbacks are not configured (no signing secret)",
+        );
+    };
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let timestamp = header("x-slack-request-timestamp");
+    let signature = header("x-slack-signature");
+    let form = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    let body = match read_form(req).await {
+        Ok(b) => b,
+        Err(m) => return problem(StatusCode::BAD_REQUEST, "bad_request", m),
+    };
+    let now_secs = now_ms() / 1000;
+    if let Err(e) =
+        slack_callback::verify(secret.as_bytes(), &timestamp, &signature, &body, now_secs)
+    {
+        tracing::warn!(error = %e, "slack callback refused");
+        return problem(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string());
+    }
+    // A valid signature seen before is a replay, even within the 5-minute window.
+    let fresh = {
+        let signature = signature.clone();
+        shared
+            .approvals
+            .store
+            .call(move |s| s.slack_first_seen(&signature, now_ms()))
+            .await
+    };
+    match fresh {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!("slack callback replayed");
+            return problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "this callback was already received (replay)",
+            );
+        }
+        Err(e) => {
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            )
+        }
+    }
+    if !form {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "Slack callbacks are application/x-www-form-urlencoded",
+        );
+    }
+    let action = match slack_callback::parse(&body) {
+        Ok(a) => a,
+        // A "Review as …" link button also reports its click here; the page it opened is
+        // where that approver decides.
+        Err(slack_callback::CallbackError::UnknownAction(id)) if id.starts_with("review-") => {
+            return Reply(StatusCode::OK, json!({ "text": "opened the review page" }))
+        }
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+    };
+    let Some(approver) = config.slack_users.get(&action.user_id) else {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "not_an_approver",
+            format!(
+                "Slack user {} is not mapped to an approver (approvals.slack_users)",
+                action.user_id
+            ),
+        );
+    };
+    match decide(
+        shared,
+        &action.approval_id,
+        action.verdict,
+        approver,
+        Channel::Slack,
+        None,
+        None,
+    )
+    .await
+    {
+        Ok(a) => Reply(
+            StatusCode::OK,
+            json!({
+                "text": format!("{} {} by {approver}", a.summary(), match action.verdict {
+                    Verdict::Approve => "approved",
+                    Verdict::Deny => "denied",
+                }),
+                "approval_id": a.id,
+                "status": a.status.as_str(),
+            }),
+        ),
+        Err(e) => decide_problem(&e),
+    }
+}
+
+/// The review page path's token, if `path` is one.
+pub fn review_token(path: &str) -> Option<&str> {
+    let token = path.strip_prefix("/approve/")?;
+    (!token.is_empty() && !token.contains('/')).then_some(token)
+}

@@ -1,0 +1,397 @@
+//! Phase `escalate`: a request policy would allow with a human's approval is held in the
+//! approval queue (202 `approval_pending`), and the agent collects the outcome later.
+//!
+//! Three entry points, all on the proxy listener:
+//! - [`hold`] — after `evaluate` escalated: store the request (without the agent's
+//!   credentials), owe notifications, answer 202 with `Ostiary-Approval: <id>`.
+//! - [`redeem`] — the agent re-sends the same request with `Ostiary-Approval: <id>`: the
+//!   fingerprint (method, URL, body digest) must match and the approval must be this
+//!   session's; the answer is the stored upstream response once executed, the refusal if
+//!   denied or expired, or 202 again while it waits (`Prefer: wait=<s>` blocks up to `s`).
+//! - [`status`] — `GET /v1/approvals/<id>` on the proxy listener (the `status_url`): the
+//!   same facts as JSON, for the session that made the request. The control listener stays
+//!   unreachable through the proxy; this is the agent's only window on the queue.
+
+use std::time::Duration;
+
+use http::header::{HeaderValue, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
+use http::{HeaderMap, Request, Response, StatusCode};
+use ostiary_policies::Action;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::approvals::{Approval, HeldRequest, Observed, Status};
+use crate::body::{self, ProxyBody};
+use crate::classify::Target;
+use crate::error::ProxyError;
+use crate::recognise;
+use crate::respond::{self, APPROVAL};
+use crate::server::Shared;
+use crate::session::Principal;
+use crate::store::now_ms;
+
+/// Headers never stored with a held request: the agent's own credentials (the broker's are
+/// injected at execution) and anything addressed to the proxy.
+fn storable(name: &str) -> bool {
+    !(name == AUTHORIZATION.as_str()
+        || name == COOKIE.as_str()
+        || name.starts_with("proxy-")
+        || name == APPROVAL
+        || name == "prefer"
+        || name == "host"
+        || name == "content-length"
+        || name == "transfer-encoding"
+        || name == "connection"
+        || name == "keep-alive"
+        || name == "te"
+        || name == "upgrade")
+}
+
+/// Hex SHA-256.
+fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Hold an escalated tool call. Returns the 202 refusal the pipeline answers with.
+#[allow(clippy::too_many_arguments)]
+pub async fn hold(
+    shared: &Shared,
+    principal: &Principal,
+    target: &Target,
+    req: &mut Request<ProxyBody>,
+    policies: Vec<String>,
+    action: Action,
+    tier: Option<String>,
+    request_id: &str,
+) -> Result<(String, ProxyError), ProxyError> {
+    let config = &shared.config.approvals;
+    let body = match recognise::read_body(req, config.max_body_bytes).await {
+        Err(ProxyError::BodyTooLarge { limit }) => {
+            return Err(ProxyError::ApprovalBodyTooLarge { limit })
+        }
+        other => other?,
+    };
+    let url = target.upstream_uri()?.to_string();
+    let headers = req
+        .headers()
+        .iter()
+        .filter(|(name, _)| storable(name.as_str()))
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    let observed = observe(target, &action, tier);
+    let now = now_ms();
+    let approval = Approval {
+        id: crate::approvals::queue::ApprovalQueue::new_id(),
+        status: Status::Pending,
+        created_ms: now,
+        deadline_ms: now + config.deadline.as_millis() as i64,
+        renotify_ms: now + config.ttl.as_millis() as i64,
+        rounds: 1,
+        session: principal.session_id.clone(),
+        agent: principal.agent.clone(),
+        tenant: principal.tenant.clone(),
+        request_id: request_id.to_owned(),
+        policies,
+        policy_generation: shared.policies.generation(),
+        request: HeldRequest {
+            method: target.method.to_string(),
+            url,
+            headers,
+            body_digest: digest(&body),
+            body: body.to_vec(),
+        },
+        observed,
+        approver: None,
+        channel: None,
+        decided_ms: None,
+        reason: None,
+        attempts: 0,
+        result: None,
+    };
+    let approval = shared
+        .approvals
+        .hold(approval)
+        .await
+        .map_err(|e| ProxyError::Internal {
+            reason: format!("storing the approval: {e}"),
+        })?;
+    tracing::info!(approval = %approval.id, tool = ?approval.observed.tool, "request held for approval");
+    Ok((approval.id.clone(), pending(shared, &approval)))
+}
+
+/// What the approver is shown: the proxy's own reading of the request.
+fn observe(target: &Target, action: &Action, tier: Option<String>) -> Observed {
+    let mut observed = Observed {
+        host: target.host.to_string(),
+        port: target.port,
+        scheme: target.scheme.to_owned(),
+        action: action.uid_text(),
+        tier,
+        ..Default::default()
+    };
+    if let Action::Tool {
+        name,
+        args,
+        impact_records,
+        cost_micros,
+        ..
+    } = action
+    {
+        observed.resource = format!("Ostiary::Tool::{name:?}");
+        observed.tool = Some(name.clone());
+        observed.args_hash = serde_json::to_vec(args).ok().map(|b| digest(&b));
+        observed.args = Some(args.clone());
+        observed.records = Some(*impact_records);
+        observed.cost = Some(*cost_micros as f64 / 1_000_000.0);
+    } else {
+        observed.resource = format!("Ostiary::Host::{:?}", observed.host);
+    }
+    observed
+}
+
+/// The 202 for an approval still waiting (or approved and not yet executed).
+fn pending(shared: &Shared, approval: &Approval) -> ProxyError {
+    ProxyError::ApprovalPending {
+        approval_id: approval.id.clone(),
+        status_url: status_url(shared, &approval.id),
+        expires_at: rfc3339(approval.deadline_ms),
+        status: approval.status.as_str(),
+    }
+}
+
+fn status_url(shared: &Shared, id: &str) -> String {
+    format!("http://{}/v1/approvals/{id}", shared.proxy_addr())
+}
+
+fn rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `Prefer: wait=<seconds>` (RFC 7240), capped by the caller.
+pub fn prefer_wait(headers: &HeaderMap) -> Duration {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([',', ';']))
+        .filter_map(|p| p.trim().strip_prefix("wait="))
+        .filter_map(|s| s.trim().parse::<u64>().ok())
+        .next()
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The `Ostiary-Approval` header of a retry, if any.
+pub fn approval_header(headers: &HeaderMap) -> Option<Result<String, ProxyError>> {
+    let value = headers.get(APPROVAL)?;
+    Some(
+        value
+            .to_str()
+            .ok()
+            .filter(|v| v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .map(str::to_owned)
+            .ok_or_else(|| ProxyError::bad_request("Ostiary-Approval is not an approval id")),
+    )
+}
+
+/// Collect the outcome of approval `id` for a retry of the held request.
+pub async fn redeem(
+    shared: &Shared,
+    principal: &Principal,
+    target: &Target,
+    req: &mut Request<ProxyBody>,
+    id: &str,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mismatch = |reason| ProxyError::ApprovalMismatch {
+        approval_id: id.to_owned(),
+        reason,
+    };
+    let approval = lookup(shared, principal, id)
+        .await?
+        .ok_or(mismatch("approval_unknown"))?;
+    let body = match recognise::read_body(req, shared.config.approvals.max_body_bytes).await {
+        Err(ProxyError::BodyTooLarge { .. }) => return Err(mismatch("approval_mismatch")),
+        other => other?,
+    };
+    let url = target.upstream_uri()?.to_string();
+    if approval.request.method != target.method.as_str()
+        || approval.request.url != url
+        || approval.request.body_digest != digest(&body)
+    {
+        return Err(mismatch("approval_mismatch"));
+    }
+    let wait = prefer_wait(req.headers());
+    let approval = if approval.status.is_final() || wait.is_zero() {
+        approval
+    } else {
+        shared
+            .approvals
+            .wait(id, wait)
+            .await
+            .map_err(internal)?
+            .unwrap_or(approval)
+    };
+    outcome(shared, approval)
+}
+
+/// What the agent gets for an approval as it stands.
+fn outcome(shared: &Shared, approval: Approval) -> Result<Response<ProxyBody>, ProxyError> {
+    match approval.status {
+        Status::Pending | Status::Approved | Status::Executing => Err(pending(shared, &approval)),
+        Status::Executed => {
+            let stored = approval.result.ok_or_else(|| ProxyError::Internal {
+                reason: "an executed approval has no stored response".into(),
+            })?;
+            let mut response = Response::new(body::full(stored.body));
+            *response.status_mut() =
+                StatusCode::from_u16(stored.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            for (name, value) in &stored.headers {
+                if let (Ok(n), Ok(v)) = (
+                    http::header::HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_str(value),
+                ) {
+                    response.headers_mut().append(n, v);
+                }
+            }
+            if let Ok(v) = HeaderValue::from_str(&approval.id) {
+                response.headers_mut().insert(APPROVAL, v);
+            }
+            if stored.truncated {
+                response
+                    .headers_mut()
+                    .insert("ostiary-truncated", HeaderValue::from_static("true"));
+            }
+            Ok(response)
+        }
+        Status::Denied => Err(ProxyError::ApprovalDenied {
+            approval_id: approval.id,
+            approver: approval.approver.unwrap_or_default(),
+            reason: approval.reason,
+        }),
+        Status::Expired => Err(ProxyError::ApprovalExpired {
+            approval_id: approval.id,
+        }),
+        Status::Refused | Status::Failed => Err(ProxyError::ApprovalNotExecuted {
+            approval_id: approval.id,
+            status: approval.status.as_str(),
+            reason: approval.reason.unwrap_or_default(),
+        }),
+    }
+}
+
+/// This session's approval `id`; another session's is as unknown as a missing one.
+async fn lookup(
+    shared: &Shared,
+    principal: &Principal,
+    id: &str,
+) -> Result<Option<Approval>, ProxyError> {
+    let approval = shared.approvals.get(id).await.map_err(internal)?;
+    Ok(approval.filter(|a| a.session == principal.session_id))
+}
+
+fn internal(e: crate::store::StoreError) -> ProxyError {
+    ProxyError::Internal {
+        reason: format!("approval store: {e}"),
+    }
+}
+
+/// Whether a request on the proxy listener is the agent asking for an approval's status:
+/// `GET /v1/approvals/<id>`, origin-form (sent directly) or absolute-form naming the
+/// proxy's own address (sent through it). Returns the id.
+pub fn status_request<B>(shared: &Shared, req: &Request<B>) -> Option<String> {
+    let uri = req.uri();
+    let own = match uri.authority() {
+        None => uri.scheme().is_none(),
+        Some(authority) => {
+            uri.scheme_str() == Some("http")
+                && authority
+                    .as_str()
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|a| a == shared.proxy_addr())
+        }
+    };
+    if !own {
+        return None;
+    }
+    let id = uri.path().strip_prefix("/v1/approvals/")?;
+    (!id.is_empty() && !id.contains('/')).then(|| id.to_owned())
+}
+
+/// Answer `GET /v1/approvals/<id>` for the agent. Authenticated like any proxy request
+/// (`Proxy-Authorization`), or with `Authorization: Bearer <session token>` when the agent
+/// calls the proxy directly (clients skip the proxy for its own address).
+pub async fn status(
+    shared: &Shared,
+    req: Request<hyper::body::Incoming>,
+    id: &str,
+    request_id: &str,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    if req.method() != http::Method::GET {
+        return Err(ProxyError::bad_request("approval status is read with GET"));
+    }
+    let mut headers = req.headers().clone();
+    if !headers.contains_key(PROXY_AUTHORIZATION) {
+        if let Some(v) = headers.get(AUTHORIZATION).cloned() {
+            headers.insert(PROXY_AUTHORIZATION, v);
+        }
+    }
+    let principal = crate::authenticate::principal(&shared.sessions, &headers)?;
+    let wait = prefer_wait(req.headers());
+    let found = lookup(shared, &principal, id).await?;
+    let Some(found) = found else {
+        return Err(ProxyError::ApprovalMismatch {
+            approval_id: id.to_owned(),
+            reason: "approval_unknown",
+        });
+    };
+    let approval = if found.status.is_final() || wait.is_zero() {
+        found
+    } else {
+        shared
+            .approvals
+            .wait(id, wait)
+            .await
+            .map_err(internal)?
+            .unwrap_or(found)
+    };
+    Ok(respond::json_response(
+        StatusCode::OK,
+        &view(shared, &approval),
+        request_id,
+    ))
+}
+
+/// An approval as the agent may see it (no other approvers' links, no headers).
+pub fn view(shared: &Shared, a: &Approval) -> serde_json::Value {
+    let response = a.result.as_ref().map(|r| {
+        let mut out = json!({
+            "status": r.status,
+            "headers": r.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+            "truncated": r.truncated,
+        });
+        match std::str::from_utf8(&r.body) {
+            Ok(text) => out["body"] = json!(text),
+            Err(_) => {
+                use base64::Engine;
+                out["body_base64"] =
+                    json!(base64::engine::general_purpose::STANDARD.encode(&r.body));
+            }
+        }
+        out
+    });
+    json!({
+        "approval_id": a.id,
+        "status": a.status.as_str(),
+        "status_url": status_url(shared, &a.id),
+        "created_at": rfc3339(a.created_ms),
+        "expires_at": rfc3339(a.deadline_ms),
+        "tool": a.observed.tool,
+        "method": a.request.method,
+        "url": a.request.url,
+        "approver": a.approver,
+        "decided_at": a.decided_ms.map(rfc3339),
+        "reason": a.reason,
+        "response": response,
+    })
+}
