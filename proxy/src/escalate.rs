@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::approvals::{Approval, HeldRequest, Observed, Status};
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
-use crate::error::ProxyError;
+use crate::error::{McpRefusal, ProxyError};
 use crate::recognise;
 use crate::respond::{self, APPROVAL};
 use crate::server::Shared;
@@ -71,14 +71,64 @@ pub async fn hold(
         }
         other => other?,
     };
+    let held = Held {
+        policies,
+        action,
+        tier,
+        rpc_id: None,
+    };
+    hold_body(
+        shared,
+        principal,
+        target,
+        req.headers(),
+        &body,
+        held,
+        request_id,
+    )
+    .await
+}
+
+/// What policy decided about a request to be held.
+#[derive(Debug)]
+pub struct Held {
+    pub policies: Vec<String>,
+    pub action: Action,
+    pub tier: Option<String>,
+    /// The JSON-RPC id of an MCP `tools/call` (its body is that one call).
+    pub rpc_id: Option<serde_json::Value>,
+}
+
+/// Hold a request whose body is in hand (an MCP call taken out of its batch).
+pub async fn hold_body(
+    shared: &Shared,
+    principal: &Principal,
+    target: &Target,
+    headers: &HeaderMap,
+    body: &[u8],
+    held: Held,
+    request_id: &str,
+) -> Result<(String, ProxyError), ProxyError> {
+    let config = &shared.config.approvals;
+    if body.len() > config.max_body_bytes {
+        return Err(ProxyError::ApprovalBodyTooLarge {
+            limit: config.max_body_bytes,
+        });
+    }
+    let Held {
+        policies,
+        action,
+        tier,
+        rpc_id,
+    } = held;
     let url = target.upstream_uri()?.to_string();
-    let headers = req
-        .headers()
+    let headers = headers
         .iter()
         .filter(|(name, _)| storable(name.as_str()))
         .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
-    let observed = observe(target, &action, tier);
+    let mut observed = observe(target, &action, tier);
+    observed.rpc_id = rpc_id;
     let now = now_ms();
     let approval = Approval {
         id: crate::approvals::queue::ApprovalQueue::new_id(),
@@ -97,7 +147,7 @@ pub async fn hold(
             method: target.method.to_string(),
             url,
             headers,
-            body_digest: digest(&body),
+            body_digest: digest(body),
             body: body.to_vec(),
         },
         observed,
@@ -195,31 +245,65 @@ pub fn approval_header(headers: &HeaderMap) -> Option<Result<String, ProxyError>
     )
 }
 
-/// Collect the outcome of approval `id` for a retry of the held request.
+/// Collect the outcome of approval `id` for a retry of the held request. `None`: the
+/// request is not a collection after all (another message of an MCP session that carries
+/// the header throughout) and goes through the pipeline as usual.
 pub async fn redeem(
     shared: &Shared,
     principal: &Principal,
     target: &Target,
     req: &mut Request<ProxyBody>,
     id: &str,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Option<Response<ProxyBody>>, ProxyError> {
     let mismatch = |reason| ProxyError::ApprovalMismatch {
         approval_id: id.to_owned(),
         reason,
     };
-    let approval = lookup(shared, principal, id)
-        .await?
-        .ok_or(mismatch("approval_unknown"))?;
+    let approval = lookup(shared, principal, id).await?;
     let body = match recognise::read_body(req, shared.config.approvals.max_body_bytes).await {
         Err(ProxyError::BodyTooLarge { .. }) => return Err(mismatch("approval_mismatch")),
         other => other?,
     };
     let url = target.upstream_uri()?.to_string();
-    if approval.request.method != target.method.as_str()
-        || approval.request.url != url
-        || approval.request.body_digest != digest(&body)
-    {
-        return Err(mismatch("approval_mismatch"));
+    // An MCP call is answered as MCP clients expect: JSON-RPC, under the retry's own id.
+    let rpc = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .filter(|m| m.get("method").and_then(|v| v.as_str()) == Some("tools/call"))
+        .and_then(|m| Some((m.get("id")?.clone(), m)));
+    let as_mcp = |err: ProxyError| match &rpc {
+        Some((rpc_id, _)) => ProxyError::McpRefused {
+            replies: vec![McpRefusal {
+                id: rpc_id.clone(),
+                error: err,
+            }],
+            batch: false,
+        },
+        None => err,
+    };
+    let Some(approval) = approval else {
+        return Err(as_mcp(mismatch("approval_unknown")));
+    };
+    // An MCP client sets headers per session, not per call: the header rides along on
+    // `initialize`, notifications and the like, which are not collections. They go on as
+    // usual, body restored and header dropped.
+    if approval.observed.rpc_id.is_some() && rpc.is_none() {
+        *req.body_mut() = body::full(body);
+        req.headers_mut().remove(APPROVAL);
+        return Ok(None);
+    }
+    let same = approval.request.method == target.method.as_str()
+        && approval.request.url == url
+        && match (&approval.observed.rpc_id, &rpc) {
+            // A client numbers its requests afresh: the call is compared without its id.
+            (Some(_), Some((_, message))) => {
+                serde_json::from_slice::<serde_json::Value>(&approval.request.body)
+                    .is_ok_and(|held| without_id(&held) == without_id(message))
+            }
+            (Some(_), None) => false,
+            (None, _) => approval.request.body_digest == digest(&body),
+        };
+    if !same {
+        return Err(as_mcp(mismatch("approval_mismatch")));
     }
     let wait = prefer_wait(req.headers());
     let approval = if approval.status.is_final() || wait.is_zero() {
@@ -232,7 +316,48 @@ pub async fn redeem(
             .map_err(internal)?
             .unwrap_or(approval)
     };
-    outcome(shared, approval)
+    match (&approval.observed.rpc_id, rpc) {
+        (Some(_), Some((rpc_id, _))) => match outcome(shared, approval) {
+            Ok(response) => Ok(Some(with_rpc_id(response, &rpc_id).await)),
+            Err(err) => Err(ProxyError::McpRefused {
+                replies: vec![McpRefusal {
+                    id: rpc_id,
+                    error: err,
+                }],
+                batch: false,
+            }),
+        },
+        _ => outcome(shared, approval).map(Some),
+    }
+}
+
+fn without_id(message: &serde_json::Value) -> serde_json::Value {
+    let mut message = message.clone();
+    if let Some(object) = message.as_object_mut() {
+        object.remove("id");
+    }
+    message
+}
+
+/// The stored JSON-RPC answer, under the id of the retry that collects it.
+async fn with_rpc_id(
+    response: Response<ProxyBody>,
+    rpc_id: &serde_json::Value,
+) -> Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    let (mut parts, stored) = response.into_parts();
+    let bytes = match stored.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Response::from_parts(parts, body::empty()),
+    };
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(mut message) if message.is_object() => {
+            message["id"] = rpc_id.clone();
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            Response::from_parts(parts, body::full(message.to_string()))
+        }
+        _ => Response::from_parts(parts, body::full(bytes)),
+    }
 }
 
 /// What the agent gets for an approval as it stands.

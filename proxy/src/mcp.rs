@@ -17,6 +17,9 @@
 //!   client sends back to server requests): decided once, as `Action::"http"` on the
 //!   endpoint's host — the same decision the request would get without the catalog.
 //!
+//! A call policy escalates is listed in [`Plan::escalated`]; the pipeline holds it in the
+//! approval queue as that one call and its refusal becomes `approval_pending` (`-32002`).
+//!
 //! Refused calls are never forwarded. A lone refused call, or a batch whose calls are all
 //! refused, is answered by the proxy ([`ProxyError::McpRefused`], rendered in
 //! [`crate::respond`]). A batch with some allowed messages is forwarded without the refused
@@ -35,7 +38,7 @@ use serde_json::{Map, Value};
 
 use crate::classify::Target;
 use crate::error::{McpRefusal, ProxyError};
-use crate::evaluate;
+use crate::evaluate::{self, Verdict};
 use crate::metrics::Metrics;
 use crate::session::Principal;
 
@@ -202,13 +205,15 @@ pub struct Asker<'a> {
 }
 
 impl Asker<'_> {
-    /// Decide a call of the MCP tool `name` on `endpoint` with `args`.
+    /// Decide a call of the MCP tool `name` on `endpoint` with `args`; `approval` is the
+    /// approver of a held call being executed.
     pub fn call(
         &self,
         endpoint: &Endpoint,
         name: &str,
         args: Value,
-    ) -> Result<Vec<String>, ProxyError> {
+        approval: Option<String>,
+    ) -> Result<Verdict, ProxyError> {
         let Some(tool) = endpoint.tool(self.engine.catalog(), name) else {
             return Err(unknown_tool(self.target, name));
         };
@@ -216,12 +221,12 @@ impl Asker<'_> {
             name: tool.name().to_owned(),
             impact_records: tool.impact_records(&args).unwrap_or(0),
             cost_micros: tool.cost_micros(),
-            // As for REST calls: session counters and approvals arrive with their issues.
+            // As for REST calls: session counters arrive with their issue.
             session: SessionState::default(),
-            approval: None,
+            approval,
             args,
         };
-        evaluate::decide(
+        evaluate::decide_or_escalate(
             self.engine,
             self.metrics,
             self.principal,
@@ -269,6 +274,24 @@ pub struct Plan {
     pub tools: Vec<String>,
     /// Every `tools/call`, in order, with its decision: one `mcp_call` record each.
     pub calls: Vec<DecidedCall>,
+    /// Calls policy escalated, to be held for approval: their refusal (in `refused`) and
+    /// decision (in `calls`) say `approval_required` until the pipeline holds them.
+    pub escalated: Vec<Escalated>,
+}
+
+/// A `tools/call` that a human's approval would allow.
+#[derive(Debug)]
+pub struct Escalated {
+    /// Index of its refusal in [`Plan::refused`] (`None` for a notification, which no one
+    /// could collect: it is refused, not held).
+    pub refusal: Option<usize>,
+    /// Index of its decision in [`Plan::calls`].
+    pub call: usize,
+    /// The JSON-RPC message as the agent sent it: what is held and later sent alone.
+    pub message: Value,
+    pub policies: Vec<String>,
+    pub action: Action,
+    pub tier: String,
 }
 
 /// One decided `tools/call`: what its own audit record needs, never its arguments.
@@ -285,6 +308,17 @@ pub struct DecidedCall {
 }
 
 impl Exchange {
+    /// The one `tools/call` of a body holding exactly that (a held call being executed):
+    /// its id, the agent's tool name and arguments.
+    pub fn single_call(&self) -> Option<(Option<&Value>, &str, &Value)> {
+        match self.messages.as_slice() {
+            [(_, Kind::Call { id, name, args })] if !self.batch => {
+                Some((id.as_ref(), name.as_str(), args))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether any message is decided as `Action::"http"` (everything but `tools/call`).
     pub fn needs_http(&self) -> bool {
         self.messages
@@ -308,6 +342,7 @@ impl Exchange {
             policies: Vec::new(),
             tools: Vec::new(),
             calls: Vec::new(),
+            escalated: Vec::new(),
         };
         let mut kept = Vec::with_capacity(self.messages.len());
         for (value, kind) in self.messages {
@@ -319,7 +354,30 @@ impl Exchange {
                     if let Some((name, _)) = &tool {
                         plan.tools.push(name.clone());
                     }
-                    let outcome = asker.call(endpoint, &name, args);
+                    let outcome = match asker.call(endpoint, &name, args, None) {
+                        Ok(Verdict::Allow(policies)) => Ok(policies),
+                        Ok(Verdict::Escalate { policies, action }) => {
+                            let refused = ProxyError::ApprovalRequired {
+                                policies: policies.clone(),
+                                action: action.uid_text(),
+                                resource: format!(
+                                    "{}::Tool::{:?}",
+                                    ostiary_policies::schema::NAMESPACE,
+                                    action.id().trim_start_matches("tool:")
+                                ),
+                            };
+                            plan.escalated.push(Escalated {
+                                refusal: id.as_ref().map(|_| plan.refused.len()),
+                                call: plan.calls.len(),
+                                message: value.clone(),
+                                policies,
+                                action,
+                                tier: tool.as_ref().map(|t| t.1.clone()).unwrap_or_default(),
+                            });
+                            Err(refused)
+                        }
+                        Err(e) => Err(e),
+                    };
                     match &outcome {
                         Ok(policies) => {
                             plan.policies.extend(policies.iter().cloned());

@@ -134,11 +134,16 @@ async fn run(
 
     // escalate (collect) — a retry carrying `Ostiary-Approval` only collects the outcome of
     // a request held earlier: it was decided when held and is decided again when executed,
-    // so it is not recognised or evaluated here, and nothing is forwarded for it.
+    // so it is not recognised or evaluated here, and nothing is forwarded for it. (An MCP
+    // session's other messages carrying the header go on below, without it.)
     if let Some(id) = escalate::approval_header(req.headers()) {
         let id = id?;
-        audit.update(|r| r.approval = Some(id.clone()));
-        return escalate::redeem(shared, &principal, &target, &mut req, &id).await;
+        if let Some(collected) =
+            escalate::redeem(shared, &principal, &target, &mut req, &id).await?
+        {
+            audit.update(|r| r.approval = Some(id));
+            return Ok(collected);
+        }
     }
 
     let call = match recognise::route(engine.catalog(), &target) {
@@ -250,7 +255,37 @@ async fn run(
             principal: &principal,
             target: &target,
         };
-        let plan = exchange.decide(&endpoint, asker, bytes)?;
+        let mut plan = exchange.decide(&endpoint, asker, bytes)?;
+        // escalate (hold) — each escalated call on its own, as the single call it is, so it
+        // can be executed alone once approved; its refusal becomes `approval_pending`.
+        for escalated in std::mem::take(&mut plan.escalated) {
+            let Some(refusal) = escalated.refusal else {
+                continue;
+            };
+            let body =
+                serde_json::to_vec(&escalated.message).map_err(|e| ProxyError::Internal {
+                    reason: format!("serializing a held MCP call: {e}"),
+                })?;
+            let held = escalate::Held {
+                policies: escalated.policies,
+                action: escalated.action,
+                tier: Some(escalated.tier),
+                rpc_id: escalated.message.get("id").cloned(),
+            };
+            let (id, pending) = escalate::hold_body(
+                shared,
+                &principal,
+                &target,
+                req.headers(),
+                &body,
+                held,
+                request_id,
+            )
+            .await?;
+            audit.update(|r| r.approval = Some(id));
+            plan.refused[refusal].error = pending.clone();
+            plan.calls[escalated.call].outcome = Err(pending);
+        }
         // A batch's calls each get a record of their own: the request's record can name one
         // tool and one outcome, and a refused call in a forwarded batch would be invisible.
         // Written now, at the decision, so that they stand whatever happens upstream.

@@ -78,5 +78,12 @@ def emit(obj):
 
 
 def fail(exc):
-    emit({"error": f"{type(exc).__name__}: {exc}"})
+    # An ExceptionGroup (anyio task groups) says nothing by itself: name what is inside.
+    def leaves(e):
+        inner = getattr(e, "exceptions", None)
+        return [x for i in inner for x in leaves(i)] if inner else [e]
+
+    found = leaves(exc)
+    detail = "; ".join(f"{type(e).__name__}: {e}" for e in found) if found != [exc] else ""
+    emit({"error": f"{type(exc).__name__}: {exc}" + (f" [{detail}]" if detail else "")})
     return EXIT_CONNECTION_FAILED

@@ -147,6 +147,7 @@ fn approval(status: Status) -> Approval {
             args_hash: None,
             records: Some(1),
             cost: None,
+            rpc_id: None,
         },
         approver: None,
         channel: None,

@@ -240,12 +240,25 @@ async fn the_sdk_client_sees_decisions_per_call_and_a_filtered_list() {
 
     let escalated = &calls[2]["error"];
     assert_eq!(escalated["code"], -32002, "{out}");
-    assert_eq!(escalated["data"]["error"], "approval_required", "{out}");
-    assert_eq!(
-        escalated["data"]["policies"],
-        json!(["irreversible-needs-human"]),
+    assert_eq!(escalated["data"]["error"], "approval_pending", "{out}");
+    assert!(
+        escalated["data"]["approval_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("apr_")),
         "{out}"
     );
+    let held = rig
+        .proxy
+        .control()
+        .approval(escalated["data"]["approval_id"].as_str().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        held["policies"],
+        json!(["irreversible-needs-human"]),
+        "{held}"
+    );
+    assert_eq!(held["observed"]["tool"], "files.delete", "{held}");
 
     // The refusal is audited as one, under the id the agent saw.
     let record = rig.proxy.audit_of(&request_id).await;
@@ -433,4 +446,92 @@ fn sse_messages(reply: &Reply) -> Vec<Value> {
         .filter(|d| !d.trim().is_empty())
         .map(|d| serde_json::from_str(d.trim()).unwrap_or_else(|e| panic!("{e}: {reply}")))
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalated_call_is_held_then_collected_by_the_sdk_client_once_approved() {
+    // Stateless: the held call is executed later, outside the MCP session that sent it.
+    let rig = Rig::start(&["--stateless"]).await;
+    let env: Vec<(&str, &str)> = rig
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let delete = ["delete_file", r#"{"path": "/notes.txt"}"#];
+    let out = python(
+        client_script("mcp_client.py"),
+        &[&rig.server.url(), delete[0], delete[1]],
+        &env,
+    )
+    .await;
+    assert!(out.success(), "{out}");
+    let held = &out.json()["calls"][0]["error"];
+    assert_eq!(held["code"], -32002, "{out}");
+    assert_eq!(held["data"]["error"], "approval_pending", "{out}");
+    let id = held["data"]["approval_id"].as_str().unwrap().to_owned();
+
+    // Collecting before the decision: still pending, as a JSON-RPC error the SDK raises.
+    let header = format!("Ostiary-Approval: {id}");
+    let early = python(
+        client_script("mcp_client.py"),
+        &["--header", &header, &rig.server.url(), delete[0], delete[1]],
+        &env,
+    )
+    .await;
+    assert_eq!(early.json()["calls"][0]["error"]["code"], -32002, "{early}");
+
+    let control = rig.proxy.control();
+    let shown = control.approval(&id).await.unwrap();
+    assert_eq!(shown["observed"]["tool"], "files.delete");
+    assert_eq!(shown["observed"]["args"]["path"], "/notes.txt");
+    control.decide(&id, true, "alice", None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let executed = loop {
+        let a = control.approval(&id).await.unwrap();
+        if a["status"] != "pending" && a["status"] != "approved" && a["status"] != "executing" {
+            break a;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{a:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(executed["status"], "executed", "{executed:#}");
+
+    // The SDK client collects the stored answer under its own request id.
+    let collected = python(
+        client_script("mcp_client.py"),
+        &["--header", &header, &rig.server.url(), delete[0], delete[1]],
+        &env,
+    )
+    .await;
+    assert!(collected.success(), "{collected}");
+    let call = &collected.json()["calls"][0];
+    assert_eq!(call["result"], json!(["deleted"]), "{collected}");
+    assert_eq!(call["is_error"], false, "{collected}");
+
+    // Another call under the same approval is refused, not executed.
+    let other = python(
+        client_script("mcp_client.py"),
+        &[
+            "--header",
+            &header,
+            &rig.server.url(),
+            "delete_file",
+            r#"{"path": "/other"}"#,
+        ],
+        &env,
+    )
+    .await;
+    let refused = &other.json()["calls"][0]["error"];
+    assert_eq!(refused["code"], -32001, "{other}");
+    assert_eq!(refused["data"]["reason"], "approval_mismatch", "{other}");
+    let records = rig.proxy.audit().await;
+    let executions = records
+        .iter()
+        .filter(|r| {
+            r.kind == "approval"
+                && r.approval.as_deref() == Some(id.as_str())
+                && r.status == Some(200)
+        })
+        .count();
+    assert_eq!(executions, 1, "{records:#?}");
 }

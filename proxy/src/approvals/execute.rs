@@ -28,10 +28,11 @@ use super::model::{Approval, Status, StoredResponse};
 use crate::body::{self, ProxyBody};
 use crate::classify::{self, Origin, Tunnel};
 use crate::error::ProxyError;
+use crate::evaluate::Verdict;
 use crate::inject::credentials::Bound;
 use crate::server::Shared;
 use crate::store::now_ms;
-use crate::{evaluate, inject, recognise, scrub};
+use crate::{evaluate, inject, mcp, recognise, scrub};
 
 /// Header every execution carries (the de facto standard name, as Stripe and the IETF
 /// draft spell it).
@@ -190,37 +191,75 @@ async fn attempt(
     let host = target.host.to_string();
     let engine = shared.policies.current();
     let mut req = req;
-    // Recognised again under the catalog in force now: it must still be the same tool.
-    let route = recognise::route(engine.catalog(), &target).ok_or_else(|| {
-        Refusal::Refused("the request is no longer recognised as a catalogued tool".into())
-    })?;
-    if Some(route.tool.name()) != approval.observed.tool.as_deref() {
-        return Err(Refusal::Refused(format!(
-            "the request is now recognised as {}, not {}",
-            route.tool.name(),
-            approval.observed.tool.as_deref().unwrap_or("-")
-        )));
-    }
-    let tool_name = route.tool.name().to_owned();
-    let call = route
-        .read(&mut req, &target, shared.config.approvals.max_body_bytes)
-        .await?;
-    let found = {
-        let args = serde_json::to_vec(&call.args).ok();
-        shared.credentials.placeholders(
-            req.headers(),
-            req.uri(),
-            args.as_deref(),
-            &host,
-            &shared.metrics,
-        )?
+    let limit = shared.config.approvals.max_body_bytes;
+    // Recognised again under the catalog in force now, it must still be the same tool; and
+    // decided again, with the approval, under the policies in force now. (The pipeline
+    // checks placeholders before evaluate; here both only refuse, so the order is moot.)
+    let same_tool = |name: &str| {
+        if Some(name) == approval.observed.tool.as_deref() {
+            Ok(())
+        } else {
+            Err(Refusal::Refused(format!(
+                "the request is now recognised as {name}, not {}",
+                approval.observed.tool.as_deref().unwrap_or("-")
+            )))
+        }
     };
-    evaluate::decide(
-        &engine,
+    let (tool_name, args, mcp_id) = match recognise::route(engine.catalog(), &target) {
+        Some(route) => {
+            same_tool(route.tool.name())?;
+            let tool_name = route.tool.name().to_owned();
+            let call = route.read(&mut req, &target, limit).await?;
+            let args = serde_json::to_vec(&call.args).ok();
+            evaluate::decide(
+                &engine,
+                &shared.metrics,
+                &principal,
+                &target.host,
+                call.action(Some(approver)),
+            )?;
+            (tool_name, args, None)
+        }
+        None => {
+            let endpoint = mcp::endpoint(engine.catalog(), &target).ok_or_else(|| {
+                Refusal::Refused("the request is no longer recognised as a catalogued tool".into())
+            })?;
+            let bytes = recognise::read_body(&mut req, limit).await?;
+            let exchange = mcp::parse(&bytes)?;
+            let (id, name, args) = exchange
+                .single_call()
+                .ok_or_else(|| Refusal::Failed("the held MCP body is not one tools/call".into()))?;
+            let tool = endpoint.tool(engine.catalog(), name).ok_or_else(|| {
+                Refusal::Refused(format!("the MCP tool {name:?} is no longer catalogued"))
+            })?;
+            same_tool(tool.name())?;
+            let tool_name = tool.name().to_owned();
+            let asker = mcp::Asker {
+                engine: &engine,
+                metrics: &shared.metrics,
+                principal: &principal,
+                target: &target,
+            };
+            match asker.call(&endpoint, name, args.clone(), Some(approver))? {
+                Verdict::Allow(_) => {}
+                Verdict::Escalate { .. } => {
+                    return Err(Refusal::Refused(
+                        "policy still asks for approval after it was given".into(),
+                    ))
+                }
+            }
+            let args = serde_json::to_vec(args).ok();
+            let id = id.cloned();
+            *req.body_mut() = body::full(bytes);
+            (tool_name, args, Some(id.unwrap_or(serde_json::Value::Null)))
+        }
+    };
+    let found = shared.credentials.placeholders(
+        req.headers(),
+        req.uri(),
+        args.as_deref(),
+        &host,
         &shared.metrics,
-        &principal,
-        &target.host,
-        call.action(Some(approver)),
     )?;
 
     let upstream_req = inject::prepare(req, &target, false)?;
@@ -263,7 +302,48 @@ async fn attempt(
             .map_err(|e| Refusal::Failed(format!("scrubbing the response: {e}")))?,
         None => response.map(body::stream),
     };
-    keep(response, shared.config.approvals.max_response_bytes).await
+    let kept = keep(response, shared.config.approvals.max_response_bytes).await?;
+    Ok(match mcp_id {
+        Some(id) => mcp_answer(kept, &id),
+        None => kept,
+    })
+}
+
+/// An MCP call's answer as one JSON-RPC message: the server may have answered with an SSE
+/// stream (progress notifications, then the response); the agent collecting it later gets
+/// the response to its call as `application/json`. Anything else is kept as it came.
+fn mcp_answer(kept: StoredResponse, id: &serde_json::Value) -> StoredResponse {
+    let sse = kept
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.starts_with("text/event-stream"));
+    if !sse || kept.status != 200 {
+        return kept;
+    }
+    let text = String::from_utf8_lossy(&kept.body).replace("\r\n", "\n");
+    let answer = text
+        .split("\n\n")
+        .map(|event| {
+            event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter_map(|data| serde_json::from_str::<serde_json::Value>(&data).ok())
+        .find(|m| {
+            m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some())
+        });
+    match answer {
+        Some(message) => StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: message.to_string().into_bytes(),
+            truncated: false,
+        },
+        None => kept,
+    }
 }
 
 /// The stored request as the pipeline first saw it: inside a tunnel for https, absolute

@@ -150,6 +150,11 @@ pub struct Observed {
     /// `impact.records` extracted by the catalog, and the tool's cost.
     pub records: Option<i64>,
     pub cost: Option<f64>,
+    /// For an MCP `tools/call`: its JSON-RPC id. The held body is that one call; a retry is
+    /// matched on the call without its id (clients number requests afresh) and answered
+    /// with the retry's own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_id: Option<serde_json::Value>,
 }
 
 /// The upstream's answer, as stored for the agent.

@@ -65,12 +65,16 @@ impl ToolFilter {
             principal: &self.principal,
             target: &self.target,
         };
-        match asker.call(&self.endpoint, name, Value::Object(Default::default())) {
-            Ok(_) | Err(ProxyError::ApprovalRequired { .. } | ProxyError::CheckFailed { .. }) => {
-                true
-            }
-            Err(_) => false,
-        }
+        // Allowed and escalatable tools stay listed (a call is decided when it is made).
+        matches!(
+            asker.call(
+                &self.endpoint,
+                name,
+                Value::Object(Default::default()),
+                None
+            ),
+            Ok(_) | Err(ProxyError::CheckFailed { .. })
+        )
     }
 
     /// Filter `message` if it answers one of `listed` (removing that id). Whether it did.

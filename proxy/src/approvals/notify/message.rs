@@ -469,6 +469,7 @@ mod tests {
                 args_hash: None,
                 records: Some(1),
                 cost: Some(2.5),
+                rpc_id: None,
             },
             approver: None,
             channel: None,
