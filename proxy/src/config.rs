@@ -162,6 +162,11 @@ pub struct Approvals {
     pub slack_signing_secret_env: String,
     /// Slack user id → approver name (one of `approvers`): who a Slack button click is.
     pub slack_users: BTreeMap<String, String>,
+    /// Whether Slack messages carry a "Review as <approver>" link button per approver. A
+    /// channel is shared: anyone who reads it can follow any of them. `false` leaves only
+    /// the interactive Approve/Deny buttons, whose clicks are bound to Slack identities
+    /// (`slack_users`, verified callbacks).
+    pub slack_links: bool,
     /// Email over SMTP; absent: no email.
     pub smtp: Option<Smtp>,
     /// Largest request body held for approval; larger requests are refused (413).
@@ -192,6 +197,7 @@ impl Default for Approvals {
             slack_webhook_env: "OSTIARY_SLACK_WEBHOOK".to_owned(),
             slack_signing_secret_env: "OSTIARY_SLACK_SIGNING_SECRET".to_owned(),
             slack_users: BTreeMap::new(),
+            slack_links: true,
             smtp: None,
             max_body_bytes: 1024 * 1024,
             max_response_bytes: 1024 * 1024,

@@ -74,9 +74,15 @@ pub enum LinkError {
     /// Not a token this proxy could have issued (length, encoding, layout).
     #[error("malformed approval link: {0}")]
     Malformed(&'static str),
+    /// Not base64url at all (the decoder says where; it never echoes the input).
+    #[error("malformed approval link: {0}")]
+    Encoding(#[from] base64::DecodeError),
+    /// A text field that is not UTF-8 (only a forged layout could carry one).
+    #[error("malformed approval link: {0}")]
+    Utf8(#[from] std::string::FromUtf8Error),
     /// Well-formed but not signed with this proxy's key, or altered.
     #[error("approval link signature does not verify")]
-    BadSignature,
+    BadSignature(#[from] hmac::digest::MacError),
     /// Genuine, but past its expiry.
     #[error("approval link expired at {expires_ms} ms since the epoch")]
     Expired { expires_ms: i64 },
@@ -116,16 +122,12 @@ impl LinkSigner {
         if token.len() > MAX_TOKEN_LEN {
             return Err(LinkError::Malformed("longer than any issued link"));
         }
-        let bytes = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| LinkError::Malformed("not base64url"))?;
+        let bytes = URL_SAFE_NO_PAD.decode(token)?;
         if bytes.len() < FIXED_LEN + MAC_LEN {
             return Err(LinkError::Malformed("too short"));
         }
         let (signed, mac) = bytes.split_at(bytes.len() - MAC_LEN);
-        self.tag(signed)
-            .verify_slice(mac)
-            .map_err(|_| LinkError::BadSignature)?;
+        self.tag(signed).verify_slice(mac)?;
         // Authentic from here on: only this proxy's key could have produced these bytes.
         let claims = parse(signed)?;
         if now_ms >= claims.expires_ms {
@@ -190,13 +192,14 @@ impl<'a> Reader<'a> {
     fn field(&mut self) -> Result<String, LinkError> {
         let len = u16::from_be_bytes(self.take(2)?.try_into().expect("2 bytes"));
         let raw = self.take(usize::from(len))?;
-        String::from_utf8(raw.to_vec()).map_err(|_| LinkError::Malformed("field is not UTF-8"))
+        Ok(String::from_utf8(raw.to_vec())?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hmac::digest::MacError;
 
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
     const NOW: i64 = 1_800_000_000_000;
@@ -257,7 +260,11 @@ mod tests {
                 let mut t = bytes.clone();
                 t[i] ^= bit;
                 let err = s.verify(&URL_SAFE_NO_PAD.encode(&t), NOW).unwrap_err();
-                assert_eq!(err, LinkError::BadSignature, "byte {i} bit {bit:#x}");
+                assert_eq!(
+                    err,
+                    LinkError::BadSignature(MacError),
+                    "byte {i} bit {bit:#x}"
+                );
             }
         }
     }
@@ -278,7 +285,10 @@ mod tests {
     fn other_key_is_refused() {
         let token = signer().issue("apr_123", "alice", LATER);
         let other = LinkSigner::new(b"another key, also 32 bytes long!");
-        assert_eq!(other.verify(&token, NOW), Err(LinkError::BadSignature));
+        assert_eq!(
+            other.verify(&token, NOW),
+            Err(LinkError::BadSignature(MacError))
+        );
     }
 
     #[test]
@@ -295,7 +305,7 @@ mod tests {
         bytes[1 + NONCE_LEN] ^= 0x40;
         assert_eq!(
             s.verify(&URL_SAFE_NO_PAD.encode(&bytes), NOW),
-            Err(LinkError::BadSignature)
+            Err(LinkError::BadSignature(MacError))
         );
     }
 
@@ -310,7 +320,7 @@ mod tests {
         for len in 0..bytes.len() {
             assert!(matches!(
                 s.verify(&URL_SAFE_NO_PAD.encode(&bytes[..len]), NOW),
-                Err(LinkError::Malformed(_) | LinkError::BadSignature)
+                Err(LinkError::Malformed(_) | LinkError::BadSignature(MacError))
             ));
         }
     }
@@ -330,13 +340,19 @@ mod tests {
             "ÿÿÿÿ",
         ] {
             assert!(
-                matches!(s.verify(t, NOW), Err(LinkError::Malformed(_))),
+                matches!(
+                    s.verify(t, NOW),
+                    Err(LinkError::Malformed(_) | LinkError::Encoding(_))
+                ),
                 "{t:?}"
             );
         }
         // Decodes, long enough, but not signed.
         let noise = URL_SAFE_NO_PAD.encode([7u8; 120]);
-        assert_eq!(s.verify(&noise, NOW), Err(LinkError::BadSignature));
+        assert_eq!(
+            s.verify(&noise, NOW),
+            Err(LinkError::BadSignature(MacError))
+        );
     }
 
     #[test]
@@ -383,7 +399,7 @@ mod tests {
         for (n, mix) in mixes.iter().enumerate() {
             assert_eq!(
                 s.verify(&URL_SAFE_NO_PAD.encode(mix), NOW),
-                Err(LinkError::BadSignature),
+                Err(LinkError::BadSignature(MacError)),
                 "mix {n}"
             );
         }
@@ -414,7 +430,7 @@ mod tests {
         for bytes in [wrong_version, trailing, short_field, not_utf8, empty] {
             assert!(matches!(
                 s.verify(&sign_raw(&bytes), NOW),
-                Err(LinkError::Malformed(_))
+                Err(LinkError::Malformed(_) | LinkError::Utf8(_))
             ));
         }
     }
@@ -431,7 +447,7 @@ mod tests {
         let forged = [signed, &bare.finalize().into_bytes()].concat();
         assert_eq!(
             s.verify(&URL_SAFE_NO_PAD.encode(forged), NOW),
-            Err(LinkError::BadSignature)
+            Err(LinkError::BadSignature(MacError))
         );
     }
 

@@ -182,7 +182,7 @@ impl ApprovalStore {
     ) -> Result<Approval, DecideError> {
         let outcome =
             self.with(|c| {
-                let tx = c.transaction()?;
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
                 let status: Option<String> = tx
                     .query_row("SELECT status FROM approvals WHERE id = ?1", [id], |r| {
                         r.get(0)
@@ -279,7 +279,7 @@ impl ApprovalStore {
     /// `approved`, to be re-sent with the same idempotency key. Returns their ids.
     pub fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = {
                 let mut stmt = tx.prepare("SELECT id FROM approvals WHERE status = 'executing'")?;
                 let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
@@ -309,7 +309,7 @@ impl ApprovalStore {
     /// Expire every pending approval past its deadline; returns them (now `expired`).
     pub fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = {
                 let mut stmt = tx.prepare(
                     "SELECT id FROM approvals WHERE status = 'pending' AND deadline_ms <= ?1",
@@ -333,7 +333,7 @@ impl ApprovalStore {
     /// passed: rounds + 1, next reminder one `ttl` later. Returns them, updated.
     pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = {
                 let mut stmt = tx.prepare(
                     "SELECT id FROM approvals

@@ -1,6 +1,7 @@
 //! The queue's clock: one background task that, every `approvals.tick`, expires what passed
 //! its deadline, starts a reminder round for what passed its `ttl`, executes what was
-//! approved and not yet claimed, and sends the notifications that are due.
+//! approved and not yet claimed, and (in a loop of its own) sends the notifications that
+//! are due.
 //!
 //! It is also what makes the queue crash-proof: at start-up, [`recover`] puts executions a
 //! previous process claimed back to `approved`, and the first sweep runs them (with the
@@ -42,15 +43,27 @@ pub async fn recover(shared: &Shared) {
     }
 }
 
-/// Run the sweep until `shutdown`.
+/// Run the sweep until `shutdown`. Deliveries have a loop of their own: a Slack or SMTP
+/// server that takes its full timeout to fail must not hold up deadlines and executions.
 pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
-    let mut tick = tokio::time::interval(shared.config.approvals.tick);
+    let period = shared.config.approvals.tick;
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deliveries = async {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            notify::deliver_due(&shared.approvals).await;
+        }
+    };
+    tokio::pin!(deliveries);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = tick.tick() => sweep(&shared).await,
+            () = &mut deliveries => {}
         }
     }
 }
@@ -118,6 +131,5 @@ pub async fn sweep(shared: &Arc<Shared>) {
         }
         Err(e) => tracing::error!(error = %e, "listing approved requests failed"),
     }
-    notify::deliver_due(queue).await;
     let _ = queue.refresh_gauges().await;
 }

@@ -314,6 +314,15 @@ pub async fn review(
             )
         }
         Method::POST => {
+            // Said before anything else: a used link is spent, whatever became of the
+            // approval since.
+            if used {
+                return refuse(
+                    StatusCode::GONE,
+                    "This link was already used",
+                    "Each link decides once. Ask for a new link.",
+                );
+            }
             let bytes = match read_form(req).await {
                 Ok(b) => b,
                 Err(message) => {

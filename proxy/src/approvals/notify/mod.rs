@@ -104,7 +104,11 @@ async fn deliver(queue: &ApprovalQueue, delivery: Delivery) {
     let sent = match delivery.channel.as_str() {
         "slack" => match &queue.notifier.slack {
             Some(slack) => {
-                let links = queue.links(&approval);
+                let links = if queue.config.slack_links {
+                    queue.links(&approval)
+                } else {
+                    Vec::new()
+                };
                 let notice = Notice {
                     approval: &approval,
                     kind,
