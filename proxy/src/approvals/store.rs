@@ -183,17 +183,24 @@ impl ApprovalStore {
         let outcome =
             self.with(|c| {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let status: Option<String> = tx
-                    .query_row("SELECT status FROM approvals WHERE id = ?1", [id], |r| {
-                        r.get(0)
-                    })
+                let row: Option<(String, i64)> = tx
+                    .query_row(
+                        "SELECT status, deadline_ms FROM approvals WHERE id = ?1",
+                        [id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
                     .optional()?;
-                let Some(status) = status else {
+                let Some((status, deadline_ms)) = row else {
                     return Ok(Err(DecideError::Unknown(id.to_owned())));
                 };
                 let status = Status::parse(&status).unwrap_or(Status::Failed);
                 if status != Status::Pending {
                     return Ok(Err(DecideError::NotPending(status)));
+                }
+                // Past its deadline it is expired, even if the sweep has not said so yet
+                // (it will, with the audit record, at its next tick).
+                if deadline_ms <= now_ms {
+                    return Ok(Err(DecideError::NotPending(Status::Expired)));
                 }
                 if let Some(nonce) = nonce {
                     let fresh = tx.execute(
@@ -761,6 +768,20 @@ mod tests {
         let due = s.renotify_due(1000, 1000).unwrap();
         assert_eq!((due.len(), due[0].rounds, due[0].renotify_ms), (1, 2, 2000));
         assert!(s.expire_due(9_999).unwrap().is_empty());
+        // A decision at the deadline, before the sweep ran, is refused as expired.
+        let racing = s.decide(
+            "apr_1",
+            Verdict::Approve,
+            "a",
+            Channel::Api,
+            None,
+            None,
+            10_000,
+        );
+        assert!(matches!(
+            racing,
+            Err(DecideError::NotPending(Status::Expired))
+        ));
         let expired = s.expire_due(10_000).unwrap();
         assert_eq!(expired[0].status, Status::Expired);
         let late = s.decide(
