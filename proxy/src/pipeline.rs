@@ -70,7 +70,13 @@ pub async fn handle(
             if let ProxyError::PlaceholderExfiltration { credential, .. } = &err {
                 audit.update(|r| r.credentials = vec![credential.clone()]);
             }
+            let held = holds_approval(&err);
             audit.refuse(&err, response.status().as_u16());
+            // A 202 promises the request is held: its record is on disk before the agent
+            // hears so, or a crash right after could leave an approval the audit never saw.
+            if held {
+                shared.audit.flush().await;
+            }
             response
         }
     }
@@ -435,6 +441,17 @@ async fn run(
     };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
     Ok(response)
+}
+
+/// Whether a refusal tells the agent that a request is now held for approval.
+fn holds_approval(err: &ProxyError) -> bool {
+    match err {
+        ProxyError::ApprovalPending { .. } => true,
+        ProxyError::McpRefused { replies, .. } => replies
+            .iter()
+            .any(|r| matches!(r.error, ProxyError::ApprovalPending { .. })),
+        _ => false,
+    }
 }
 
 /// A WebSocket handshake (HTTP/1.1 `Upgrade`); other upgrades are not passed.

@@ -128,6 +128,7 @@ pub async fn run(shared: Arc<Shared>, id: String) {
         r.leases = injected.leases;
         r.upstream = injected.upstream;
     });
+    queue.flush_audit().await;
     let _ = queue.refresh_gauges().await;
 }
 

@@ -151,6 +151,8 @@ impl ApprovalQueue {
             format!("{transition} by {approver} via {}", channel.as_str()),
             None,
         );
+        // The approver is told only once the decision's record is on disk.
+        self.audit.flush().await;
         Ok(decided)
     }
 
@@ -246,6 +248,11 @@ impl ApprovalQueue {
     /// The metrics transitions and notifications are counted in.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Wait until every transition recorded so far is committed to the audit chain.
+    pub async fn flush_audit(&self) {
+        self.audit.flush().await;
     }
 
     /// Wake everyone waiting on any approval.

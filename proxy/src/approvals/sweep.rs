@@ -41,6 +41,7 @@ pub async fn recover(shared: &Shared) {
         }
         Err(e) => tracing::error!(error = %e, "recovering interrupted executions failed"),
     }
+    queue.flush_audit().await;
 }
 
 /// Run the sweep until `shutdown`. Deliveries have a loop of their own: a Slack or SMTP
@@ -122,6 +123,8 @@ pub async fn sweep(shared: &Arc<Shared>) {
         }
         Err(e) => tracing::error!(error = %e, "starting reminder rounds failed"),
     }
+    // Expiries and reminders are on disk in the queue; their records follow them there.
+    queue.flush_audit().await;
     match queue.store.call(|s| s.approved()).await {
         Ok(ids) => {
             for id in ids {

@@ -125,6 +125,8 @@ pub(crate) struct Server {
     pub(crate) config: PathBuf,
     pub(crate) state: PathBuf,
     pub(crate) proxy_addr: SocketAddr,
+    /// The control listener (sessions, approvals, audit; `/healthz`).
+    pub(crate) control_addr: SocketAddr,
     pub(crate) log: PathBuf,
 }
 
@@ -145,10 +147,26 @@ impl Server {
         extra_toml: &str,
         log_level: &str,
     ) -> Self {
+        Self::start_with_files(upstream, names, policy, &[], extra_toml, log_level).await
+    }
+
+    /// Like [`Server::start_with`], with more files written to the policy directory
+    /// before the start (`("tools.toml", catalog)`).
+    pub(crate) async fn start_with_files(
+        upstream: &Upstream,
+        names: &[&str],
+        policy: &str,
+        policy_files: &[(&str, &str)],
+        extra_toml: &str,
+        log_level: &str,
+    ) -> Self {
         let mut dir = tempfile::tempdir().unwrap();
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
         std::fs::write(policies.join("test.cedar"), policy).unwrap();
+        for (name, text) in policy_files {
+            std::fs::write(policies.join(name), text).unwrap();
+        }
         let ca_file = upstream.write_ca(dir.path());
         let state = dir.path().join("state");
         let config = dir.path().join("ostiary.toml");
@@ -194,6 +212,7 @@ ca_file = "{ca_file}"
                 config: config.clone(),
                 state: state.clone(),
                 proxy_addr,
+                control_addr,
                 log: log.clone(),
             };
             match server.wait_healthy(control_addr).await {
