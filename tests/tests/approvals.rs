@@ -446,3 +446,73 @@ async fn metrics(proxy: &TestProxy) -> String {
         .await
         .unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_injected_at_execution_and_scrubbed_from_the_stored_answer() {
+    const SECRET: &str = "sk_live_CANARY_approval_7f3e91";
+    let secrets = tempfile::tempdir().unwrap();
+    let file = secrets.path().join("secrets.toml");
+    std::fs::write(&file, format!("pay = \"{SECRET}\"\n")).unwrap();
+    let rig = Rig::start(&approvers(&format!(
+        r#"
+[broker]
+backend = "file"
+file = "{}"
+
+[[credential]]
+name = "pay"
+source = {{ file = "pay" }}
+hosts = ["api.example.test"]
+inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
+"#,
+        file.display()
+    )))
+    .await;
+    let url = rig.url("/reflect");
+    let body = json!({"note": "echo me"}).to_string();
+    let agent_auth = ("authorization", "Bearer agent-chosen-junk");
+    let held = rig
+        .agent
+        .send("POST", &url, Some(body.clone()), &[agent_auth])
+        .await;
+    assert_eq!(held.status, 202, "{held:?}");
+    let id = held.json["approval_id"].as_str().unwrap().to_owned();
+    let control = rig.proxy.control();
+    let stored = control.approval(&id).await.unwrap().to_string();
+    assert!(!stored.contains("agent-chosen-junk"), "{stored}");
+    assert!(!stored.contains(SECRET), "{stored}");
+
+    control.decide(&id, true, APPROVER, None).await.unwrap();
+    let executed = rig.wait_status(&id, "executed").await;
+    assert!(!executed.to_string().contains(SECRET), "{executed:#}");
+    // The upstream got the broker's credential, minted at execution, not the agent's.
+    let seen = rig.upstream.seen_path("/reflect");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+
+    // What the upstream echoed back is scrubbed before it is stored and collected.
+    let collected = rig
+        .agent
+        .send("POST", &url, Some(body), &[("ostiary-approval", &id)])
+        .await;
+    assert_eq!(collected.status, 200, "{collected:?}");
+    assert!(collected.body.contains("echo me"), "{}", collected.body);
+    assert!(!collected.body.contains(SECRET), "{}", collected.body);
+    let status = rig
+        .agent
+        .status(held.json["status_url"].as_str().unwrap(), &[])
+        .await;
+    assert!(!status.body.contains(SECRET), "{}", status.body);
+    let records = rig.proxy.audit().await;
+    let execution = records
+        .iter()
+        .find(|r| r.kind == "approval" && r.status == Some(200))
+        .expect("an execution record");
+    assert_eq!(execution.credentials, vec!["pay".to_owned()]);
+    for record in &records {
+        assert!(!serde_json::to_string(record).unwrap().contains(SECRET));
+    }
+}

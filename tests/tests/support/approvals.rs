@@ -12,8 +12,8 @@ use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::Session;
 use serde_json::Value;
 
-/// `pay.refund` is irreversible (escalated); `pay.lookup` is a read (allowed);
-/// `pay.bulk` is high impact and denied outright above 100 records.
+/// `pay.refund` and `pay.echo` (the upstream's reflecting route) are irreversible
+/// (escalated); `pay.lookup` is a read (allowed).
 pub(crate) const TOOLS: &str = r#"
 [[tool]]
 name = "pay.refund"
@@ -21,6 +21,11 @@ tier = "irreversible"
 match = { host = "api.example.test", method = "POST", path = "/idem/refunds/{charge}" }
 impact = { records = "/ids" }
 cost = 0.25
+
+[[tool]]
+name = "pay.echo"
+tier = "irreversible"
+match = { host = "api.example.test", method = "POST", path = "/reflect" }
 
 [[tool]]
 name = "pay.lookup"
