@@ -1,7 +1,7 @@
 //! `ostiary.toml`: one serde tree, `deny_unknown_fields` everywhere, every field documented.
 //!
 //! The names are the contract of DESIGN §8: fields may be added, none renamed. Sections
-//! that later capabilities implement (`tiers`, `checks`)
+//! that later capabilities implement (`state.redis`)
 //! are parsed and type-checked now so that a config written against the design loads, and
 //! `ostiary serve` says at start-up which of them are not enforced yet.
 
@@ -42,8 +42,10 @@ pub struct Config {
     pub credential: Vec<ostiary_broker::Binding>,
     /// The approval queue (DESIGN §10): who decides, through which channels, how long.
     pub approvals: Approvals,
-    pub tiers: BTreeMap<String, toml::Table>,
-    pub checks: Option<toml::Table>,
+    /// The checks each risk tier pays for, within a latency budget (DESIGN §3, §8).
+    pub tiers: Tiers,
+    /// Settings of individual checks (the external `webhook`, extra DLP values).
+    pub checks: Checks,
 }
 
 /// Where the two listeners bind.
@@ -136,6 +138,175 @@ impl Default for Broker {
             reap_interval: Duration::from_secs(5),
         }
     }
+}
+
+/// `[tiers.read]`, `[tiers.write]`, `[tiers.irreversible]`, `[tiers.high_impact]`. A tier
+/// left out, and a field left out of a tier, keep their defaults ([`Tier::default_for`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "BTreeMap<String, TierToml>")]
+pub struct Tiers {
+    pub read: Tier,
+    pub write: Tier,
+    pub irreversible: Tier,
+    pub high_impact: Tier,
+}
+
+impl Default for Tiers {
+    fn default() -> Self {
+        Self {
+            read: Tier::default_for("read"),
+            write: Tier::default_for("write"),
+            irreversible: Tier::default_for("irreversible"),
+            high_impact: Tier::default_for("high_impact"),
+        }
+    }
+}
+
+impl Tiers {
+    /// The settings of tier `name` (`read`, `write`, `irreversible`, `high_impact`).
+    pub fn get(&self, name: &str) -> Option<&Tier> {
+        match name {
+            "read" => Some(&self.read),
+            "write" => Some(&self.write),
+            "irreversible" => Some(&self.irreversible),
+            "high_impact" => Some(&self.high_impact),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<BTreeMap<String, TierToml>> for Tiers {
+    type Error = String;
+
+    fn try_from(written: BTreeMap<String, TierToml>) -> Result<Self, String> {
+        let mut tiers = Tiers::default();
+        for (name, given) in written {
+            let tier = match name.as_str() {
+                "read" => &mut tiers.read,
+                "write" => &mut tiers.write,
+                "irreversible" => &mut tiers.irreversible,
+                "high_impact" => &mut tiers.high_impact,
+                other => {
+                    return Err(format!(
+                        "unknown tier {other:?} (read, write, irreversible, high_impact)"
+                    ))
+                }
+            };
+            if let Some(budget) = given.budget {
+                tier.budget = humantime::parse_duration(&budget)
+                    .map_err(|e| format!("tiers.{name}.budget: {e}"))?;
+            }
+            if let Some(on_budget) = given.on_budget {
+                tier.on_budget = on_budget;
+            }
+            if let Some(checks) = given.checks {
+                tier.checks = checks;
+            }
+            if let Some(max) = given.max_body_bytes {
+                tier.max_body_bytes = max;
+            }
+        }
+        Ok(tiers)
+    }
+}
+
+/// One `[tiers.<name>]` table as written: every field optional.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierToml {
+    budget: Option<String>,
+    on_budget: Option<OnBudget>,
+    checks: Option<Vec<String>>,
+    max_body_bytes: Option<u64>,
+}
+
+/// One tier: the checks it pays for, their common latency budget, and what happens when
+/// the budget runs out before they all answered.
+#[derive(Debug, Clone)]
+pub struct Tier {
+    /// Wall-clock budget for all of the tier's checks of one request.
+    pub budget: Duration,
+    /// `allow` (forwarded, audited as unchecked), `deny` (422 naming the late check), or
+    /// `escalate` (held for a human, like an `@escalate` decision).
+    pub on_budget: OnBudget,
+    /// `args_schema`, `limits`, `dlp`, `response_dlp`, `webhook`.
+    pub checks: Vec<String>,
+    /// The `limits` check: largest request body of this tier (bytes).
+    pub max_body_bytes: u64,
+}
+
+/// What a tier does when its budget runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBudget {
+    Allow,
+    Deny,
+    Escalate,
+}
+
+impl OnBudget {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBudget::Allow => "allow",
+            OnBudget::Deny => "deny",
+            OnBudget::Escalate => "escalate",
+        }
+    }
+}
+
+/// The check names a tier may list.
+pub const CHECK_NAMES: &[&str] = &["args_schema", "limits", "dlp", "response_dlp", "webhook"];
+
+impl Tier {
+    /// The shipped defaults (docs/checks.md explains the reasoning): reads pay only for
+    /// what costs microseconds and are let through when even that runs late; writes add
+    /// outbound DLP and fail closed; irreversible and high-impact calls add the external
+    /// webhook (when configured) and go to a human when the budget runs out.
+    pub fn default_for(tier: &str) -> Self {
+        let names = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect();
+        match tier {
+            "read" => Tier {
+                budget: Duration::from_millis(2),
+                on_budget: OnBudget::Allow,
+                checks: names(&["limits", "args_schema"]),
+                max_body_bytes: 1024 * 1024,
+            },
+            "write" => Tier {
+                budget: Duration::from_millis(20),
+                on_budget: OnBudget::Deny,
+                checks: names(&["limits", "args_schema", "dlp"]),
+                // Uploads through the proxy (packages, artifacts) are writes too.
+                max_body_bytes: 64 * 1024 * 1024,
+            },
+            _ => Tier {
+                budget: Duration::from_millis(200),
+                on_budget: OnBudget::Escalate,
+                checks: names(&["limits", "args_schema", "dlp", "webhook"]),
+                max_body_bytes: 10 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// `[checks]`: settings of individual checks.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Checks {
+    /// The external check; tiers that list `webhook` skip it while this is absent.
+    pub webhook: Option<WebhookCheck>,
+}
+
+/// `[checks.webhook]`: an external service (an LLM guard, a company's own rules) asked
+/// about each action: `POST` of a JSON description, answered `{"decision": "allow" |
+/// "deny" | "escalate", "reason": "..."}` within the tier's remaining budget.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookCheck {
+    pub url: String,
+    /// Environment variable holding a bearer token sent as `Authorization`, if the service
+    /// wants one.
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 /// The approval queue: escalated requests wait here for a human (DESIGN §10).
@@ -401,6 +572,21 @@ impl Config {
                 )));
             }
         }
+        for (name, tier) in [
+            ("read", &self.tiers.read),
+            ("write", &self.tiers.write),
+            ("irreversible", &self.tiers.irreversible),
+            ("high_impact", &self.tiers.high_impact),
+        ] {
+            for check in &tier.checks {
+                if !CHECK_NAMES.contains(&check.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "tiers.{name}.checks: unknown check {check:?} (known: {})",
+                        CHECK_NAMES.join(", ")
+                    )));
+                }
+            }
+        }
         let mut names = std::collections::HashSet::new();
         let mut envs = std::collections::HashSet::new();
         for binding in &self.credential {
@@ -435,12 +621,6 @@ impl Config {
     /// Sections accepted but not enforced by this version, for a start-up warning.
     pub fn unenforced_sections(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if !self.tiers.is_empty() {
-            out.push("tiers");
-        }
-        if self.checks.is_some() {
-            out.push("checks");
-        }
         if self.state.redis.is_some() {
             out.push("state.redis");
         }

@@ -78,7 +78,7 @@ pub enum ProxyError {
     ApprovalBodyTooLarge { limit: usize },
     /// A check on the request's content failed (`check` names it: `args_schema`, ...).
     #[error("check {check} failed: {detail}")]
-    CheckFailed { check: &'static str, detail: String },
+    CheckFailed { check: String, detail: String },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
     /// A placeholder (`ostiary:<name>`) was sent to a host its credential is not bound to.

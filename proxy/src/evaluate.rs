@@ -16,8 +16,12 @@ use crate::session::Principal;
 /// What policy said yes to, or would say yes to with a human's approval.
 #[derive(Debug)]
 pub enum Verdict {
-    /// Allowed, by these policies.
-    Allow(Vec<String>),
+    /// Allowed, by these policies; the action is handed back for the checks (and a hold,
+    /// should a check ask for a human).
+    Allow {
+        policies: Vec<String>,
+        action: Action,
+    },
     /// Denied only by `@escalate("approval")` forbids: the request goes to the approval
     /// queue. The action is handed back so the queue can keep what was decided.
     Escalate {
@@ -36,7 +40,7 @@ pub fn decide(
     action: Action,
 ) -> Result<Vec<String>, ProxyError> {
     match decide_or_escalate(engine, metrics, principal, host, action)? {
-        Verdict::Allow(policies) => Ok(policies),
+        Verdict::Allow { policies, .. } => Ok(policies),
         Verdict::Escalate { policies, action } => Err(ProxyError::ApprovalRequired {
             resource: resource_of(principal, host, &action),
             action: action.uid_text(),
@@ -75,7 +79,10 @@ pub fn decide_or_escalate(
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());
     match decision {
-        Decision::Allow { policies } => Ok(Verdict::Allow(policies)),
+        Decision::Allow { policies } => Ok(Verdict::Allow {
+            policies,
+            action: request.action,
+        }),
         Decision::Escalate { policies } => Ok(Verdict::Escalate {
             policies,
             action: request.action,
@@ -90,7 +97,7 @@ pub fn decide_or_escalate(
             if let DenyReason::EvaluationError(_) = reason {
                 if let Some(detail) = args_mismatch(engine, &request.action) {
                     return Err(ProxyError::CheckFailed {
-                        check: "args_schema",
+                        check: "args_schema".into(),
                         detail,
                     });
                 }

@@ -27,6 +27,7 @@ pub mod approvals;
 pub mod audit;
 pub mod authenticate;
 pub mod body;
+pub mod check;
 pub mod classify;
 pub mod cli;
 pub mod config;

@@ -355,7 +355,7 @@ impl Exchange {
                         plan.tools.push(name.clone());
                     }
                     let outcome = match asker.call(endpoint, &name, args, None) {
-                        Ok(Verdict::Allow(policies)) => Ok(policies),
+                        Ok(Verdict::Allow { policies, .. }) => Ok(policies),
                         Ok(Verdict::Escalate { policies, action }) => {
                             let refused = ProxyError::ApprovalRequired {
                                 policies: policies.clone(),

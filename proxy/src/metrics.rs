@@ -73,6 +73,33 @@ pub struct Metrics {
     pub approvals_pending: Gauge,
     pub approvals_executing: Gauge,
     pub approval_notifications_failing: Gauge,
+    pub check_seconds: Family<CheckLabels, Histogram, fn() -> Histogram>,
+    pub checks: Family<CheckOutcomeLabels, Counter>,
+    pub check_budget_exceeded: Family<BudgetLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    pub check: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckOutcomeLabels {
+    pub check: String,
+    /// `pass`, `fail`, `escalate`, `timeout`, `error`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    pub tier: String,
+    /// What the tier did: `allow`, `deny`, `escalate`.
+    pub action: String,
+}
+
+fn check_histogram() -> Histogram {
+    // 1 µs .. ~16 s: local checks live in microseconds, webhooks in milliseconds.
+    Histogram::new(exponential_buckets(1e-6, 2.0, 25))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -199,7 +226,29 @@ impl Default for Metrics {
             "Notifications that failed at least once and are still being retried",
             approval_notifications_failing.clone(),
         );
+        let check_seconds: Family<CheckLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(check_histogram);
+        registry.register(
+            "check_seconds",
+            "Time each tier check took, by check",
+            check_seconds.clone(),
+        );
+        let checks = Family::<CheckOutcomeLabels, Counter>::default();
+        registry.register(
+            "checks",
+            "Tier checks run, by check and outcome (pass, fail, escalate, timeout, error)",
+            checks.clone(),
+        );
+        let check_budget_exceeded = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "check_budget_exceeded",
+            "Requests whose checks did not all answer within the tier's budget, by tier and what the tier did",
+            check_budget_exceeded.clone(),
+        );
         Self {
+            check_seconds,
+            checks,
+            check_budget_exceeded,
             approval_transitions,
             approval_notifications,
             approvals_pending,
@@ -222,6 +271,31 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Time and count one check.
+    pub fn check_ran(&self, check: &str, outcome: &str, took: std::time::Duration) {
+        self.check_seconds
+            .get_or_create(&CheckLabels {
+                check: check.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+        self.checks
+            .get_or_create(&CheckOutcomeLabels {
+                check: check.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count a budget that ran out.
+    pub fn check_budget_exceeded(&self, tier: &str, action: &str) {
+        self.check_budget_exceeded
+            .get_or_create(&BudgetLabels {
+                tier: tier.to_owned(),
+                action: action.to_owned(),
+            })
+            .inc();
+    }
+
     /// Count one approval transition.
     pub fn approval_transition(&self, transition: &str) {
         self.approval_transitions

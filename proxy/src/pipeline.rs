@@ -24,6 +24,7 @@ use ostiary_policies::Action;
 
 use crate::audit::AuditGuard;
 use crate::body::{self, ProxyBody};
+use crate::check::{self, Checks};
 use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
@@ -208,47 +209,117 @@ async fn run(
         )?;
         audit.update(|r| r.add_policies(opened_by));
     }
-    let action = match call {
-        Some(call) => Some(call.action(None)),
+    let (action, tool) = match call {
+        Some(call) => {
+            let tool = (call.tool, call.body.clone());
+            (Some(call.action(None)), Some(tool))
+        }
         // Every message but `tools/call` is decided as the plain request it travels in; a
         // POST of only calls is decided call by call below, and nothing else.
         None if mcp
             .as_ref()
             .is_some_and(|(_, exchange, _)| !exchange.needs_http()) =>
         {
-            None
+            (None, None)
         }
-        None => Some(Action::Http {
-            method: target.method.to_string(),
-            scheme: target.scheme.into(),
-            port: target.port,
-            path: target.path.clone(),
-            query: target.query.clone(),
-        }),
+        None => (
+            Some(Action::Http {
+                method: target.method.to_string(),
+                scheme: target.scheme.into(),
+                port: target.port,
+                path: target.path.clone(),
+                query: target.query.clone(),
+            }),
+            None,
+        ),
     };
+    let mut stream_dlp = false;
     if let Some(action) = action {
-        match evaluate::decide_or_escalate(
+        let (policies, action, escalated) = match evaluate::decide_or_escalate(
             &engine,
             &shared.metrics,
             &principal,
             &target.host,
             action,
         )? {
-            Verdict::Allow(policies) => audit.update(|r| r.add_policies(policies)),
-            // escalate (hold) — right after evaluate: the request is stored as policy saw
-            // it, before anything is prepared or injected for it (credentials are minted
-            // at execution, after the approval). Tier checks, when they arrive, go before
-            // this, so that a request failing them is not put before a human.
-            Verdict::Escalate { policies, action } => {
-                audit.update(|r| r.add_policies(policies.clone()));
-                let tier = audit.record().and_then(|r| r.tier.clone());
-                let (id, held) = escalate::hold(
-                    shared, &principal, &target, &mut req, policies, action, tier, request_id,
-                )
-                .await?;
-                audit.update(|r| r.approval = Some(id));
-                return Err(held);
+            Verdict::Allow { policies, action } => (policies, action, false),
+            Verdict::Escalate { policies, action } => (policies, action, true),
+        };
+        audit.update(|r| r.add_policies(policies.clone()));
+
+        // check — after evaluate, so nothing is spent (or asked of a webhook) for a request
+        // policy refuses; before the hold, so a request failing its checks is never put
+        // before a human; before inject, so nothing is prepared for a refused one.
+        let tier = match &tool {
+            Some((tool, _)) => tool.tier().as_str(),
+            None => Checks::http_tier(&target.method),
+        };
+        let (args, records) = match &action {
+            Action::Tool {
+                args,
+                impact_records,
+                ..
+            } => (Some(args), *impact_records),
+            _ => (None, 0),
+        };
+        let subject = check::Subject {
+            tier,
+            agent: &principal.agent,
+            tenant: &principal.tenant,
+            session: &principal.session_id,
+            host: &host,
+            method: target.method.as_str(),
+            path: &target.path,
+            tool: tool.as_ref().map(|(t, _)| *t),
+            args,
+            records,
+            body: tool.as_ref().map(|(_, body)| &body[..]),
+            declared_len: req
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
+        };
+        let report = shared.checks.run(subject, &shared.metrics).await;
+        // A body that streams is scanned on its way, after the decision (see `check`).
+        stream_dlp = tool.is_none() && shared.checks.wants(tier, "dlp");
+        audit.update(|r| {
+            r.checks = report.ran.clone();
+            r.unchecked = matches!(report.verdict, check::Verdict::Unchecked { .. });
+        });
+        let asked_for_human = match report.verdict {
+            check::Verdict::Pass | check::Verdict::Unchecked { .. } => None,
+            check::Verdict::Fail { check, detail } => {
+                return Err(ProxyError::CheckFailed { check, detail })
             }
+            check::Verdict::Escalate { check, reason } => Some((check, reason)),
+        };
+
+        // escalate (hold) — policy or a check asked for a human: the request is stored as
+        // policy saw it, before anything is prepared or injected for it (credentials are
+        // minted at execution, after the approval).
+        if escalated || asked_for_human.is_some() {
+            let mut policies = policies;
+            if let Some((check, reason)) = asked_for_human {
+                if tool.is_none() {
+                    // Only a catalogued tool call can wait for a human (and be re-decided
+                    // with the approval): a plain request is refused instead.
+                    return Err(ProxyError::CheckFailed {
+                        check,
+                        detail: format!(
+                            "asks for a human's approval, which only catalogued tool calls can wait for ({reason})"
+                        ),
+                    });
+                }
+                policies.push(format!("check:{check}"));
+            }
+            let tier = audit.record().and_then(|r| r.tier.clone());
+            let (id, held) = escalate::hold(
+                shared, &principal, &target, &mut req, policies, action, tier, request_id,
+            )
+            .await?;
+            audit.update(|r| r.approval = Some(id));
+            return Err(held);
         }
     }
     // Each `tools/call` on its own. Refused calls are taken out of the body here, before
@@ -348,8 +419,6 @@ async fn run(
         }
     }
 
-    // check — the tier checks (issue 6) go between evaluate and escalate.
-
     // inject — after the decision, so nothing is prepared (and no credential fetched) for a
     // request that is refused. The WebSocket handshake is only honoured once authorized.
     // Credentials go in after `prepare` pointed the request at its checked upstream URI,
@@ -386,6 +455,16 @@ async fn run(
             Ok((guarded, tripped)) => (guarded, Some(tripped)),
             Err(unguarded) => (unguarded, None),
         };
+    // A body that streams is scanned for secrets on its way (`dlp` of the tier): the chunk
+    // carrying a finding, and everything after it, never leaves; the upstream request is
+    // aborted. Wrapped after the placeholder guard, which it must not hide a chunk from.
+    let (upstream_body, dlp_finding) = if stream_dlp {
+        let (scanned, slot) =
+            check::dlp::DlpBody::new(upstream_body, shared.checks.detectors.clone());
+        (scanned, Some(slot))
+    } else {
+        (upstream_body, None)
+    };
     let upstream_req = Request::from_parts(parts, upstream_body);
 
     // forward — the egress guard runs inside the connector, on every dial; TLS is verified
@@ -404,6 +483,25 @@ async fn run(
         return Err(ProxyError::PlaceholderExfiltration {
             credential: credential.clone(),
             host: host.clone(),
+        });
+    }
+    if let Some(finding) = dlp_finding.as_ref().and_then(|slot| slot.get()) {
+        shared
+            .metrics
+            .check_ran("dlp", "fail", std::time::Duration::ZERO);
+        audit.update(|r| {
+            r.checks.push(check::Ran {
+                check: "dlp".into(),
+                outcome: check::Outcome::Fail,
+                duration_us: 0,
+            })
+        });
+        return Err(ProxyError::CheckFailed {
+            check: "dlp".into(),
+            detail: format!(
+                "the request body carries {} at byte {}; the upstream request was aborted",
+                finding.kind, finding.offset
+            ),
         });
     }
     let mut response = match (sent, agent_body_failed.get()) {

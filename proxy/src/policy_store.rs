@@ -244,6 +244,8 @@ pub fn reload_recorded(shared: &Shared, trigger: Trigger) -> Result<ReloadReport
                 "policy set reloaded"
             );
             shared.metrics.policy_reloaded(true, report.generation);
+            // The new catalog's schemas are compiled now, not inside a request's budget.
+            shared.checks.prepare(shared.policies.current().catalog());
             audit.update(|r| {
                 r.reason = Some(format!("policy set reloaded: {} policies", report.policies))
             });

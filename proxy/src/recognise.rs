@@ -52,6 +52,8 @@ pub struct Route<'a> {
 pub struct ToolCall<'a> {
     pub tool: &'a Tool,
     pub args: Value,
+    /// The body as read (what is forwarded), for checks that scan it.
+    pub body: Bytes,
 }
 
 /// The first REST route in `catalog` that `target` matches.
@@ -91,7 +93,7 @@ impl<'a> Route<'a> {
     ) -> Result<ToolCall<'a>, ProxyError> {
         let bytes = read_body(req, limit).await?;
         let mut args = body_args(req.headers(), &bytes)?;
-        *req.body_mut() = body::full(bytes);
+        *req.body_mut() = body::full(bytes.clone());
         for (key, value) in url::form_urlencoded::parse(target.query.as_bytes()) {
             // Body members win over query parameters, and the first of a repeated key wins.
             args.entry(key.into_owned())
@@ -109,6 +111,7 @@ impl<'a> Route<'a> {
         Ok(ToolCall {
             tool: self.tool,
             args: Value::Object(args),
+            body: bytes,
         })
     }
 }

@@ -333,7 +333,7 @@ mod tests {
     #[tokio::test]
     async fn check_failed_is_a_422_naming_the_check() {
         let err = ProxyError::CheckFailed {
-            check: "args_schema",
+            check: "args_schema".into(),
             detail: "args.title: expected a string, got a number".into(),
         };
         assert_eq!(err.audit_decision(), "deny");

@@ -18,6 +18,7 @@ use crate::approvals::notify::Notifier;
 use crate::approvals::store::ApprovalStore;
 use crate::approvals::ApprovalQueue;
 use crate::audit::{AuditGuard, AuditSink, AuditWriter};
+use crate::check::Checks;
 use crate::classify::Tunnel;
 use crate::config::Config;
 use crate::egress::address::Host;
@@ -55,6 +56,8 @@ pub enum ServeError {
     Broker(#[from] ostiary_broker::BrokerError),
     #[error("credential broker: {0}")]
     Vault(#[from] ostiary_broker::vault::VaultError),
+    #[error("checks: {0}")]
+    Checks(#[from] crate::check::webhook::WebhookError),
     #[error("approval notifications: {0}")]
     Notify(#[from] crate::approvals::notify::message::NotifyError),
 }
@@ -88,6 +91,8 @@ pub struct Shared {
     pub credentials: Credentials,
     /// Requests held for a human.
     pub approvals: ApprovalQueue,
+    /// The tier checks.
+    pub checks: Checks,
     pub minter: LeafMinter,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
@@ -293,6 +298,8 @@ impl Ostiary {
             audit.clone(),
             metrics.clone(),
         );
+        let checks = Checks::new(config.tiers.clone(), &config.checks)?;
+        checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = config
             .egress
@@ -313,6 +320,7 @@ impl Ostiary {
             upstreams,
             credentials,
             approvals,
+            checks,
             minter,
             audit,
             metrics,

@@ -242,7 +242,7 @@ async fn attempt(
                 target: &target,
             };
             match asker.call(&endpoint, name, args.clone(), Some(approver))? {
-                Verdict::Allow(_) => {}
+                Verdict::Allow { .. } => {}
                 Verdict::Escalate { .. } => {
                     return Err(Refusal::Refused(
                         "policy still asks for approval after it was given".into(),

@@ -78,6 +78,12 @@ pub struct AuditRecord {
     /// Who decided it (never the agent).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub approver: Option<String>,
+    /// The tier checks that ran: name, outcome, duration.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub checks: Vec<crate::check::Ran>,
+    /// The checks' budget ran out and the tier let the request through unchecked.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub unchecked: bool,
 }
 
 impl AuditRecord {
