@@ -47,6 +47,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy_store;
+pub mod prefix_trie;
 pub mod recognise;
 pub mod respond;
 pub mod scrub;

@@ -38,7 +38,7 @@ use http::HeaderMap;
 pub use body::{scrub_response, ScrubBody};
 pub use stream::StreamScrubber;
 
-use patterns::PrefixTrie;
+use crate::prefix_trie::PrefixTrie;
 
 /// What a secret is replaced with. It contains no pattern of any realistic secret; when a
 /// secret does occur in it (a secret such as `"ostiary"`), [`Scrubber`] falls back to
@@ -128,7 +128,7 @@ impl Scrubber {
         Scrubber {
             inner: Arc::new(Inner {
                 ac,
-                trie: PrefixTrie::new(&all),
+                trie: PrefixTrie::new(all.iter().map(Vec::as_slice)),
                 patterns: all.len(),
                 max_len,
                 marker,

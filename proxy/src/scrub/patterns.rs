@@ -128,100 +128,6 @@ fn percent_encode(raw: &[u8], keep: &dyn Fn(u8) -> bool, upper: bool, plus: bool
     out
 }
 
-/// A trie of all patterns with Aho–Corasick failure links, used only to find the longest
-/// suffix of a buffer that is a proper prefix of some pattern: exactly the bytes a
-/// streaming scrubber cannot release yet. (The `aho-corasick` crate does not expose state
-/// depths, hence this small companion; it runs over at most `max_len - 1` bytes per frame.)
-#[derive(Debug)]
-pub struct PrefixTrie {
-    nodes: Vec<Node>,
-}
-
-#[derive(Debug, Default)]
-struct Node {
-    /// Sorted by byte.
-    next: Vec<(u8, u32)>,
-    fail: u32,
-    depth: u32,
-}
-
-impl PrefixTrie {
-    pub fn new(patterns: &[Vec<u8>]) -> Self {
-        let mut nodes = vec![Node::default()];
-        for pattern in patterns {
-            let mut at = 0usize;
-            for &b in pattern {
-                at = match nodes[at].next.binary_search_by_key(&b, |&(k, _)| k) {
-                    Ok(i) => nodes[at].next[i].1 as usize,
-                    Err(i) => {
-                        let id = nodes.len();
-                        let depth = nodes[at].depth + 1;
-                        nodes[at].next.insert(i, (b, id as u32));
-                        nodes.push(Node {
-                            depth,
-                            ..Node::default()
-                        });
-                        id
-                    }
-                };
-            }
-        }
-        // Breadth-first, so a node's failure target is final before its children need it.
-        let mut queue = std::collections::VecDeque::new();
-        for &(_, child) in &nodes[0].next {
-            queue.push_back(child);
-        }
-        while let Some(id) = queue.pop_front() {
-            let edges = nodes[id as usize].next.clone();
-            for (b, child) in edges {
-                let mut f = nodes[id as usize].fail;
-                let target = loop {
-                    if let Some(t) = Self::step(&nodes, f, b) {
-                        break t;
-                    }
-                    if f == 0 {
-                        break 0;
-                    }
-                    f = nodes[f as usize].fail;
-                };
-                nodes[child as usize].fail = target;
-                queue.push_back(child);
-            }
-        }
-        Self { nodes }
-    }
-
-    fn step(nodes: &[Node], at: u32, b: u8) -> Option<u32> {
-        let next = &nodes[at as usize].next;
-        next.binary_search_by_key(&b, |&(k, _)| k)
-            .ok()
-            .map(|i| next[i].1)
-    }
-
-    /// The length of the longest suffix of `window` that is a proper prefix of a pattern
-    /// (a prefix some pattern continues beyond).
-    pub fn held_suffix<'a>(&self, window: impl IntoIterator<Item = &'a u8>) -> usize {
-        let mut at = 0u32;
-        for &b in window {
-            at = loop {
-                if let Some(t) = Self::step(&self.nodes, at, b) {
-                    break t;
-                }
-                if at == 0 {
-                    break 0;
-                }
-                at = self.nodes[at as usize].fail;
-            };
-        }
-        // A complete pattern nothing extends is not a prefix to wait on; shorter suffixes
-        // in the trie are reached through the failure chain, longest first.
-        while at != 0 && self.nodes[at as usize].next.is_empty() {
-            at = self.nodes[at as usize].fail;
-        }
-        self.nodes[at as usize].depth as usize
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,19 +186,5 @@ mod tests {
                 String::from_utf8_lossy(form)
             );
         }
-    }
-
-    #[test]
-    fn held_suffix_is_the_longest_proper_prefix() {
-        let trie = PrefixTrie::new(&[b"abcd".to_vec(), b"bcx".to_vec(), b"zz".to_vec()]);
-        assert_eq!(trie.held_suffix(b"xxabc"), 3);
-        assert_eq!(trie.held_suffix(b"xxbc"), 2);
-        assert_eq!(trie.held_suffix(b"xxz"), 1);
-        assert_eq!(trie.held_suffix(b"xxq"), 0);
-        assert_eq!(trie.held_suffix(b""), 0);
-        // "zz" is complete and nothing extends it, but its last "z" still starts one.
-        assert_eq!(trie.held_suffix(b"xzz"), 1);
-        // "abcd" complete: the suffix "" (no pattern continues "d", "cd", "bcd").
-        assert_eq!(trie.held_suffix(b"abcd"), 0);
     }
 }

@@ -25,7 +25,6 @@
 mod body;
 mod cards;
 mod patterns;
-mod prefix;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -37,8 +36,8 @@ use aho_corasick::{AhoCorasick, Input, MatchKind};
 pub use body::{Blocked, DlpBody};
 pub use stream::{StreamScanner, MAX_HELD};
 
+use crate::prefix_trie::PrefixTrie;
 use patterns::{Rule, View, DEFAULT_ANCHORS};
-use prefix::PrefixTrie;
 
 /// Literal values shorter than this are not scanned for: they would match everywhere
 /// (`1234`), and refusing bodies on such matches would make the check useless. They are

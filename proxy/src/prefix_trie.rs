@@ -1,17 +1,19 @@
-//! How much of a buffer's tail could be the beginning of an anchor not yet complete: the
-//! bytes a streaming scan must hold back even though the automaton found nothing there.
+//! How much of a buffer's tail could be the beginning of a pattern not yet complete: the
+//! bytes a streaming scan must hold back even though its automaton found nothing there.
+//! Shared by the response scrubber ([`crate::scrub`]) and outbound DLP
+//! ([`crate::check::dlp`]).
 //!
-//! A trie of the anchors with Aho–Corasick failure links, walked over the last
-//! `longest anchor − 1` bytes only (the `aho-corasick` crate does not expose the depth of
-//! its states, hence this small companion, as in `scrub`).
+//! A trie of the patterns with Aho–Corasick failure links, walked over the last
+//! `longest pattern − 1` bytes only (the `aho-corasick` crate does not expose the depth of
+//! its states, hence this small companion).
 
-/// The anchors' trie; its only question is [`PrefixTrie::held_suffix`].
-#[derive(Default)]
+/// The patterns' trie; its only question is [`PrefixTrie::held_suffix`].
+#[derive(Debug, Default)]
 pub struct PrefixTrie {
     nodes: Vec<Node>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Node {
     /// Sorted by byte.
     next: Vec<(u8, u32)>,
@@ -63,8 +65,9 @@ impl PrefixTrie {
         Self { nodes }
     }
 
-    /// The length of the longest suffix of `window` that is a proper prefix of an anchor.
-    pub fn held_suffix(&self, window: &[u8]) -> usize {
+    /// The length of the longest suffix of `window` that is a proper prefix of a pattern
+    /// (a prefix some pattern continues beyond).
+    pub fn held_suffix<'a>(&self, window: impl IntoIterator<Item = &'a u8>) -> usize {
         let mut at = 0u32;
         for &b in window {
             at = loop {
