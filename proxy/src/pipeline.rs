@@ -1,8 +1,8 @@
 //! The request pipeline: the one function that lists the phases of DESIGN §3 in order.
 //!
 //! ```text
-//! authenticate → classify → [collect] → recognise → placeholders → evaluate → [hold] →
-//! inject → forward → scrub                                  (audit: a guard around all)
+//! authenticate → classify → [collect] → recognise → placeholders → evaluate → check →
+//! [hold] → inject → (streamed dlp) → forward → scrub         (audit: a guard around all)
 //! ```
 //! MCP JSON-RPC to a catalogued endpoint ([`crate::mcp`]) runs through the same phases: its
 //! body is parsed in `recognise`, each `tools/call` is decided in `evaluate`, refused calls
@@ -11,8 +11,8 @@
 //! under the same request id.
 //! `escalate` has two halves ([`crate::escalate`]): a retry carrying `Ostiary-Approval`
 //! collects a held request's outcome right after classify; an escalated decision is held
-//! right after evaluate. `check` (issue 6) slots in before the hold; nothing else in the
-//! crate decides the order.
+//! after `check` ([`crate::check`]), which runs the tier's checks between evaluate and the
+//! hold. MCP `tools/call`s are not checked yet. Nothing else in the crate decides the order.
 
 use std::sync::Arc;
 
