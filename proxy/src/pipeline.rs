@@ -234,6 +234,7 @@ async fn run(
         ),
     };
     let mut stream_dlp = false;
+    let mut response_dlp = false;
     if let Some(action) = action {
         let (policies, action, escalated) = match evaluate::decide_or_escalate(
             &engine,
@@ -283,6 +284,7 @@ async fn run(
         let report = shared.checks.run(subject, &shared.metrics).await;
         // A body that streams is scanned on its way, after the decision (see `check`).
         stream_dlp = tool.is_none() && shared.checks.wants(tier, "dlp");
+        response_dlp = shared.checks.wants(tier, "response_dlp");
         audit.update(|r| {
             r.checks = report.ran.clone();
             r.unchecked = matches!(report.verdict, check::Verdict::Unchecked { .. });
@@ -531,6 +533,24 @@ async fn run(
             })?
         }
         None => response.map(body::stream),
+    };
+    // response_dlp — after scrub (an injected secret is redacted, not a finding), before
+    // anything else reads the answer: a body carrying a secret is cut before the chunk
+    // that holds it. The head has left by then, and so has this request's audit record:
+    // the cut is logged and counted (`ostiary_checks_total{check="response_dlp"}`).
+    let response = if response_dlp {
+        let metrics = shared.metrics.clone();
+        let request_id = request_id.to_owned();
+        response.map(|body| {
+            let (scanned, _) = check::dlp::DlpBody::new(body, shared.checks.detectors.clone());
+            body::stream(http_body_util::BodyExt::map_err(scanned, move |e| {
+                metrics.check_ran("response_dlp", "fail", std::time::Duration::ZERO);
+                tracing::warn!(request_id, error = %e, "response cut: it carries a secret");
+                e
+            }))
+        })
+    } else {
+        response
     };
     // MCP answers are filtered and merged after forward, before hop-by-hop headers go.
     let mut response = match mcp_reply {

@@ -503,3 +503,48 @@ checks = ["limits", "args_schema", "webhook"]
         alone[10], busy[10]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_dlp_cuts_an_answer_carrying_a_secret() {
+    // Opt-in per tier: reads scan what comes back.
+    let rig = Rig::start(
+        r#"
+[tiers.read]
+checks = ["limits", "args_schema", "response_dlp"]
+"#,
+    )
+    .await;
+    // The reflecting route echoes the request's headers in its JSON answer.
+    let key = "AKIAIOSFODNN7EXAMPLF";
+    let clean = rig
+        .client
+        .get(rig.upstream.url("/reflect"))
+        .header("x-note", "nothing to see")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(clean.status(), 200);
+    assert!(clean.text().await.unwrap().contains("nothing to see"));
+
+    let leaking = rig
+        .client
+        .get(rig.upstream.url("/reflect"))
+        .header("x-note", format!("key {key} here"))
+        .send()
+        .await;
+    // Cut before the chunk carrying the key: a small answer dies with its head (the agent
+    // gets no answer at all), a longer one part-way through its body.
+    if let Ok(response) = leaking {
+        if let Ok(body) = response.bytes().await {
+            assert!(
+                !String::from_utf8_lossy(&body).contains(key),
+                "the key reached the agent"
+            );
+        }
+    }
+    let metrics = rig.metrics().await;
+    assert!(
+        metrics.contains("ostiary_checks_total{check=\"response_dlp\",outcome=\"fail\"} 1"),
+        "{metrics}"
+    );
+}
