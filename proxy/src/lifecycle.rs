@@ -18,6 +18,32 @@ use crate::server::Shared;
 /// End a session's credentials and record it. The registry side (refusing the session) is
 /// the caller's: `DELETE` revokes first, expiry has already happened.
 pub async fn end_session(shared: &Shared, session: &str, agent: &str, tenant: &str, why: &str) {
+    // Its approvals first: none of them could run any more (execution re-checks the
+    // session), so approvers are not asked about them again.
+    let queue = &shared.approvals;
+    let owner = session.to_owned();
+    match queue
+        .store
+        .call(move |s| s.expire_session(&owner, crate::store::now_ms()))
+        .await
+    {
+        Ok(expired) => {
+            for approval in &expired {
+                queue.record(
+                    approval,
+                    "expired",
+                    "deny",
+                    Some("approval_expired"),
+                    format!("the session ended ({why}) before anyone decided"),
+                    None,
+                );
+            }
+            if !expired.is_empty() {
+                queue.flush_audit().await;
+            }
+        }
+        Err(e) => tracing::error!(session, error = %e, "expiring a session's approvals failed"),
+    }
     let report = shared.credentials.broker.end_session(session).await;
     for id in &report.dropped {
         shared.upstreams.forget(*id);

@@ -283,10 +283,54 @@ async fn approval_is_reauthorized_under_the_policies_in_force_at_execution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_session_s_approvals_never_run() {
     let rig = Rig::start(&approvers("")).await;
-    let id = rig.hold("ch_8", &[1]).await;
-    rig.proxy
-        .control()
+    let approved = rig.hold("ch_8", &[1]).await;
+    let pending = rig.hold("ch_8b", &[1]).await;
+    let control = rig.proxy.control();
+    // Approved right before the session is revoked: it races the revocation, and either
+    // ran first or is refused at execution — never run after the session ended.
+    control
+        .decide(&approved, true, APPROVER, None)
+        .await
+        .unwrap();
+    control
         .delete_session(&rig.session.session_id)
+        .await
+        .unwrap();
+    // Still pending when the session ended: expired at once, nobody is asked any more.
+    let expired = rig.wait_status(&pending, "expired").await;
+    assert!(
+        expired["reason"]
+            .as_str()
+            .unwrap()
+            .contains("session ended"),
+        "{expired:#}"
+    );
+    assert!(control
+        .decide(&pending, true, APPROVER, None)
+        .await
+        .is_err());
+    assert_eq!(rig.delivered("ch_8b"), 0);
+    let raced = loop {
+        let a = control.approval(&approved).await.unwrap();
+        if a["status"] == "executed" || a["status"] == "refused" {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ran = usize::from(raced["status"] == "executed");
+    assert_eq!(rig.delivered("ch_8"), ran, "{raced:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_decided_after_its_session_ended_is_refused_at_execution() {
+    let rig = Rig::start(&approvers("")).await;
+    let id = rig.hold("ch_8c", &[1]).await;
+    // The session expires in the registry (not torn down yet by the reaper): the decision
+    // is recorded, and execution refuses it because the session is no longer live.
+    rig.proxy
+        .shared
+        .sessions
+        .revoke(&rig.session.session_id)
         .await
         .unwrap();
     rig.proxy
@@ -296,7 +340,7 @@ async fn a_revoked_session_s_approvals_never_run() {
         .unwrap();
     let refused = rig.wait_status(&id, "refused").await;
     assert!(refused["reason"].as_str().unwrap().contains("session"));
-    assert_eq!(rig.delivered("ch_8"), 0);
+    assert_eq!(rig.delivered("ch_8c"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -336,6 +336,30 @@ impl ApprovalStore {
         self.get_many(&ids)
     }
 
+    /// Expire every pending approval of `session` (it ended: nothing it asked for can run,
+    /// so no human should be asked any more); returns them, now `expired`.
+    pub fn expire_session(&self, session: &str, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        let ids: Vec<String> = self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let ids = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1",
+                )?;
+                let rows = stmt.query_map([session], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            tx.execute(
+                "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
+                   reason = 'the session ended before anyone decided'
+                 WHERE status = 'pending' AND session = ?1",
+                params![session, now_ms],
+            )?;
+            tx.commit()?;
+            Ok(ids)
+        })?;
+        self.get_many(&ids)
+    }
+
     /// Start a new notification round for every pending approval whose `renotify_ms` has
     /// passed: rounds + 1, next reminder one `ttl` later. Returns them, updated.
     pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
