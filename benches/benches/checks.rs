@@ -54,6 +54,7 @@ fn once(f: &Fixture, checks: &Checks) {
         records: 0,
         body: Some(b""),
         declared_len: None,
+        detectors: None,
     };
     // No remote check in this tier: the future completes on its first poll.
     let report = futures_util::FutureExt::now_or_never(checks.run(subject, &f.metrics))

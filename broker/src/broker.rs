@@ -19,7 +19,7 @@ use crate::binding::Binding;
 use crate::credential::{Credential, Lease, MintFor};
 use crate::source::SourceSpec;
 use crate::vault::VaultClient;
-use crate::{BrokerError, FileSource};
+use crate::{BrokerError, FileSource, Secret};
 
 /// Never hand out a credential closer than this to its end: the request still has to
 /// reach the upstream and be checked there.
@@ -475,6 +475,21 @@ impl Broker {
             .values()
             .map(|e| e.leases.len())
             .sum()
+    }
+
+    /// The secret values the broker holds for `session` (binding name, value): what an
+    /// outbound scan must never see leave. Walks the cache, so it is for checks a tier
+    /// pays for, not for every request.
+    pub fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
+        let mut out = Vec::new();
+        for (key, held) in self.cache.iter() {
+            if &*key.session == session {
+                for value in held.credential.secret_values() {
+                    out.push((held.binding.name.clone(), value.clone()));
+                }
+            }
+        }
+        out
     }
 
     /// Cached credentials (approximate, as moka counts).

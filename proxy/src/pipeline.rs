@@ -233,7 +233,7 @@ async fn run(
             None,
         ),
     };
-    let mut stream_dlp = false;
+    let mut stream_dlp: Option<Arc<check::dlp::Detectors>> = None;
     let mut response_dlp = false;
     if let Some(action) = action {
         let (policies, action, escalated) = match evaluate::decide_or_escalate(
@@ -263,6 +263,16 @@ async fn run(
             } => (Some(args), *impact_records),
             _ => (None, 0),
         };
+        // "Any value of a credential known to the broker": the session's own, when the
+        // tier scans bodies at all.
+        let wants_dlp = shared.checks.wants(tier, "dlp");
+        let with_secrets = if wants_dlp {
+            shared
+                .checks
+                .detectors_with(shared.credentials.broker.secrets_of(&principal.session_id))
+        } else {
+            None
+        };
         let subject = check::Subject {
             tier,
             agent: &principal.agent,
@@ -280,10 +290,13 @@ async fn run(
                 .get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok()),
+            detectors: with_secrets.as_deref(),
         };
         let report = shared.checks.run(subject, &shared.metrics).await;
         // A body that streams is scanned on its way, after the decision (see `check`).
-        stream_dlp = tool.is_none() && shared.checks.wants(tier, "dlp");
+        if tool.is_none() && wants_dlp {
+            stream_dlp = Some(with_secrets.unwrap_or_else(|| shared.checks.detectors.clone()));
+        }
         response_dlp = shared.checks.wants(tier, "response_dlp");
         audit.update(|r| {
             r.checks = report.ran.clone();
@@ -460,12 +473,12 @@ async fn run(
     // A body that streams is scanned for secrets on its way (`dlp` of the tier): the chunk
     // carrying a finding, and everything after it, never leaves; the upstream request is
     // aborted. Wrapped after the placeholder guard, which it must not hide a chunk from.
-    let (upstream_body, dlp_finding) = if stream_dlp {
-        let (scanned, slot) =
-            check::dlp::DlpBody::new(upstream_body, shared.checks.detectors.clone());
-        (scanned, Some(slot))
-    } else {
-        (upstream_body, None)
+    let (upstream_body, dlp_finding) = match stream_dlp {
+        Some(detectors) => {
+            let (scanned, slot) = check::dlp::DlpBody::new(upstream_body, detectors);
+            (scanned, Some(slot))
+        }
+        None => (upstream_body, None),
     };
     let upstream_req = Request::from_parts(parts, upstream_body);
 

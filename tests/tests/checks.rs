@@ -548,3 +548,55 @@ checks = ["limits", "args_schema", "response_dlp"]
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_the_broker_holds_never_leaves_in_a_body() {
+    const SECRET: &str = "pay_live_CANARY_3e8f1c9a77d2";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secrets.toml");
+    std::fs::write(&file, format!("pay = \"{SECRET}\"\n")).unwrap();
+    let rig = Rig::start(&format!(
+        r#"
+[broker]
+backend = "file"
+file = "{}"
+
+[[credential]]
+name = "pay"
+source = {{ file = "pay" }}
+hosts = ["api.example.test"]
+inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
+"#,
+        file.display()
+    ))
+    .await;
+    // A read first: the broker fetches the credential for this session and injects it.
+    let (status, _, _) = rig.call("GET", "/idem/read", None).await;
+    assert_eq!(status, 201);
+    let seen = rig.upstream.seen_path("/idem/read");
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    // The value itself in a body (a tool call's, then a streamed one): refused by name.
+    let (status, body, _) = rig
+        .call("POST", "/idem/write/s1", Some(json!({ "note": SECRET })))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["check"], "dlp");
+    assert!(
+        body["detail"].as_str().unwrap().contains("credential:pay"),
+        "{body}"
+    );
+    assert!(!body.to_string().contains(SECRET));
+    let mut streamed = b"token=".to_vec();
+    streamed.extend_from_slice(SECRET.as_bytes());
+    let reply = stream_post(&rig, "/upload", vec![Bytes::from(streamed)]).await;
+    assert_eq!(reply.status.as_u16(), 422, "{reply}");
+    assert!(rig
+        .upstream
+        .seen_path("/upload")
+        .iter()
+        .all(|s| !s.body_complete));
+    assert_eq!(rig.upstream.effects().len(), 1, "only the read was applied");
+}

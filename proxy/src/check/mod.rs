@@ -107,6 +107,9 @@ pub struct Subject<'a> {
     pub body: Option<&'a [u8]>,
     /// `Content-Length` of a body that streams.
     pub declared_len: Option<u64>,
+    /// The DLP detectors with the session's credential values added, when it holds any;
+    /// `None`: the default set.
+    pub detectors: Option<&'a dlp::Detectors>,
 }
 
 /// The checks and what they need, built once.
@@ -153,6 +156,26 @@ impl Checks {
         }
     }
 
+    /// The detectors for a session that holds `secrets` (binding name, value): the default
+    /// set plus those values, so a credential the broker holds never leaves in a body.
+    /// `None` when it holds none.
+    pub fn detectors_with(
+        &self,
+        secrets: Vec<(String, ostiary_broker::Secret)>,
+    ) -> Option<Arc<dlp::Detectors>> {
+        if secrets.is_empty() {
+            return None;
+        }
+        let literals = secrets
+            .into_iter()
+            .map(|(name, value)| (name, value.expose().as_bytes().to_vec()))
+            .collect();
+        Some(Arc::new(dlp::Detectors::with_literals(
+            &self.detectors,
+            literals,
+        )))
+    }
+
     /// Whether `tier` lists `check`.
     pub fn wants(&self, tier: &str, check: &str) -> bool {
         self.tiers
@@ -188,7 +211,7 @@ impl Checks {
                 },
                 // A body that streams is scanned on its way (see the module docs).
                 _ => match subject.body {
-                    Some(body) => match self.detectors.scan(body) {
+                    Some(body) => match subject.detectors.unwrap_or(&self.detectors).scan(body) {
                         Some(finding) => Err(format!(
                             "the request body carries {} at byte {}",
                             finding.kind, finding.offset
