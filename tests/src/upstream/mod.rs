@@ -441,12 +441,6 @@ pub struct ServerState {
     next_id: Arc<AtomicU64>,
 }
 
-fn query_param(parts: &http::request::Parts, name: &str) -> Option<String> {
-    url::form_urlencoded::parse(parts.uri.query()?.as_bytes())
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-}
-
 /// One request the `/idem/` route applied (a retry with the same `Idempotency-Key` is
 /// answered from the first one and applies nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -687,10 +681,12 @@ impl Connection {
             "/grpc" => grpc(read.data.unwrap_or_default()),
             "/reflect" => reflect(&parts, read.data.unwrap_or_default()).await,
             _ if path.starts_with("/idem/") => {
-                let response = self.idempotent(&parts, &path, &read);
+                let response = idempotent(&self.state, &parts, &path, &read);
                 // `?delay_ms=N`: applied at once, answered late, so a test can kill the
                 // caller after the effect and before it learns the outcome.
-                if let Some(ms) = query_param(&parts, "delay_ms").and_then(|v| v.parse().ok()) {
+                if let Some(ms) =
+                    query_param(parts.uri.query(), "delay_ms").and_then(|v| v.parse().ok())
+                {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                 }
                 response
@@ -703,49 +699,6 @@ impl Connection {
                 ),
             },
         }
-    }
-
-    /// `/idem/...` (`?delay_ms=N` answers N ms late): a mutating endpoint that honours `Idempotency-Key` the way payment APIs
-    /// do: the first request with a key is applied (recorded in `effects`) and answered 201;
-    /// a repeat is answered the same, marked `idempotent-replayed: true`, and applies
-    /// nothing.
-    fn idempotent(
-        &self,
-        parts: &http::request::Parts,
-        path: &str,
-        read: &BodyRead,
-    ) -> Response<Body> {
-        let key = parts
-            .headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let mut effects = self.state.effects.lock().unwrap_or_else(|e| e.into_inner());
-        let earlier = key
-            .as_ref()
-            .and_then(|k| effects.iter().position(|e| e.key.as_ref() == Some(k)));
-        let (number, replayed) = match earlier {
-            Some(i) => (i + 1, true),
-            None => {
-                effects.push(Effect {
-                    key: key.clone(),
-                    method: parts.method.to_string(),
-                    path: path.to_owned(),
-                    body_sha256: hex(&read.sha256),
-                });
-                (effects.len(), false)
-            }
-        };
-        let mut response = json_response(
-            StatusCode::CREATED,
-            json!({"applied": number, "key": key, "path": path}),
-        );
-        if replayed {
-            response
-                .headers_mut()
-                .insert("idempotent-replayed", HeaderValue::from_static("true"));
-        }
-        response
     }
 
     fn websocket(&self, req: &mut Request<Incoming>, id: u64) -> Response<Body> {

@@ -228,7 +228,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
 }
 
 /// The value of query parameter `name` (not decoded), if present.
-fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+pub(super) fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
     query
         .unwrap_or_default()
         .split('&')
@@ -519,4 +519,47 @@ pub(super) async fn reflect(parts: &hyper::http::request::Parts, body: Bytes) ->
         );
     }
     resp
+}
+
+/// `/idem/...` (`?delay_ms=N` answers N ms late): a mutating endpoint that honours
+/// `Idempotency-Key` the way payment APIs do: the first request with a key is applied (recorded in `effects`) and answered 201;
+/// a repeat is answered the same, marked `idempotent-replayed: true`, and applies
+/// nothing.
+pub(super) fn idempotent(
+    state: &ServerState,
+    parts: &http::request::Parts,
+    path: &str,
+    read: &BodyRead,
+) -> Response<Body> {
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut effects = state.effects.lock().unwrap_or_else(|e| e.into_inner());
+    let earlier = key
+        .as_ref()
+        .and_then(|k| effects.iter().position(|e| e.key.as_ref() == Some(k)));
+    let (number, replayed) = match earlier {
+        Some(i) => (i + 1, true),
+        None => {
+            effects.push(Effect {
+                key: key.clone(),
+                method: parts.method.to_string(),
+                path: path.to_owned(),
+                body_sha256: hex(&read.sha256),
+            });
+            (effects.len(), false)
+        }
+    };
+    let mut response = json_response(
+        StatusCode::CREATED,
+        json!({"applied": number, "key": key, "path": path}),
+    );
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
 }
