@@ -278,11 +278,11 @@ impl ApprovalStore {
     pub fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = {
-                let mut stmt = tx.prepare("SELECT id FROM approvals WHERE status = 'executing'")?;
-                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
+            let ids = ids_where(
+                &tx,
+                "SELECT id FROM approvals WHERE status = 'executing'",
+                [],
+            )?;
             tx.execute(
                 "UPDATE approvals SET status = 'approved', updated_ms = ?1
                  WHERE status = 'executing'",
@@ -308,13 +308,11 @@ impl ApprovalStore {
     pub fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = {
-                let mut stmt = tx.prepare(
-                    "SELECT id FROM approvals WHERE status = 'pending' AND deadline_ms <= ?1",
-                )?;
-                let rows = stmt.query_map([now_ms], |r| r.get::<_, String>(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
+            let ids = ids_where(
+                &tx,
+                "SELECT id FROM approvals WHERE status = 'pending' AND deadline_ms <= ?1",
+                [now_ms],
+            )?;
             tx.execute(
                 "UPDATE approvals SET status = 'expired', decided_ms = ?1, updated_ms = ?1,
                    reason = 'the deadline passed without a decision'
@@ -332,13 +330,11 @@ impl ApprovalStore {
     pub fn expire_session(&self, session: &str, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = {
-                let mut stmt = tx.prepare(
-                    "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1",
-                )?;
-                let rows = stmt.query_map([session], |r| r.get::<_, String>(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
+            let ids = ids_where(
+                &tx,
+                "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1",
+                [session],
+            )?;
             tx.execute(
                 "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
                    reason = 'the session ended before anyone decided'
@@ -356,14 +352,12 @@ impl ApprovalStore {
     pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = {
-                let mut stmt = tx.prepare(
-                    "SELECT id FROM approvals
+            let ids = ids_where(
+                &tx,
+                "SELECT id FROM approvals
                      WHERE status = 'pending' AND renotify_ms <= ?1 AND deadline_ms > ?1",
-                )?;
-                let rows = stmt.query_map([now_ms], |r| r.get::<_, String>(0))?;
-                rows.collect::<rusqlite::Result<Vec<_>>>()?
-            };
+                [now_ms],
+            )?;
             for id in &ids {
                 tx.execute(
                     "UPDATE approvals SET rounds = rounds + 1, renotify_ms = ?2 + ?3,
@@ -431,6 +425,17 @@ impl ApprovalStore {
             Ok(counts)
         })
     }
+}
+
+/// The ids a transition is about to move, read in its own transaction.
+fn ids_where(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = tx.prepare(sql)?;
+    let rows = stmt.query_map(params, |r| r.get::<_, String>(0))?;
+    rows.collect()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
