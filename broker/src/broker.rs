@@ -478,12 +478,23 @@ impl Broker {
     }
 
     /// The secret values the broker holds for `session` (binding name, value): what an
-    /// outbound scan must never see leave. Walks the cache, so it is for checks a tier
-    /// pays for, not for every request.
-    pub fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
+    /// outbound scan must never see leave. Looks up the session's own cache keys in its
+    /// ledger, so the cost follows what this session holds, not how many sessions there are.
+    pub async fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
+        let mut keys = {
+            let ledger = self.ledger.lock().expect("broker ledger poisoned");
+            match ledger.get(session) {
+                Some(entry) => entry.keys.clone(),
+                None => return Vec::new(),
+            }
+        };
+        // A credential fetched again after its cache entry expired is listed twice.
+        keys.sort_by(|a, b| (&a.binding, &a.target).cmp(&(&b.binding, &b.target)));
+        keys.dedup();
         let mut out = Vec::new();
-        for (key, held) in self.cache.iter() {
-            if &*key.session == session {
+        for key in keys {
+            // Also a credential past its cache margin: the upstream still accepts it.
+            if let Some(held) = self.cache.get(&key).await {
                 for value in held.credential.secret_values() {
                     out.push((held.binding.name.clone(), value.clone()));
                 }

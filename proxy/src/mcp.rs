@@ -17,7 +17,10 @@
 //!   client sends back to server requests): decided once, as `Action::"http"` on the
 //!   endpoint's host — the same decision the request would get without the catalog.
 //!
-//! A call policy escalates is listed in [`Plan::escalated`]; the pipeline holds it in the
+//! Deciding is two steps ([`plan`]): Cedar decides every call ([`Exchange::decide`]), the
+//! pipeline runs each allowed or escalated call's checks ([`plan::Decided::checked`]), and
+//! then what is forwarded is worked out ([`plan::Decided::finish`]). A call policy or a
+//! check escalates is listed in [`plan::Plan::escalated`]; the pipeline holds it in the
 //! approval queue as that one call and its refusal becomes `approval_pending` (`-32002`).
 //!
 //! Refused calls are never forwarded. A lone refused call, or a batch whose calls are all
@@ -30,14 +33,14 @@
 //! pipeline as a record of kind `mcp_call` under the request's id), so that a refused call
 //! in a partly forwarded batch leaves a record; the request keeps its own `http` record.
 
+pub mod plan;
 pub mod reply;
 
-use bytes::Bytes;
 use ostiary_policies::{Action, Catalog, PolicyEngine, SessionState, Tool, ToolMatch};
 use serde_json::{Map, Value};
 
 use crate::classify::Target;
-use crate::error::{McpRefusal, ProxyError};
+use crate::error::ProxyError;
 use crate::evaluate::{self, Verdict};
 use crate::metrics::Metrics;
 use crate::session::Principal;
@@ -255,58 +258,6 @@ fn unknown_tool(target: &Target, name: &str) -> ProxyError {
     }
 }
 
-/// The outcome of deciding an [`Exchange`].
-#[derive(Debug)]
-pub struct Plan {
-    /// What to forward, already serialized: `None` when nothing is left to forward.
-    pub forward: Option<Bytes>,
-    /// Whether `forward` is exactly the agent's body (nothing was taken out).
-    pub unchanged: bool,
-    /// Refused calls with an id (a refused notification gets no answer).
-    pub refused: Vec<McpRefusal>,
-    /// Ids of forwarded `tools/list` requests, whose answers are filtered.
-    pub listed: Vec<Value>,
-    /// Whether the agent sent a batch.
-    pub batch: bool,
-    /// Determining policies of the allowed calls, for the audit record.
-    pub policies: Vec<String>,
-    /// Catalog names of the calls, for the audit record.
-    pub tools: Vec<String>,
-    /// Every `tools/call`, in order, with its decision: one `mcp_call` record each.
-    pub calls: Vec<DecidedCall>,
-    /// Calls policy escalated, to be held for approval: their refusal (in `refused`) and
-    /// decision (in `calls`) say `approval_required` until the pipeline holds them.
-    pub escalated: Vec<Escalated>,
-}
-
-/// A `tools/call` that a human's approval would allow.
-#[derive(Debug)]
-pub struct Escalated {
-    /// Index of its refusal in [`Plan::refused`] (`None` for a notification, which no one
-    /// could collect: it is refused, not held).
-    pub refusal: Option<usize>,
-    /// Index of its decision in [`Plan::calls`].
-    pub call: usize,
-    /// The JSON-RPC message as the agent sent it: what is held and later sent alone.
-    pub message: Value,
-    pub policies: Vec<String>,
-    pub action: Action,
-    pub tier: String,
-}
-
-/// One decided `tools/call`: what its own audit record needs, never its arguments.
-#[derive(Debug)]
-pub struct DecidedCall {
-    /// The JSON-RPC id as JSON text (`7`, `"a"`), so `7` and `"7"` stay apart; `None` for a
-    /// notification.
-    pub rpc_id: Option<String>,
-    /// The catalog entry's name and tier; `None` for a tool the catalog does not list for
-    /// the endpoint (the agent's name for it is in the refusal's reason).
-    pub tool: Option<(String, String)>,
-    /// The determining policies of an allowed call, or why it was refused.
-    pub outcome: Result<Vec<String>, ProxyError>,
-}
-
 impl Exchange {
     /// The one `tools/call` of a body holding exactly that (a held call being executed):
     /// its id, the agent's tool name and arguments.
@@ -324,101 +275,6 @@ impl Exchange {
         self.messages
             .iter()
             .any(|(_, kind)| !matches!(kind, Kind::Call { .. }))
-    }
-
-    /// Decide every `tools/call` on its own and work out what is forwarded.
-    pub fn decide(
-        self,
-        endpoint: &Endpoint,
-        asker: Asker<'_>,
-        body: Bytes,
-    ) -> Result<Plan, ProxyError> {
-        let mut plan = Plan {
-            forward: None,
-            unchanged: true,
-            refused: Vec::new(),
-            listed: Vec::new(),
-            batch: self.batch,
-            policies: Vec::new(),
-            tools: Vec::new(),
-            calls: Vec::new(),
-            escalated: Vec::new(),
-        };
-        let mut kept = Vec::with_capacity(self.messages.len());
-        for (value, kind) in self.messages {
-            match kind {
-                Kind::Call { id, name, args } => {
-                    let tool = endpoint
-                        .tool(asker.engine.catalog(), &name)
-                        .map(|tool| (tool.name().to_owned(), tool.tier().as_str().to_owned()));
-                    if let Some((name, _)) = &tool {
-                        plan.tools.push(name.clone());
-                    }
-                    let outcome = match asker.call(endpoint, &name, args, None) {
-                        Ok(Verdict::Allow { policies, .. }) => Ok(policies),
-                        Ok(Verdict::Escalate { policies, action }) => {
-                            let refused = ProxyError::ApprovalRequired {
-                                policies: policies.clone(),
-                                action: action.uid_text(),
-                                resource: format!(
-                                    "{}::Tool::{:?}",
-                                    ostiary_policies::schema::NAMESPACE,
-                                    action.id().trim_start_matches("tool:")
-                                ),
-                            };
-                            plan.escalated.push(Escalated {
-                                refusal: id.as_ref().map(|_| plan.refused.len()),
-                                call: plan.calls.len(),
-                                message: value.clone(),
-                                policies,
-                                action,
-                                tier: tool.as_ref().map(|t| t.1.clone()).unwrap_or_default(),
-                            });
-                            Err(refused)
-                        }
-                        Err(e) => Err(e),
-                    };
-                    match &outcome {
-                        Ok(policies) => {
-                            plan.policies.extend(policies.iter().cloned());
-                            kept.push(value);
-                        }
-                        Err(error) => {
-                            plan.unchanged = false;
-                            if let Some(id) = &id {
-                                plan.refused.push(McpRefusal {
-                                    id: id.clone(),
-                                    error: error.clone(),
-                                });
-                            }
-                        }
-                    }
-                    plan.calls.push(DecidedCall {
-                        rpc_id: id.as_ref().map(Value::to_string),
-                        tool,
-                        outcome,
-                    });
-                }
-                Kind::List { id } => {
-                    plan.listed.push(id);
-                    kept.push(value);
-                }
-                Kind::Other => kept.push(value),
-            }
-        }
-        plan.forward = if plan.unchanged {
-            Some(body)
-        } else if kept.is_empty() {
-            None
-        } else if kept.len() == 1 {
-            // A single message, not a batch of one: servers that dropped batching (MCP
-            // 2025-06-18) still take it, and `reply` wraps the answer back into an array.
-            let one = kept.pop().unwrap_or_default();
-            Some(Bytes::from(one.to_string()))
-        } else {
-            Some(Bytes::from(Value::Array(kept).to_string()))
-        };
-        Ok(plan)
     }
 }
 

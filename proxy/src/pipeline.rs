@@ -12,7 +12,8 @@
 //! `escalate` has two halves ([`crate::escalate`]): a retry carrying `Ostiary-Approval`
 //! collects a held request's outcome right after classify; an escalated decision is held
 //! after `check` ([`crate::check`]), which runs the tier's checks between evaluate and the
-//! hold. MCP `tools/call`s are not checked yet. Nothing else in the crate decides the order.
+//! hold; MCP `tools/call`s are checked one by one, between their decision and their hold.
+//! Nothing else in the crate decides the order.
 
 use std::sync::Arc;
 
@@ -267,9 +268,7 @@ async fn run(
         // tier scans bodies at all.
         let wants_dlp = shared.checks.wants(tier, "dlp");
         let with_secrets = if wants_dlp {
-            shared
-                .checks
-                .detectors_with(shared.credentials.broker.secrets_of(&principal.session_id))
+            session_detectors(shared, &principal).await
         } else {
             None
         };
@@ -347,7 +346,58 @@ async fn run(
             principal: &principal,
             target: &target,
         };
-        let mut plan = exchange.decide(&endpoint, asker, bytes)?;
+        let mut decided = exchange.decide(&endpoint, asker)?;
+        // check — each call policy allowed or escalated, under its own tier's budget, all
+        // calls of a batch at once; after evaluate and before the holds, as for a REST call.
+        let secrets = match decided
+            .checkable()
+            .any(|call| shared.checks.wants(call.tier, "dlp"))
+        {
+            true => session_detectors(shared, &principal).await,
+            false => None,
+        };
+        let reports = futures_util::future::join_all(decided.checkable().map(|call| {
+            let detectors = secrets.as_deref();
+            let tool = engine.catalog().get(call.tool);
+            let host = &host;
+            let principal = &principal;
+            let target = &target;
+            async move {
+                let message = serde_json::to_vec(call.message).unwrap_or_default();
+                let (args, records) = match call.action {
+                    Action::Tool {
+                        args,
+                        impact_records,
+                        ..
+                    } => (Some(args), *impact_records),
+                    _ => (None, 0),
+                };
+                let subject = check::Subject {
+                    tier: call.tier,
+                    agent: &principal.agent,
+                    tenant: &principal.tenant,
+                    session: &principal.session_id,
+                    host,
+                    method: target.method.as_str(),
+                    path: &target.path,
+                    tool,
+                    args,
+                    records,
+                    body: Some(&message),
+                    declared_len: None,
+                    detectors,
+                };
+                (
+                    call.index,
+                    shared.checks.run(subject, &shared.metrics).await,
+                )
+            }
+        }))
+        .await;
+        for (index, report) in reports {
+            decided.checked(index, report);
+        }
+        let mut plan = decided.finish(bytes);
         // escalate (hold) — each escalated call on its own, as the single call it is, so it
         // can be executed alone once approved; its refusal becomes `approval_pending`.
         for escalated in std::mem::take(&mut plan.escalated) {
@@ -394,6 +444,8 @@ async fn run(
                         r.tier = Some(tier.clone());
                     }
                     r.rpc_id = call.rpc_id.clone();
+                    r.checks = call.checks.clone();
+                    r.unchecked = call.unchecked;
                 });
                 record.decided(call.outcome.as_ref().map(Vec::as_slice));
             }
@@ -403,6 +455,8 @@ async fn run(
                 r.tool = Some(tool.clone());
             }
             r.add_policies(plan.policies.clone());
+            r.checks = plan.calls.iter().flat_map(|c| c.checks.clone()).collect();
+            r.unchecked = plan.calls.iter().any(|c| c.unchecked);
         });
         let Some(forward) = plan.forward else {
             if plan.refused.is_empty() {
@@ -572,6 +626,20 @@ async fn run(
     };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
     Ok(response)
+}
+
+/// The DLP detectors with the values the broker holds for the session added ("any value
+/// of a credential known to the broker"); `None` when it holds none.
+async fn session_detectors(
+    shared: &Shared,
+    principal: &crate::session::Principal,
+) -> Option<Arc<check::dlp::Detectors>> {
+    let secrets = shared
+        .credentials
+        .broker
+        .secrets_of(&principal.session_id)
+        .await;
+    shared.checks.detectors_with(secrets)
 }
 
 /// Whether a refusal tells the agent that a request is now held for approval.

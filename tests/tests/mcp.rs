@@ -52,6 +52,7 @@ match = {{ mcp = "{url}", tool = "read_file" }}
 name = "files.write"
 tier = "write"
 match = {{ mcp = "{url}", tool = "write_file" }}
+args_schema = {{ type = "object", properties = {{ path = {{ type = "string", pattern = "^/[a-z]+[.]txt$" }}, content = {{ type = "string" }} }} }}
 
 [[tool]]
 name = "files.delete"
@@ -140,14 +141,20 @@ struct Rig {
 
 impl Rig {
     async fn start(flags: &[&str]) -> Self {
+        Self::start_with(flags, POLICIES, "").await
+    }
+
+    /// With other policies and extra config (`[tiers.*]`, `[checks.*]`).
+    async fn start_with(flags: &[&str], policies: &str, extra_toml: &str) -> Self {
         let ca = TestCa::new();
         let server = McpServer::start(&ca, flags).await;
         let proxy = TestProxy::start(ProxySpec {
-            policies: POLICIES.into(),
+            policies: policies.into(),
             tools_toml: Some(tools_toml(server.port)),
             names: vec![HOST.into()],
             ports: vec![server.port],
             upstream_ca_pem: Some(ca.ca_pem()),
+            extra_toml: extra_toml.into(),
             ..Default::default()
         })
         .await;
@@ -534,4 +541,136 @@ async fn an_escalated_call_is_held_then_collected_by_the_sdk_client_once_approve
         })
         .count();
     assert_eq!(executions, 1, "{records:#?}");
+}
+
+/// Writes allowed, so that what the checks keep from the server can be seen there.
+const WRITES_ALLOWED: &str = r#"
+@id("mcp-plumbing")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test");
+
+@id("files-ok")
+permit (principal, action in [Ostiary::Action::"tier:read", Ostiary::Action::"tier:write"], resource);
+"#;
+
+/// The answer with JSON-RPC id `id` in a batch's answer (HTTP 200, JSON array).
+fn answer_to(reply: &Reply, id: u64) -> Value {
+    assert_eq!(reply.status, 200, "{reply}");
+    reply
+        .json()
+        .as_array()
+        .and_then(|a| a.iter().find(|m| m["id"] == id))
+        .cloned()
+        .unwrap_or_else(|| panic!("no answer {id}: {reply}"))
+}
+
+fn write(id: u64, path: &str, content: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "write_file", "arguments": {"path": path, "content": content}}})
+}
+
+fn read(id: u64, path: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "read_file", "arguments": {"path": path}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_of_a_batch_pays_its_tier_s_checks_and_a_failing_one_never_leaves() {
+    let rig = Rig::start_with(&["--json", "--stateless"], WRITES_ALLOWED, "").await;
+    let key = "AKIAIOSFODNN7EXAMPLF";
+    // Policy allows all three; the write tier's checks (limits, args_schema, dlp) refuse
+    // two of them, and only the clean one reaches the server.
+    let batch = json!([
+        write(1, "/clean.txt", "fine"),
+        write(2, "/leak.txt", &format!("aws {key}")),
+        write(3, "/UPPER.txt", "x"),
+    ]);
+    let reply = rig.post(batch.to_string()).await;
+    let by_id = |id: u64| answer_to(&reply, id);
+    assert_eq!(by_id(1)["result"]["content"][0]["text"], "ok", "{reply}");
+    let leak = by_id(2);
+    assert_eq!(leak["error"]["code"], -32001, "{reply}");
+    assert_eq!(leak["error"]["data"]["error"], "check_failed", "{reply}");
+    assert_eq!(leak["error"]["data"]["check"], "dlp", "{reply}");
+    let schema = by_id(3);
+    assert_eq!(schema["error"]["data"]["check"], "args_schema", "{reply}");
+    assert!(!reply.to_string().contains(key), "never echoed: {reply}");
+
+    // The server saw only the clean write (it takes no batches: one read at a time).
+    for (id, path, expected) in [
+        (4, "/clean.txt", "fine"),
+        (5, "/leak.txt", ""),
+        (6, "/UPPER.txt", ""),
+    ] {
+        let reply = rig.post(read(id, path).to_string()).await;
+        let answer = reply.json();
+        assert_eq!(answer["id"], id, "{reply}");
+        // An empty file comes back as no content at all.
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("");
+        assert_eq!(text, expected, "{path}: {reply}");
+    }
+
+    // Each call's record lists its own checks; the refused ones name the failing check.
+    let records = rig.proxy.audit().await;
+    let call = |id: &str| {
+        records
+            .iter()
+            .find(|r| r.kind == "mcp_call" && r.rpc_id.as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no record of call {id}: {records:#?}"))
+    };
+    let clean = call("1");
+    assert_eq!(clean.decision, "allow", "{clean:#?}");
+    let ran: Vec<_> = clean.checks.iter().map(|c| c.check.as_str()).collect();
+    assert_eq!(ran, ["limits", "args_schema", "dlp"], "{clean:#?}");
+    assert_eq!(call("2").error.as_deref(), Some("check_failed"));
+    assert_eq!(
+        call("2").checks.last().map(|c| c.check.as_str()),
+        Some("dlp")
+    );
+    assert_eq!(call("3").error.as_deref(), Some("check_failed"));
+    for r in &records {
+        assert!(!serde_json::to_string(r).unwrap().contains(key));
+    }
+
+    // A lone call failing its checks is answered by the proxy alone.
+    let reply = rig.post(write(7, "/x.txt", key).to_string()).await;
+    assert_eq!(reply.json()["error"]["data"]["check"], "dlp", "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_that_cannot_answer_holds_an_mcp_call_for_a_human() {
+    // A webhook nobody answers (a port just closed) on reads that escalate when their
+    // budget runs out: the read is held, the write next to it goes through.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let tiers = format!(
+        r#"
+[tiers.read]
+budget = "50ms"
+on_budget = "escalate"
+checks = ["limits", "args_schema", "webhook"]
+
+[checks.webhook]
+url = "http://{closed}/check"
+"#
+    );
+    let rig = Rig::start_with(&["--json", "--stateless"], WRITES_ALLOWED, &tiers).await;
+    let batch = json!([read(1, "/notes.txt"), write(2, "/w.txt", "done")]);
+    let reply = rig.post(batch.to_string()).await;
+    let by_id = |id: u64| answer_to(&reply, id);
+    let held = by_id(1);
+    assert_eq!(held["error"]["code"], -32002, "{reply}");
+    assert_eq!(
+        held["error"]["data"]["error"], "approval_pending",
+        "{reply}"
+    );
+    assert_eq!(by_id(2)["result"]["content"][0]["text"], "ok", "{reply}");
+    let id = held["error"]["data"]["approval_id"].as_str().unwrap();
+    let approval = rig.proxy.control().approval(id).await.unwrap();
+    assert_eq!(approval["observed"]["tool"], "files.read", "{approval:#}");
+    let policies = approval["policies"].to_string();
+    assert!(policies.contains("check:webhook"), "{approval:#}");
 }
