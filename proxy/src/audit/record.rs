@@ -84,6 +84,13 @@ pub struct AuditRecord {
     /// The checks' budget ran out and the tier let the request through unchecked.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub unchecked: bool,
+    /// What the action cost the session (the catalog's `cost` of a tool call, in
+    /// micro-units), set when it was charged: an allowed or executed tool call.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cost_micros: Option<i64>,
+    /// The parent session of a child session's records (agent-to-agent spawning).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub parent: Option<String>,
 }
 
 impl AuditRecord {
