@@ -55,6 +55,7 @@ fn fixture() -> Fixture {
             agent: "bench".into(),
             tenant: "default".into(),
             depth: 0,
+            parent: None,
             expires_at: i64::MAX,
         },
         bound: target("api.github.com"),
@@ -87,6 +88,7 @@ async fn once(f: &Fixture, target: &Target) {
             &parts.uri,
             None,
             &target.host.to_string(),
+            &f.principal,
             &f.metrics,
         )
         .unwrap_or_default();

@@ -189,6 +189,7 @@ mod tests {
                 agent: "a".into(),
                 tenant: "t".into(),
                 depth: 0,
+                parent: None,
                 expires_at: i64::MAX,
             }),
         }))

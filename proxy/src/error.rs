@@ -79,11 +79,28 @@ pub enum ProxyError {
     /// A check on the request's content failed (`check` names it: `args_schema`, ...).
     #[error("check {check} failed: {detail}")]
     CheckFailed { check: String, detail: String },
+    /// A session limit (budget, bytes, rate, spawn bounds) was reached (429). Boxed: the
+    /// figures would make every `Result` of the request path larger.
+    #[error("limit {} reached ({} of {})", .0.limit, .0.used, .0.max)]
+    LimitExceeded(Box<crate::guardrails::meter::LimitHit>),
+    /// The watchdog paused the session until a human resumes it (423).
+    #[error("session paused: {reason}")]
+    SessionPaused { reason: String },
+    /// An `Idempotency-Key` already used for another request of the session (422).
+    #[error("Idempotency-Key {key} was used for a different request")]
+    IdempotencyMismatch { key: String },
+    /// An `Idempotency-Key` whose first request is still running, or whose outcome was too
+    /// large to keep (409): running it again could apply it twice.
+    #[error("Idempotency-Key {key}: {reason}")]
+    IdempotencyConflict { key: String, reason: &'static str },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
     /// A placeholder (`ostiary:<name>`) was sent to a host its credential is not bound to.
     #[error("placeholder of credential {credential} sent to {host}, which it is not bound to")]
     PlaceholderExfiltration { credential: String, host: String },
+    /// A placeholder of another session (a parent's, in a child session) was sent.
+    #[error("placeholder of credential {credential} belongs to another session")]
+    PlaceholderForeign { credential: String },
     /// A credential bound to the host cannot be sent with this request: over plain http
     /// (`credential_needs_tls`), or on a WebSocket upgrade whose frames could echo it back
     /// unscrubbed (`credential_over_upgrade`).
@@ -146,10 +163,14 @@ impl ProxyError {
                 "bad_request"
             }
             ProxyError::CheckFailed { .. } => "check_failed",
+            ProxyError::LimitExceeded(_) => "limit_exceeded",
+            ProxyError::SessionPaused { .. } => "session_paused",
+            ProxyError::IdempotencyMismatch { .. } => "idempotency_mismatch",
+            ProxyError::IdempotencyConflict { .. } => "idempotency_conflict",
             ProxyError::DestinationBlocked { .. } => "destination_blocked",
-            ProxyError::PlaceholderExfiltration { .. } | ProxyError::CredentialRefused { .. } => {
-                "denied"
-            }
+            ProxyError::PlaceholderExfiltration { .. }
+            | ProxyError::PlaceholderForeign { .. }
+            | ProxyError::CredentialRefused { .. } => "denied",
             ProxyError::CredentialUnavailable { .. } => "credential_unavailable",
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
@@ -170,7 +191,10 @@ impl ProxyError {
             | ProxyError::CheckFailed { .. }
             | ProxyError::ApprovalMismatch { .. }
             | ProxyError::ApprovalBodyTooLarge { .. }
+            | ProxyError::IdempotencyMismatch { .. }
+            | ProxyError::IdempotencyConflict { .. }
             | ProxyError::Misdirected { .. } => Side::Agent,
+            ProxyError::LimitExceeded(_) | ProxyError::SessionPaused { .. } => Side::Policy,
             ProxyError::Denied { .. }
             | ProxyError::ApprovalRequired { .. }
             | ProxyError::ApprovalPending { .. }
@@ -178,6 +202,7 @@ impl ProxyError {
             | ProxyError::ApprovalExpired { .. }
             | ProxyError::DestinationBlocked { .. }
             | ProxyError::PlaceholderExfiltration { .. }
+            | ProxyError::PlaceholderForeign { .. }
             | ProxyError::CredentialRefused { .. } => Side::Policy,
             ProxyError::CredentialUnavailable { .. } => Side::Internal,
             ProxyError::ApprovalNotExecuted { status, .. } => {

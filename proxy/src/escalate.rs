@@ -20,6 +20,7 @@ use ostiary_policies::Action;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::approvals::model::Ask;
 use crate::approvals::{Approval, HeldRequest, Observed, Status};
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
@@ -48,7 +49,7 @@ fn storable(name: &str) -> bool {
 }
 
 /// Hex SHA-256.
-fn digest(bytes: &[u8]) -> String {
+pub(crate) fn digest(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
@@ -129,35 +130,24 @@ pub async fn hold_body(
         .collect();
     let mut observed = observe(target, &action, tier);
     observed.rpc_id = rpc_id;
-    let now = now_ms();
-    let approval = Approval {
-        id: crate::approvals::queue::ApprovalQueue::new_id(),
-        status: Status::Pending,
-        created_ms: now,
-        deadline_ms: now + config.deadline.as_millis() as i64,
-        renotify_ms: now + config.ttl.as_millis() as i64,
-        rounds: 1,
-        session: principal.session_id.clone(),
-        agent: principal.agent.clone(),
-        tenant: principal.tenant.clone(),
-        request_id: request_id.to_owned(),
-        policies,
-        policy_generation: shared.policies.generation(),
-        request: HeldRequest {
-            method: target.method.to_string(),
-            url,
-            headers,
-            body_digest: digest(body),
-            body: body.to_vec(),
+    let approval = Approval::pending(
+        config,
+        Ask {
+            principal,
+            request_id: request_id.to_owned(),
+            policies,
+            policy_generation: shared.policies.generation(),
+            request: HeldRequest {
+                method: target.method.to_string(),
+                url,
+                headers,
+                body_digest: digest(body),
+                body: body.to_vec(),
+            },
+            observed,
         },
-        observed,
-        approver: None,
-        channel: None,
-        decided_ms: None,
-        reason: None,
-        attempts: 0,
-        result: None,
-    };
+        now_ms(),
+    );
     let approval = shared
         .approvals
         .hold(approval)

@@ -39,6 +39,7 @@ pub mod error;
 pub mod escalate;
 pub mod evaluate;
 pub mod forward;
+pub mod guardrails;
 pub mod ids;
 pub mod inject;
 pub mod lease_journal;

@@ -205,6 +205,8 @@ pub struct Asker<'a> {
     pub metrics: &'a Metrics,
     pub principal: &'a Principal,
     pub target: &'a Target,
+    /// `context.session`: what the session used before this request.
+    pub session: SessionState,
 }
 
 impl Asker<'_> {
@@ -224,8 +226,7 @@ impl Asker<'_> {
             name: tool.name().to_owned(),
             impact_records: tool.impact_records(&args).unwrap_or(0),
             cost_micros: tool.cost_micros(),
-            // As for REST calls: session counters arrive with their issue.
-            session: SessionState::default(),
+            session: self.session,
             approval,
             args,
         };

@@ -76,6 +76,20 @@ pub struct Metrics {
     pub check_seconds: Family<CheckLabels, Histogram, fn() -> Histogram>,
     pub checks: Family<CheckOutcomeLabels, Counter>,
     pub check_budget_exceeded: Family<BudgetLabels, Counter>,
+    pub watchdog_trips: Family<KindLabels, Counter>,
+    pub limits_exceeded: Family<LimitLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `repeat`, `cycle`, `denial_burst`, `tier_jump`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// `calls`, `cost`, `bytes_sent`, `bytes_received`, `rate:agent`, `rate:tenant`, ...
+    pub limit: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -245,7 +259,21 @@ impl Default for Metrics {
             "Requests whose checks did not all answer within the tier's budget, by tier and what the tier did",
             check_budget_exceeded.clone(),
         );
+        let watchdog_trips = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "watchdog_trips",
+            "Sessions paused by the loop watchdog, by rule",
+            watchdog_trips.clone(),
+        );
+        let limits_exceeded = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "limits_exceeded",
+            "Requests refused (429) or escalated because a session limit was reached, by limit",
+            limits_exceeded.clone(),
+        );
         Self {
+            watchdog_trips,
+            limits_exceeded,
             check_seconds,
             checks,
             check_budget_exceeded,
@@ -282,6 +310,24 @@ impl Metrics {
             .get_or_create(&CheckOutcomeLabels {
                 check: check.to_owned(),
                 outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count a watchdog trip.
+    pub fn watchdog_trip(&self, kind: &str) {
+        self.watchdog_trips
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Count a limit reached.
+    pub fn limit_exceeded(&self, limit: &str) {
+        self.limits_exceeded
+            .get_or_create(&LimitLabels {
+                limit: limit.to_owned(),
             })
             .inc();
     }

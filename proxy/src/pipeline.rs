@@ -30,8 +30,11 @@ use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
 use crate::evaluate::Verdict;
+use crate::guardrails::counted::{Counted, Direction};
+use crate::guardrails::{idempotency, limit_exceeded};
 use crate::inject::credentials::Bound;
 use crate::server::Shared;
+use crate::session::Principal;
 use crate::{authenticate, escalate, evaluate, ids, inject, mcp, recognise, respond, scrub};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
@@ -49,7 +52,30 @@ pub async fn handle(
     // The wire guard stops inspecting after an Upgrade head; a declined upgrade must not
     // leave a connection whose next requests go unchecked.
     let upgrade_asked = req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE);
-    match run(&shared, &origin, req, &mut audit, &request_id).await {
+    let mut note = Note::default();
+    let result = run(&shared, &origin, req, &mut audit, &request_id, &mut note).await;
+    let refused = result
+        .as_ref()
+        .err()
+        .is_some_and(crate::guardrails::pause::counts_as_denial);
+    let response = answer(&shared, result, audit, &request_id, upgrade_asked).await;
+    // watchdog — after the answer is decided and its record written (the pause's snapshot
+    // includes it): a session that keeps repeating itself is paused before its next request.
+    if let Some(principal) = note.principal.take() {
+        crate::guardrails::pause::observe(&shared, &principal, note.calls, refused).await;
+    }
+    response
+}
+
+/// The response to the agent, with the request's audit record finished.
+async fn answer(
+    shared: &Shared,
+    result: Result<Response<ProxyBody>, ProxyError>,
+    mut audit: AuditGuard,
+    request_id: &str,
+    upgrade_asked: bool,
+) -> Response<ProxyBody> {
+    match result {
         Ok(mut response) => {
             if upgrade_asked && response.status() != StatusCode::SWITCHING_PROTOCOLS {
                 response
@@ -60,13 +86,16 @@ pub async fn handle(
             response
         }
         Err(err) => {
-            let mut response = respond::error(&err, &request_id);
+            let mut response = respond::error(&err, request_id);
             if upgrade_asked {
                 response
                     .headers_mut()
                     .insert(CONNECTION, http::HeaderValue::from_static("close"));
             }
             tracing::info!(request_id, error = %err, "request refused");
+            if let ProxyError::LimitExceeded(hit) = &err {
+                shared.metrics.limit_exceeded(&hit.limit);
+            }
             // An exfiltration attempt names the credential whose placeholder it carried, so
             // `audit query` can find every attempt on one credential.
             if let ProxyError::PlaceholderExfiltration { credential, .. } = &err {
@@ -84,12 +113,22 @@ pub async fn handle(
     }
 }
 
+/// What the pipeline learned about a request that matters once it is answered.
+#[derive(Debug, Default)]
+struct Note {
+    /// Whose request it was, once past the session's gate.
+    principal: Option<Arc<Principal>>,
+    /// What the watchdog compares, one per decided call (an MCP batch has several).
+    calls: Vec<crate::guardrails::pause::Seen>,
+}
+
 async fn run(
     shared: &Shared,
     origin: &Origin,
     req: Request<Incoming>,
     audit: &mut AuditGuard,
     request_id: &str,
+    note: &mut Note,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     // The agent's window on the approval queue (`status_url`) is answered by the proxy
     // itself, before anything treats it as a request to forward; it authenticates inside.
@@ -115,6 +154,13 @@ async fn run(
             "the session is not active (revoked or expired)",
         ));
     }
+
+    // gate — right after authentication, before anything else is looked at: a session the
+    // watchdog paused is refused everything (423), one that spent its bytes too (429).
+    shared.guardrails.gate(&principal)?;
+    note.principal = Some(principal.clone());
+    // In flight from here to the answer's last byte, so teardown can wait for it.
+    let ticket = shared.guardrails.inflight.enter(&principal.session_id);
 
     // classify — before policy: fronting (421) and malformed targets never reach Cedar.
     let target = classify::target(origin, &req)?;
@@ -179,6 +225,70 @@ async fn run(
         _ => None,
     };
 
+    // The request's tier, known once it is recognised: a tool's own, else by method.
+    let tier: &'static str = match &call {
+        Some(call) => call.tool.tier().as_str(),
+        None => Checks::http_tier(&target.method),
+    };
+    // rate — per agent and per tenant, as soon as the tier is known and before anything
+    // costly (Cedar, checks, a webhook, a Vault round trip) is spent on a flood.
+    shared
+        .guardrails
+        .admit_rate(&principal, tier, &shared.config.tiers)?;
+
+    // What the watchdog compares (after the rate limit: a call refused for its rate never
+    // ran): the tool and its arguments, or the destination. An MCP
+    // POST of calls is observed call by call below instead.
+    if mcp
+        .as_ref()
+        .is_none_or(|(_, exchange, _)| exchange.needs_http())
+    {
+        note.calls.push(match &call {
+            Some(call) => {
+                crate::guardrails::pause::Seen::new(call.tool.name(), &call.args, tier, None, true)
+            }
+            None => crate::guardrails::pause::Seen::new(
+                &format!("{} {}{}", target.method, host, target.path),
+                &serde_json::Value::String(target.query.clone()),
+                tier,
+                None,
+                false,
+            ),
+        });
+    }
+    // idempotency — after recognise (a tool call's body is in hand for the fingerprint),
+    // before evaluate: a retry of a request already run is answered with its stored
+    // outcome, and nothing about it is decided, charged or sent again.
+    let mut claim = None;
+    if let Some(key) = idempotency::key(req.headers(), &target.method)? {
+        let body = match (&call, &mcp) {
+            (Some(call), _) => call.body.clone(),
+            (None, Some((_, _, bytes))) => bytes.clone(),
+            (None, None) => {
+                // A plain request's body is read (bounded) to tell a retry from another
+                // request; it is forwarded from memory.
+                let limit = shared.config.proxy.max_tool_body_bytes;
+                let bytes = recognise::read_body(&mut req, limit).await?;
+                *req.body_mut() = body::full(bytes.clone());
+                bytes
+            }
+        };
+        let settings = shared.guardrails.settings();
+        match idempotency::begin(
+            &shared.guardrails.store,
+            &principal.session_id,
+            key,
+            idempotency::fingerprint(&target, &body),
+            i64::try_from(settings.idempotency_ttl.as_millis()).unwrap_or(i64::MAX),
+            settings.idempotency_max_bytes,
+        )
+        .await?
+        {
+            idempotency::Begin::Replay(response) => return Ok(response),
+            idempotency::Begin::Run(c) => claim = Some(c),
+        }
+    }
+
     // placeholders — after recognise (a tool call's or MCP body is in hand to look into),
     // before evaluate: a placeholder headed for a host its credential is not bound to is an
     // exfiltration attempt whatever policy would say, and is recorded as one.
@@ -194,6 +304,7 @@ async fn run(
             req.uri(),
             held_body.as_deref(),
             &host,
+            &principal,
             &shared.metrics,
         )?
     };
@@ -213,7 +324,8 @@ async fn run(
     let (action, tool) = match call {
         Some(call) => {
             let tool = (call.tool, call.body.clone());
-            (Some(call.action(None)), Some(tool))
+            let state = shared.guardrails.session_state(&principal);
+            (Some(call.action(None, state)), Some(tool))
         }
         // Every message but `tools/call` is decided as the plain request it travels in; a
         // POST of only calls is decided call by call below, and nothing else.
@@ -309,11 +421,33 @@ async fn run(
             check::Verdict::Escalate { check, reason } => Some((check, reason)),
         };
 
-        // escalate (hold) — policy or a check asked for a human: the request is stored as
-        // policy saw it, before anything is prepared or injected for it (credentials are
-        // minted at execution, after the approval).
-        if escalated || asked_for_human.is_some() {
+        // limit — the call budget, after evaluate and the checks (a refused call costs
+        // nothing), before the hold: a call over a limit listed in `escalate_limits` goes to
+        // a human who may grant more. A call held anyway is charged when it runs.
+        let mut over_limit = None;
+        if let (Some((tool, _)), false, None) = (&tool, escalated, &asked_for_human) {
+            let cost = tool.cost_micros();
+            match shared
+                .guardrails
+                .meter
+                .charge_call(&principal.session_id, cost)
+            {
+                Ok(_) => audit.update(|r| r.cost_micros = Some(cost)),
+                Err(hit) if hit.escalatable(&shared.guardrails.settings().escalate_limits) => {
+                    over_limit = Some(hit.limit)
+                }
+                Err(hit) => return Err(limit_exceeded(hit)),
+            }
+        }
+
+        // escalate (hold) — policy, a check or a limit asked for a human: the request is
+        // stored as policy saw it, before anything is prepared or injected for it
+        // (credentials are minted at execution, after the approval).
+        if escalated || asked_for_human.is_some() || over_limit.is_some() {
             let mut policies = policies;
+            if let Some(limit) = over_limit {
+                policies.push(format!("limit:{limit}"));
+            }
             if let Some((check, reason)) = asked_for_human {
                 if tool.is_none() {
                     // Only a catalogued tool call can wait for a human (and be re-decided
@@ -345,6 +479,7 @@ async fn run(
             metrics: &shared.metrics,
             principal: &principal,
             target: &target,
+            session: shared.guardrails.session_state(&principal),
         };
         let mut decided = exchange.decide(&endpoint, asker)?;
         // check — each call policy allowed or escalated, under its own tier's budget, all
@@ -397,7 +532,29 @@ async fn run(
         for (index, report) in reports {
             decided.checked(index, report);
         }
+        // limit — each call still allowed is charged to the session's budget; one over it
+        // is refused like a denied call (MCP calls are not escalated for more budget).
+        let mut charged = 0;
+        for (index, cost) in decided.allowed_costs(engine.catalog()) {
+            match shared
+                .guardrails
+                .meter
+                .charge_call(&principal.session_id, cost)
+            {
+                Ok(_) => {
+                    charged += cost;
+                    decided.charged(index, cost);
+                }
+                Err(hit) => decided.refuse(index, limit_exceeded(hit)),
+            }
+        }
+        if charged > 0 {
+            audit.update(|r| r.cost_micros = Some(charged));
+        }
         let mut plan = decided.finish(bytes);
+        for call in &plan.calls {
+            note.calls.push(call.seen.clone());
+        }
         // escalate (hold) — each escalated call on its own, as the single call it is, so it
         // can be executed alone once approved; its refusal becomes `approval_pending`.
         for escalated in std::mem::take(&mut plan.escalated) {
@@ -446,6 +603,7 @@ async fn run(
                     r.rpc_id = call.rpc_id.clone();
                     r.checks = call.checks.clone();
                     r.unchecked = call.unchecked;
+                    r.cost_micros = call.cost_micros;
                 });
                 record.decided(call.outcome.as_ref().map(Vec::as_slice));
             }
@@ -534,19 +692,30 @@ async fn run(
         }
         None => (upstream_body, None),
     };
+    // Every byte sent upstream counts against the session's `max_bytes_sent`.
+    let upstream_body = body::stream(Counted::new(
+        upstream_body,
+        shared.guardrails.meter.clone(),
+        &principal.session_id,
+        Direction::Sent,
+        None,
+    ));
     let upstream_req = Request::from_parts(parts, upstream_body);
 
     // forward — the egress guard runs inside the connector, on every dial; TLS is verified
-    // for the exact host before the request (and any credential in it) is written.
-    let sent = shared
-        .upstreams
-        .send(
+    // for the exact host before the request (and any credential in it) is written. A
+    // teardown whose grace ran out cancels the wait.
+    let sent = tokio::select! {
+        sent = shared.upstreams.send(
             upstream_req,
             upgrade,
             injected.identity.as_deref(),
             &shared.metrics,
-        )
-        .await;
+        ) => sent,
+        () = ticket.cancelled.cancelled() => Err(ProxyError::Upstream {
+            reason: "the session was torn down before the upstream answered".into(),
+        }),
+    };
     if let Some(credential) = placeholder_in_body.as_ref().and_then(|t| t.get()) {
         shared.metrics.placeholder_exfiltration(credential);
         return Err(ProxyError::PlaceholderExfiltration {
@@ -619,13 +788,30 @@ async fn run(
     } else {
         response
     };
+    // The answer counts against `max_bytes_received`, and keeps the request in flight
+    // until its last byte (or cut when a teardown's grace runs out).
+    let meter = shared.guardrails.meter.clone();
+    let session = principal.session_id.clone();
+    let response = response.map(move |b| {
+        body::stream(Counted::new(
+            b,
+            meter,
+            &session,
+            Direction::Received,
+            Some(ticket),
+        ))
+    });
     // MCP answers are filtered and merged after forward, before hop-by-hop headers go.
     let mut response = match mcp_reply {
         Some(plan) => plan.apply(response).await?,
         None => response,
     };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);
-    Ok(response)
+    // idempotency — last: what is kept for a retry is exactly what the agent gets.
+    match claim {
+        Some(claim) => Ok(claim.store(response).await),
+        None => Ok(response),
+    }
 }
 
 /// The DLP detectors with the values the broker holds for the session added ("any value

@@ -119,16 +119,16 @@ impl<'a> Route<'a> {
 impl ToolCall<'_> {
     /// The Cedar action of this call; `approval` is the approver once a human approved it
     /// (`context.approval.granted`), `None` when the agent asks.
-    pub fn action(self, approval: Option<String>) -> Action {
+    /// The Cedar action of this call; `session` is what the session used before it
+    /// (`context.session`).
+    pub fn action(self, approval: Option<String>, session: SessionState) -> Action {
         Action::Tool {
             name: self.tool.name().to_owned(),
             // No extractor, or nothing usable at its pointer: the call touches no counted
             // records as far as policy can tell.
             impact_records: self.tool.impact_records(&self.args).unwrap_or(0),
             cost_micros: self.tool.cost_micros(),
-            // Session counters (calls, cost, depth so far) arrive with session accounting
-            // (issue 7); until then every call is decided as a session's first.
-            session: SessionState::default(),
+            session,
             approval,
             args: self.args,
         }

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::body::{full, ProxyBody};
 use crate::error::ProxyError;
+use crate::guardrails::meter::LimitHit;
 
 /// Header carrying the request id on every response Ostiary produces.
 pub const REQUEST_ID: &str = "ostiary-request-id";
@@ -37,6 +38,13 @@ pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
     if let ProxyError::ApprovalPending { approval_id, .. } = err {
         if let Ok(id) = HeaderValue::from_str(approval_id) {
             response.headers_mut().insert(APPROVAL, id);
+        }
+    }
+    if let ProxyError::LimitExceeded(hit) = err {
+        if let Some(secs) = hit.retry_after {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
         }
     }
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
@@ -119,6 +127,42 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
                  tool call."
             ),
             json!({ "reason": "body_too_large", "limit": limit }),
+        ),
+        ProxyError::LimitExceeded(hit) => {
+            let LimitHit {
+                limit,
+                used,
+                max,
+                retry_after,
+            } = &**hit;
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                match retry_after {
+                    Some(secs) => format!(
+                    "The session reached its {limit} limit ({used} of {max}); retry in {secs} s."
+                ),
+                    None => format!(
+                        "The session reached its {limit} limit ({used} of {max}); it does not \
+                     refill by itself."
+                    ),
+                },
+                json!({ "limit": limit, "used": used, "max": max, "retry_after": retry_after }),
+            )
+        }
+        ProxyError::SessionPaused { reason } => (
+            StatusCode::LOCKED,
+            format!("The session is paused until a human resumes or terminates it: {reason}."),
+            json!({ "reason": reason }),
+        ),
+        ProxyError::IdempotencyMismatch { key } => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "This Idempotency-Key was already used for a different request in this session.".into(),
+            json!({ "key": key }),
+        ),
+        ProxyError::IdempotencyConflict { key, reason } => (
+            StatusCode::CONFLICT,
+            format!("This Idempotency-Key cannot be run again: {reason}."),
+            json!({ "key": key, "reason": reason }),
         ),
         ProxyError::CheckFailed { check, detail } => (
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -232,6 +276,15 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
                  not to {host}; this attempt is recorded."
             ),
             json!({ "policies": [], "reason": "placeholder_exfiltration", "credential": credential, "host": host }),
+        ),
+        ProxyError::PlaceholderForeign { credential } => (
+            StatusCode::FORBIDDEN,
+            format!(
+                "This placeholder of credential {credential} belongs to another session: a \
+                 session uses its own placeholders (a child inherits none of its parent's \
+                 credentials); this attempt is recorded."
+            ),
+            json!({ "policies": [], "reason": "placeholder_of_another_session", "credential": credential }),
         ),
         ProxyError::CredentialRefused { credential, reason } => (
             StatusCode::FORBIDDEN,

@@ -24,6 +24,8 @@ use crate::config::Config;
 use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
+use crate::guardrails::store::GuardStore;
+use crate::guardrails::Guardrails;
 use crate::inject::credentials::Credentials;
 use crate::lease_journal::{self, SqliteJournal};
 use crate::metrics::Metrics;
@@ -93,6 +95,8 @@ pub struct Shared {
     pub approvals: ApprovalQueue,
     /// The tier checks.
     pub checks: Checks,
+    /// Session budgets, rate limits, the loop watchdog, idempotency, in-flight requests.
+    pub guardrails: Guardrails,
     pub minter: LeafMinter,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
@@ -220,12 +224,8 @@ impl Ostiary {
         )?;
         let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
             .map_err(crate::session::SessionError::from)?;
-        let sessions = SessionRegistry::load(
-            keys,
-            store::open(&db_path)?,
-            config.sessions.default_ttl,
-            config.sessions.max_ttl,
-        )?;
+        let sessions = SessionRegistry::load(keys, store::open(&db_path)?, &config.sessions)?;
+        let guardrails = Guardrails::load(GuardStore::open(&db_path)?, config.sessions.clone())?;
         let guard = Arc::new(Guard::new(
             options.resolver,
             options.dialer,
@@ -321,6 +321,7 @@ impl Ostiary {
             credentials,
             approvals,
             checks,
+            guardrails,
             minter,
             audit,
             metrics,

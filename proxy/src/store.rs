@@ -96,6 +96,38 @@ CREATE TABLE IF NOT EXISTS approval_notifications (
     last_error  TEXT,
     UNIQUE (approval_id, channel, recipient, round)
 );
+CREATE TABLE IF NOT EXISTS session_accounts (
+    session    TEXT PRIMARY KEY,
+    account    TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS session_pauses (
+    session     TEXT PRIMARY KEY,
+    kind        TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    dead_letter INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id          INTEGER PRIMARY KEY,
+    session     TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    snapshot    TEXT NOT NULL,
+    resolved    TEXT,
+    resolved_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS dead_letters_session ON dead_letters(session);
+CREATE TABLE IF NOT EXISTS idempotency (
+    session     TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    response    TEXT,
+    created_ms  INTEGER NOT NULL,
+    PRIMARY KEY (session, key)
+);
 CREATE INDEX IF NOT EXISTS approval_notifications_due ON approval_notifications(sent_ms, next_ms);
 ";
 

@@ -116,6 +116,8 @@ pub struct ControlClient {
 #[derive(Deserialize)]
 struct Problem {
     #[serde(default)]
+    error: String,
+    #[serde(default)]
     message: String,
 }
 
@@ -147,6 +149,37 @@ impl ControlClient {
             StatusCode::OK | StatusCode::NOT_FOUND => Ok(()),
             other => Err(api_error(other, &bytes)),
         }
+    }
+
+    /// One session: `{"session_id", "agent", "tenant", "parent", "depth", "expires_at",
+    /// "state", "paused", "usage", "limits"}`. An unknown id is an [`SdkError::Api`] 404.
+    pub async fn session(&self, session_id: &str) -> Result<serde_json::Value, SdkError> {
+        self.get_json(&format!("/v1/sessions/{}", urlencode(session_id)))
+            .await
+    }
+
+    /// Resume a paused session. One that is not paused is refused with a 409 whose message
+    /// says why.
+    pub async fn resume_session(&self, session_id: &str) -> Result<(), SdkError> {
+        let path = format!("/v1/sessions/{}/resume", urlencode(session_id));
+        self.post_ok(&path).await
+    }
+
+    /// End a session now, with the same teardown as [`ControlClient::delete_session`];
+    /// unlike it, an unknown id is an error (a human asked to end that one).
+    pub async fn terminate_session(&self, session_id: &str) -> Result<(), SdkError> {
+        let path = format!("/v1/sessions/{}/terminate", urlencode(session_id));
+        self.post_ok(&path).await
+    }
+
+    /// Dead letters (what paused sessions were doing), all or one session's:
+    /// `{"dead_letters": [{"id", "session", "kind", "reason", "at", "snapshot"}]}`.
+    pub async fn dead_letters(&self, session: Option<&str>) -> Result<serde_json::Value, SdkError> {
+        let path = match session {
+            Some(s) => format!("/v1/dead-letters?session={}", urlencode(s)),
+            None => "/v1/dead-letters".to_owned(),
+        };
+        self.get_json(&path).await
     }
 
     /// Approvals, newest first (`status`: `pending`, `approved`, `executed`, ...), with
@@ -211,6 +244,16 @@ impl ControlClient {
         serde_json::from_slice(&bytes).map_err(|e| SdkError::Decode(e.to_string()))
     }
 
+    /// A POST with nothing to say that must answer 200. The body is an empty object rather
+    /// than empty, so a server that parses every POST body still accepts it.
+    async fn post_ok(&self, path: &str) -> Result<(), SdkError> {
+        let (status, bytes) = self.call(Method::POST, path, b"{}".to_vec()).await?;
+        if status != StatusCode::OK {
+            return Err(api_error(status, &bytes));
+        }
+        Ok(())
+    }
+
     async fn call(
         &self,
         method: Method,
@@ -259,11 +302,37 @@ fn urlencode(text: &str) -> String {
 }
 
 fn api_error(status: StatusCode, bytes: &[u8]) -> SdkError {
+    // Some refusals carry only the error kind (`{"error":"not_found"}`): better than nothing.
     let message = serde_json::from_slice::<Problem>(bytes)
-        .map(|p| p.message)
+        .map(|p| {
+            if p.message.is_empty() {
+                p.error
+            } else {
+                p.message
+            }
+        })
         .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned());
     SdkError::Api {
         status: status.as_u16(),
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_errors_carry_the_message_or_else_the_error_kind() {
+        let message = |body: &[u8]| match api_error(StatusCode::CONFLICT, body) {
+            SdkError::Api { message, .. } => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            message(br#"{"error":"conflict","message":"session s-1 is not paused"}"#),
+            "session s-1 is not paused"
+        );
+        assert_eq!(message(br#"{"error":"not_found"}"#), "not_found");
+        assert_eq!(message(b"plain text"), "plain text");
     }
 }

@@ -126,8 +126,10 @@ impl Rig {
             tools_toml: Some(TOOLS.into()),
             ports: vec![upstream.port()],
             upstream_ca_pem: Some(upstream.ca_pem()),
+            // These tests repeat calls and refusals on purpose, which the loop watchdog
+            // (tested in guardrails.rs) would rightly pause.
             extra_toml: format!(
-                "{tiers}\n[checks.webhook]\nurl = \"http://{}/check\"\n",
+                "{tiers}\n[checks.webhook]\nurl = \"http://{}/check\"\n[sessions.watchdog]\nenabled = false\n",
                 guard.addr
             ),
             ..Default::default()

@@ -56,7 +56,11 @@ async fn main() -> Result<()> {
         tools_toml: Some(TOOLS.into()),
         ports: vec![upstream.port()],
         upstream_ca_pem: Some(upstream.ca_pem()),
-        extra_toml: "[approvals]\napprovers = [\"alice@example.com\"]\n".into(),
+        // The bench repeats one call hundreds of times: the watchdog's identical-call rule
+        // would (rightly) pause it.
+        extra_toml:
+            "[approvals]\napprovers = [\"alice@example.com\"]\n[tiers.write]\nrepeat_max = 0\n"
+                .into(),
         ..Default::default()
     })
     .await;

@@ -29,6 +29,7 @@ use crate::body::{self, ProxyBody};
 use crate::classify::{self, Origin, Tunnel};
 use crate::error::ProxyError;
 use crate::evaluate::Verdict;
+use crate::guardrails::pause;
 use crate::inject::credentials::Bound;
 use crate::server::Shared;
 use crate::store::now_ms;
@@ -187,6 +188,20 @@ async fn attempt(
         .sessions
         .get(&approval.session)
         .ok_or_else(|| Refusal::Refused("the session ended".into()))?;
+    // A watchdog pause put before a human: approving it resumes the session; nothing is
+    // sent anywhere.
+    if let Some(session) = pause::resume_target(approval) {
+        return match pause::resume(shared, session, &approver).await {
+            Ok(true) => Ok(StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: br#"{"status":"resumed"}"#.to_vec(),
+                truncated: false,
+            }),
+            Ok(false) => Err(Refusal::Refused("the session is no longer paused".into())),
+            Err(e) => Err(Refusal::Failed(format!("resuming the session: {e}"))),
+        };
+    }
     let (origin, req) = rebuild(approval, &principal)?;
     let target = classify::target(&origin, &req)?;
     let host = target.host.to_string();
@@ -217,7 +232,7 @@ async fn attempt(
                 &shared.metrics,
                 &principal,
                 &target.host,
-                call.action(Some(approver)),
+                call.action(Some(approver), shared.guardrails.session_state(&principal)),
             )?;
             (tool_name, args, None)
         }
@@ -240,6 +255,7 @@ async fn attempt(
                 metrics: &shared.metrics,
                 principal: &principal,
                 target: &target,
+                session: shared.guardrails.session_state(&principal),
             };
             match asker.call(&endpoint, name, args.clone(), Some(approver))? {
                 Verdict::Allow { .. } => {}
@@ -260,6 +276,7 @@ async fn attempt(
         req.uri(),
         args.as_deref(),
         &host,
+        &principal,
         &shared.metrics,
     )?;
 
@@ -281,6 +298,24 @@ async fn attempt(
         .await?;
     used.credentials = injected.names();
     used.leases = injected.leases();
+    // The session's budget: a limit a human was asked about is granted again (as much as
+    // the session started with), and the call is charged whatever the budget says — a
+    // human approved it.
+    for limit in approval
+        .policies
+        .iter()
+        .filter_map(|p| p.strip_prefix("limit:"))
+    {
+        shared.guardrails.meter.grant(&principal.session_id, limit);
+    }
+    let cost = engine
+        .catalog()
+        .get(&tool_name)
+        .map_or(0, |t| t.cost_micros());
+    shared
+        .guardrails
+        .meter
+        .charge_approved(&principal.session_id, cost);
     let key = HeaderValue::from_str(&approval.idempotency_key())
         .map_err(|e| Refusal::Failed(format!("idempotency key: {e}")))?;
     parts

@@ -200,7 +200,44 @@ pub struct Approval {
     pub result: Option<StoredResponse>,
 }
 
+/// What a new approval is about: who asked, what is held, and why.
+#[derive(Debug)]
+pub struct Ask<'a> {
+    pub principal: &'a crate::session::Principal,
+    pub request_id: String,
+    pub policies: Vec<String>,
+    pub policy_generation: u64,
+    pub request: HeldRequest,
+    pub observed: Observed,
+}
+
 impl Approval {
+    /// A new pending approval, with the queue's `ttl` and `deadline` from now.
+    pub fn pending(config: &crate::config::Approvals, ask: Ask<'_>, now_ms: i64) -> Self {
+        Approval {
+            id: super::queue::ApprovalQueue::new_id(),
+            status: Status::Pending,
+            created_ms: now_ms,
+            deadline_ms: now_ms + config.deadline.as_millis() as i64,
+            renotify_ms: now_ms + config.ttl.as_millis() as i64,
+            rounds: 1,
+            session: ask.principal.session_id.clone(),
+            agent: ask.principal.agent.clone(),
+            tenant: ask.principal.tenant.clone(),
+            request_id: ask.request_id,
+            policies: ask.policies,
+            policy_generation: ask.policy_generation,
+            request: ask.request,
+            observed: ask.observed,
+            approver: None,
+            channel: None,
+            decided_ms: None,
+            reason: None,
+            attempts: 0,
+            result: None,
+        }
+    }
+
     /// The `Idempotency-Key` every execution of this approval carries, the same across
     /// retries after a crash, so an upstream that honours it applies the request once.
     pub fn idempotency_key(&self) -> String {

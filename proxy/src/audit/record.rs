@@ -91,6 +91,9 @@ pub struct AuditRecord {
     /// The parent session of a child session's records (agent-to-agent spawning).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub parent: Option<String>,
+    /// A session's totals, on the record of its end.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub totals: Option<crate::guardrails::meter::Usage>,
 }
 
 impl AuditRecord {

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod approvals;
+mod cost;
+mod sessions;
 
 use clap::{Args, Parser, Subcommand};
 use ostiary_sdk::{ControlClient, NewSession, Session};
@@ -60,8 +62,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the proxy and the control API.
     Serve,
-    /// Sessions.
-    #[command(subcommand)]
+    /// Sessions: create, show, resume, terminate, dead letters.
+    #[command(subcommand, visible_alias = "sessions")]
     Session(SessionCommand),
     /// Run a command inside a new session; the session ends when the command does.
     Run(RunArgs),
@@ -83,6 +85,8 @@ pub enum Command {
 pub enum SessionCommand {
     /// Create a session and print shell `export` lines (or JSON with --json).
     New(SessionArgs),
+    #[command(flatten)]
+    Manage(sessions::SessionsCommand),
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +142,17 @@ pub enum AuditCommand {
     },
     /// Recompute the chain; exit 1 if anything was altered, inserted or deleted.
     Verify,
+    /// What charged tool calls cost, grouped (default: by tool), most expensive first.
+    Cost {
+        /// Only this session and the sessions spawned from it, at any depth.
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long, value_enum, default_value_t = cost::By::Tool)]
+        by: cost::By,
+        /// JSON lines (one per group, with exact `cost_micros`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -229,6 +244,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Serve => serve(config).await,
         Command::Session(SessionCommand::New(args)) => session_new(&config, args).await,
+        Command::Session(SessionCommand::Manage(cmd)) => {
+            sessions::run(control_client(&config)?, cmd).await
+        }
         Command::Run(args) => run_child(&config, args).await,
         Command::Ca(CaCommand::Export) => {
             print!("{}", state::read_ca_cert(&config.state.dir)?);
@@ -462,6 +480,27 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             )?;
             for r in records {
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AuditCommand::Cost { session, by, json } => {
+            // Everything: a session's descendants are found only through the records of
+            // the whole chain, so no SQL filter can narrow this down first.
+            let all = verify::query(
+                &conn,
+                &Query {
+                    limit: Some(u32::MAX),
+                    ..Default::default()
+                },
+            )?;
+            let rows = match session {
+                None => cost::cost_report(&all, by),
+                Some(id) => cost::cost_report(cost::of_session_tree(&all, &id), by),
+            };
+            if json {
+                print!("{}", cost::render_json(&rows));
+            } else {
+                print!("{}", cost::render_table(&rows, by));
             }
             Ok(ExitCode::SUCCESS)
         }

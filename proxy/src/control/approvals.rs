@@ -214,6 +214,18 @@ async fn decide(
     if decided.status == Status::Approved {
         tokio::spawn(execute::run(shared.clone(), decided.id.clone()));
     }
+    // "Resume this paused session?" — no: the session is terminated.
+    if decided.status == Status::Denied {
+        if let Some(session) = crate::guardrails::pause::resume_target(&decided) {
+            let (shared, session) = (shared.clone(), session.to_owned());
+            let why = format!("terminated by {approver} after a watchdog pause");
+            tokio::spawn(async move {
+                if let Err(e) = crate::lifecycle::teardown(&shared, &session, &why).await {
+                    tracing::error!(session, error = %e, "terminating a paused session failed");
+                }
+            });
+        }
+    }
     Ok(decided)
 }
 

@@ -21,16 +21,15 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 mod approvals;
+mod sessions;
 
 use crate::approvals::Verdict;
 use crate::audit::verify::{self, Query};
 use crate::body::{full, ProxyBody};
 use crate::ids;
-use crate::lifecycle;
 use crate::policy_store::{self, ReloadError, Trigger};
 use crate::respond::json_response;
 use crate::server::Shared;
-use crate::session::{NewSession, SessionError};
 
 /// Largest control request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -106,7 +105,23 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         }
         _ => {}
     }
-    if !is_admin(&shared, &req) {
+    let admin = is_admin(&shared, &req);
+    // A session creating a child of its own: its token is its credential here.
+    if !admin && req.method() == Method::POST && segments.as_slice() == ["v1", "sessions"] {
+        if let Some(parent) = sessions::bearer_session(&shared, &req) {
+            let Reply(status, mut body) = match parent {
+                Ok(parent) => sessions::create(&shared, req, Some(parent)).await,
+                Err(e) => problem(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    format!("the session token is not valid: {e}"),
+                ),
+            };
+            body["request_id"] = json!(request_id);
+            return json_response(status, &body, &request_id);
+        }
+    }
+    if !admin {
         let Reply(status, mut body) = problem(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",
@@ -116,8 +131,26 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         return json_response(status, &body, &request_id);
     }
     let reply = match (req.method().clone(), segments.as_slice()) {
-        (Method::POST, ["v1", "sessions"]) => create_session(&shared, req).await,
-        (Method::DELETE, ["v1", "sessions", id]) => delete_session(&shared, id).await,
+        (Method::POST, ["v1", "sessions"]) => sessions::create(&shared, req, None).await,
+        (Method::GET, ["v1", "sessions", id]) => sessions::show(&shared, id),
+        (Method::DELETE, ["v1", "sessions", id]) => {
+            sessions::terminate(&shared, id, "session revoked", "revoked").await
+        }
+        (Method::POST, ["v1", "sessions", id, "terminate"]) => {
+            sessions::terminate(
+                &shared,
+                id,
+                "session terminated by an operator",
+                "terminated",
+            )
+            .await
+        }
+        (Method::POST, ["v1", "sessions", id, "resume"]) => {
+            sessions::resume(&shared, id, "an operator").await
+        }
+        (Method::GET, ["v1", "dead-letters"]) => {
+            sessions::dead_letters(&shared, req.uri().query().unwrap_or("")).await
+        }
         (Method::POST, ["v1", "policy", "reload"]) => reload_policies(&shared).await,
         (Method::GET, ["v1", "approvals"]) => {
             approvals::list(&shared, req.uri().query().unwrap_or("")).await
@@ -168,42 +201,6 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         .map_err(|e| problem(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))
 }
 
-async fn create_session(shared: &Shared, req: Request<Incoming>) -> Reply {
-    let new: NewSession = match read_json(req).await {
-        Ok(n) => n,
-        Err(reply) => return reply,
-    };
-    match shared.sessions.create(new).await {
-        Ok((principal, token)) => {
-            shared.audit_session_event(
-                &principal.session_id,
-                &principal.agent,
-                &principal.tenant,
-                "session created",
-            );
-            Reply(
-                StatusCode::CREATED,
-                json!({
-                    "session_id": principal.session_id,
-                    "agent": principal.agent,
-                    "tenant": principal.tenant,
-                    "token": token,
-                    "expires_at": principal.expires_at,
-                    "proxy_url": shared.proxy_url(&token),
-                    "ca_pem": shared.ca_pem,
-                    "placeholders": placeholders(shared),
-                }),
-            )
-        }
-        Err(SessionError::Invalid(m)) => problem(StatusCode::BAD_REQUEST, "bad_request", m),
-        Err(e) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
-    }
-}
-
 /// `POST /v1/policy/reload`: the same reload as a file change or `SIGHUP`. An invalid set
 /// answers 422 and leaves the set in force untouched.
 async fn reload_policies(shared: &Arc<Shared>) -> Reply {
@@ -230,8 +227,12 @@ async fn reload_policies(shared: &Arc<Shared>) -> Reply {
 }
 
 /// The placeholder variables of the credentials a session may use: every binding with a
-/// host that some policy could permit (DESIGN §9). Values are worthless by design.
-fn placeholders(shared: &Shared) -> serde_json::Map<String, serde_json::Value> {
+/// host that some policy could permit (DESIGN §9). Values are worthless by design; a child
+/// session's carry its own id (`ostiary:github@ses_…`), so its parent's do not work in it.
+pub(crate) fn placeholders(
+    shared: &Shared,
+    child: Option<&str>,
+) -> serde_json::Map<String, serde_json::Value> {
     let engine = shared.policies.current();
     shared
         .credentials
@@ -243,36 +244,14 @@ fn placeholders(shared: &Shared) -> serde_json::Map<String, serde_json::Value> {
                 .iter()
                 .any(|h| h.starts_with("*.") || engine.may_permit_http(h))
         })
-        .filter_map(|b| Some((b.env_var()?, serde_json::Value::from(b.placeholder()))))
+        .filter_map(|b| {
+            let value = match child {
+                Some(session) => format!("{}@{session}", b.placeholder()),
+                None => b.placeholder(),
+            };
+            Some((b.env_var()?, serde_json::Value::from(value)))
+        })
         .collect()
-}
-
-async fn delete_session(shared: &Shared, id: &str) -> Reply {
-    let principal = shared.sessions.get(id);
-    let revoked = shared.sessions.revoke(id).await;
-    // The broker side runs whatever the registry said: a session that expired but was not
-    // reaped yet still holds leases, and ending them twice is harmless.
-    let (agent, tenant) = principal
-        .as_ref()
-        .map(|p| (p.agent.as_str(), p.tenant.as_str()))
-        .unwrap_or_default();
-    lifecycle::end_session(shared, id, agent, tenant, "session revoked").await;
-    match revoked {
-        Ok(true) => Reply(
-            StatusCode::OK,
-            json!({"session_id": id, "status": "revoked"}),
-        ),
-        Ok(false) => problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("session {id} is not active"),
-        ),
-        Err(e) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
-    }
 }
 
 async fn audit_lines(shared: &Shared, query: &str, request_id: &str) -> Response<ProxyBody> {

@@ -122,6 +122,7 @@ impl Credentials {
         uri: &Uri,
         body: Option<&[u8]>,
         host: &str,
+        principal: &crate::session::Principal,
         metrics: &Metrics,
     ) -> Result<Found, ProxyError> {
         let mut found = Found::default();
@@ -129,6 +130,15 @@ impl Credentials {
         if let Some(body) = body {
             found.scan(&self.broker, body);
         }
+        found
+            .check_owner(&principal.session_id, principal.parent.is_some())
+            .inspect_err(|_| {
+                // Counted with the exfiltration attempts: a placeholder where it does not
+                // belong, whichever way.
+                if let Some(name) = found.names().first() {
+                    metrics.placeholder_exfiltration(name);
+                }
+            })?;
         found.check(&self.broker, host).inspect_err(|e| {
             if let ProxyError::PlaceholderExfiltration { credential, .. } = e {
                 metrics.placeholder_exfiltration(credential);

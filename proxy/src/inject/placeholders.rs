@@ -9,6 +9,11 @@
 //! Towards a bound host, the placeholder is swapped for the secret in headers and the query.
 //!
 //! Only names of configured credentials count: `ostiary:` followed by anything else is text.
+//!
+//! A child session's placeholders carry its own session id (`ostiary:github@ses_…`): a
+//! child inherits none of its parent's credentials, so the parent's placeholders (plain,
+//! or tagged with the parent's id) are refused in the child's requests, and a tag naming
+//! another session is refused in any session's.
 
 use base64::Engine;
 use http::header::AUTHORIZATION;
@@ -19,23 +24,54 @@ use crate::error::ProxyError;
 
 /// Names of configured credentials whose placeholders appear in a request.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Found(Vec<String>);
+pub struct Found {
+    names: Vec<String>,
+    /// Each distinct (name, session tag) seen; `None`: an untagged placeholder.
+    tags: Vec<(String, Option<String>)>,
+}
 
 impl Found {
     /// Whether no placeholder was found.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.names.is_empty()
     }
 
     /// The credential names found.
     pub fn names(&self) -> &[String] {
-        &self.0
+        &self.names
     }
 
-    fn add(&mut self, broker: &Broker, name: &str) {
-        if broker.binding(name).is_some() && !self.0.iter().any(|n| n == name) {
-            self.0.push(name.to_owned());
+    fn add(&mut self, broker: &Broker, name: &str, tag: Option<&str>) {
+        if broker.binding(name).is_none() {
+            return;
         }
+        if !self.names.iter().any(|n| n == name) {
+            self.names.push(name.to_owned());
+        }
+        if !self
+            .tags
+            .iter()
+            .any(|(n, t)| n == name && t.as_deref() == tag)
+        {
+            self.tags.push((name.to_owned(), tag.map(str::to_owned)));
+        }
+    }
+
+    /// Refuse placeholders that belong to another session: one tagged with another
+    /// session's id, or an untagged one in a child session (whose own are tagged).
+    pub fn check_owner(&self, session: &str, child: bool) -> Result<(), ProxyError> {
+        for (name, tag) in &self.tags {
+            let foreign = match tag {
+                Some(tag) => tag != session,
+                None => child,
+            };
+            if foreign {
+                return Err(ProxyError::PlaceholderForeign {
+                    credential: name.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Look for placeholders in `bytes`.
@@ -43,11 +79,11 @@ impl Found {
         if broker.bindings().is_empty() {
             return;
         }
-        scan_raw(bytes, |name| self.add(broker, name));
+        scan_raw(bytes, |name, tag| self.add(broker, name, tag));
         // `ostiary%3Agithub` in a URL or a form body.
         if bytes.contains(&b'%') {
             let decoded = percent_decode(bytes);
-            scan_raw(&decoded, |name| self.add(broker, name));
+            scan_raw(&decoded, |name, tag| self.add(broker, name, tag));
         }
     }
 
@@ -72,7 +108,7 @@ impl Found {
     /// Refuse the request if a placeholder is headed for a host its credential is not
     /// bound to.
     pub fn check(&self, broker: &Broker, host: &str) -> Result<(), ProxyError> {
-        for name in &self.0 {
+        for name in &self.names {
             let bound = broker.binding(name).is_some_and(|b| b.allows_host(host));
             if !bound {
                 return Err(ProxyError::PlaceholderExfiltration {
@@ -85,8 +121,14 @@ impl Found {
     }
 }
 
-/// Call `found` with each name following a (case-insensitive) `ostiary:` in `bytes`.
-fn scan_raw(bytes: &[u8], mut found: impl FnMut(&str)) {
+/// Whether `b` may appear in a session tag (`@ses_0123abcd…`).
+fn is_tag_byte(b: &u8) -> bool {
+    b.is_ascii_alphanumeric() || *b == b'_'
+}
+
+/// Call `found` with each name following a (case-insensitive) `ostiary:` in `bytes`, and
+/// the session tag after it (`@…`), if any.
+fn scan_raw(bytes: &[u8], mut found: impl FnMut(&str, Option<&str>)) {
     let prefix = PLACEHOLDER_PREFIX.as_bytes();
     let mut at = 0;
     while let Some(offset) = find_prefix(&bytes[at..], prefix) {
@@ -101,9 +143,19 @@ fn scan_raw(bytes: &[u8], mut found: impl FnMut(&str)) {
             .iter()
             .rposition(|b| *b != b'.')
             .map_or(&name[..0], |end| &name[..=end]);
+        let after = start + trimmed.len();
+        let tag = (trimmed.len() == len && bytes.get(after) == Some(&b'@'))
+            .then(|| {
+                let tag = &bytes[after + 1..];
+                let n = tag.iter().take_while(|b| is_tag_byte(b)).count();
+                std::str::from_utf8(&tag[..n])
+                    .ok()
+                    .filter(|t| !t.is_empty())
+            })
+            .flatten();
         if let Ok(name) = std::str::from_utf8(trimmed) {
             if !name.is_empty() {
-                found(name);
+                found(name, tag);
             }
         }
         at = start;
@@ -191,9 +243,17 @@ pub fn swap(text: &str, name: &str, value: &str) -> Option<String> {
             .next()
             .is_some_and(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
         if !continues {
+            // A session tag goes with the placeholder (only the session's own tag gets
+            // here: `Found::check_owner` refused the others).
+            let mut end = end;
+            if lower[end..].starts_with('@') {
+                end += 1 + lower[end + 1..].bytes().take_while(is_tag_byte).count();
+            }
             out.push_str(&text[last..start]);
             out.push_str(value);
             last = end;
+            from = end;
+            continue;
         }
         from = end;
     }
@@ -242,6 +302,28 @@ mod tests {
         let mut found = Found::default();
         found.scan(&b, b"OSTIARY:github");
         assert_eq!(found.names(), ["github"]);
+    }
+
+    #[test]
+    fn session_tags_belong_to_their_session() {
+        let b = broker();
+        let mut found = Found::default();
+        found.scan(&b, b"Bearer ostiary:github@ses_abc12");
+        assert_eq!(found.names(), ["github"]);
+        assert!(found.check_owner("ses_abc12", true).is_ok());
+        assert!(found.check_owner("ses_other", true).is_err());
+        assert!(found.check_owner("ses_other", false).is_err());
+        let mut plain = Found::default();
+        plain.scan(&b, b"Bearer ostiary:github");
+        assert!(plain.check_owner("ses_root", false).is_ok());
+        assert!(matches!(
+            plain.check_owner("ses_child", true),
+            Err(ProxyError::PlaceholderForeign { .. })
+        ));
+        assert_eq!(
+            swap("Bearer ostiary:github@ses_abc12 x", "github", "S").as_deref(),
+            Some("Bearer S x")
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use super::{Asker, Endpoint, Exchange, Kind};
 use crate::check;
 use crate::error::{McpRefusal, ProxyError};
 use crate::evaluate::Verdict;
+use crate::guardrails::pause::{counts_as_denial, Seen};
 
 /// The outcome of deciding an [`Exchange`].
 #[derive(Debug)]
@@ -72,6 +73,10 @@ pub struct DecidedCall {
     pub checks: Vec<check::Ran>,
     /// Forwarded although a check could not answer in time (`on_budget = "allow"`).
     pub unchecked: bool,
+    /// What it cost the session, once charged.
+    pub cost_micros: Option<i64>,
+    /// What the watchdog compares (tool, arguments' hash, tier, refused or not).
+    pub seen: Seen,
     /// What policy allowed or escalated, while the checks may still change it.
     passed: Option<Passed>,
 }
@@ -126,9 +131,16 @@ impl Exchange {
         for (value, kind) in self.messages {
             let slot = match kind {
                 Kind::Call { id, name, args } => {
-                    let tool = endpoint
-                        .tool(asker.engine.catalog(), &name)
+                    let catalogued = endpoint.tool(asker.engine.catalog(), &name);
+                    let tool = catalogued
                         .map(|tool| (tool.name().to_owned(), tool.tier().as_str().to_owned()));
+                    let seen = Seen::new(
+                        catalogued.map_or(name.as_str(), |t| t.name()),
+                        &args,
+                        catalogued.map_or("write", |t| t.tier().as_str()),
+                        Some(false),
+                        catalogued.is_some(),
+                    );
                     let (outcome, passed) = match asker.call(endpoint, &name, args, None) {
                         Ok(Verdict::Allow { policies, action }) => (
                             Ok(policies.clone()),
@@ -156,6 +168,8 @@ impl Exchange {
                         outcome,
                         checks: Vec::new(),
                         unchecked: false,
+                        cost_micros: None,
+                        seen,
                         passed,
                     });
                     Slot::Call(decided.calls.len() - 1)
@@ -222,6 +236,34 @@ impl Decided {
         }
     }
 
+    /// The calls still allowed, with what each costs (the catalog's `cost`).
+    pub fn allowed_costs(&self, catalog: &ostiary_policies::Catalog) -> Vec<(usize, i64)> {
+        self.calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.outcome.is_ok())
+            .filter_map(|(i, c)| {
+                let (name, _) = c.tool.as_ref()?;
+                Some((i, catalog.get(name).map_or(0, |t| t.cost_micros())))
+            })
+            .collect()
+    }
+
+    /// Call `index` was charged `cost`.
+    pub fn charged(&mut self, index: usize, cost: i64) {
+        if let Some(call) = self.calls.get_mut(index) {
+            call.cost_micros = Some(cost);
+        }
+    }
+
+    /// Refuse call `index` after all (a limit reached).
+    pub fn refuse(&mut self, index: usize, error: ProxyError) {
+        if let Some(call) = self.calls.get_mut(index) {
+            call.passed = None;
+            call.outcome = Err(error);
+        }
+    }
+
     /// Work out what is forwarded (`body` is the agent's, sent as it is when nothing was
     /// taken out), which calls are refused and which are held.
     pub fn finish(self, body: Bytes) -> Plan {
@@ -252,6 +294,7 @@ impl Decided {
                 }
             };
             let call = &mut calls[index];
+            call.seen.denied = Some(call.outcome.as_ref().err().is_some_and(counts_as_denial));
             if let Some((name, _)) = &call.tool {
                 plan.tools.push(name.clone());
             }

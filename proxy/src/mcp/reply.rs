@@ -64,6 +64,9 @@ impl ToolFilter {
             metrics: &self.metrics,
             principal: &self.principal,
             target: &self.target,
+            // The list is a courtesy decided as a session's first call would be; every
+            // call is still decided with the session's real usage when it is made.
+            session: ostiary_policies::SessionState::default(),
         };
         // Allowed and escalatable tools stay listed (a call is decided when it is made).
         matches!(

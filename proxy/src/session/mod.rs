@@ -3,9 +3,11 @@
 //! - [`token`] — signing and verifying session tokens (Ed25519 JWTs, strict validation,
 //!   a cache of verified tokens so a request does not pay a signature check).
 //! - [`registry`] — live sessions (memory, backed by SQLite): creation, lookup, teardown.
+//! - [`watchdog`] — the loop watchdog: when a session repeats itself, it is paused.
 
 pub mod registry;
 pub mod token;
+pub mod watchdog;
 
 pub use registry::{NewSession, Principal, SessionError, SessionRegistry};
 pub use token::{TokenError, TokenKeys};

@@ -22,6 +22,8 @@ pub struct Principal {
     pub tenant: String,
     /// Spawn depth (0 for a session created by an operator).
     pub depth: u32,
+    /// The session that spawned this one (agent-to-agent), if any.
+    pub parent: Option<String>,
     /// Seconds since the epoch.
     pub expires_at: i64,
 }
@@ -36,11 +38,20 @@ pub struct NewSession {
     /// Lifetime, e.g. `"30m"`; `sessions.default_ttl` when absent.
     #[serde(default)]
     pub ttl: Option<String>,
-    /// Recorded with the session; enforced by session guardrails (not in this version).
+    /// Hard limits of the session (`[sessions]` defaults when absent; a child's are carved
+    /// out of its parent's remaining budget).
     #[serde(default)]
     pub max_calls: Option<u64>,
     #[serde(default)]
     pub max_cost: Option<f64>,
+    #[serde(default)]
+    pub max_bytes_sent: Option<u64>,
+    #[serde(default)]
+    pub max_bytes_received: Option<u64>,
+    /// The parent session (an operator creating a child on a session's behalf; a session
+    /// creating its own child authenticates with its token instead).
+    #[serde(default)]
+    pub parent: Option<String>,
 }
 
 /// Why a session operation failed.
@@ -52,6 +63,13 @@ pub enum SessionError {
     Token(#[from] TokenError),
     #[error("session {0} is not active (unknown, revoked or expired)")]
     NotActive(String),
+    /// A spawn bound (`depth`, `children`) was reached.
+    #[error("{limit} limit reached: {used} of {max}")]
+    Bound {
+        limit: &'static str,
+        used: u64,
+        max: u64,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -66,6 +84,8 @@ pub struct SessionRegistry {
     verified: moka::sync::Cache<String, Arc<Principal>>,
     default_ttl: Duration,
     max_ttl: Duration,
+    max_depth: u32,
+    max_children: u32,
 }
 
 impl std::fmt::Debug for SessionRegistry {
@@ -96,15 +116,14 @@ impl SessionRegistry {
     pub fn load(
         keys: TokenKeys,
         conn: Connection,
-        default_ttl: Duration,
-        max_ttl: Duration,
+        settings: &crate::config::Sessions,
     ) -> Result<Self, SessionError> {
         let now = now_ms() / 1000;
         let mut live = HashMap::new();
         {
             let mut stmt = conn
                 .prepare(
-                    "SELECT id, agent, tenant, depth, expires_at FROM sessions
+                    "SELECT id, agent, tenant, depth, expires_at, parent FROM sessions
                      WHERE revoked_at IS NULL AND expires_at > ?1",
                 )
                 .map_err(StoreError::from)?;
@@ -116,6 +135,7 @@ impl SessionRegistry {
                         tenant: row.get(2)?,
                         depth: row.get(3)?,
                         expires_at: row.get(4)?,
+                        parent: row.get(5)?,
                     })
                 })
                 .map_err(StoreError::from)?;
@@ -135,15 +155,32 @@ impl SessionRegistry {
                 // refuses (and teardown would fail half-done) unless enabled here.
                 .support_invalidation_closures()
                 .build(),
-            default_ttl,
-            max_ttl,
+            default_ttl: settings.default_ttl,
+            max_ttl: settings.max_ttl,
+            max_depth: settings.max_depth,
+            max_children: settings.max_children,
         })
     }
 
-    /// Create a session and sign its token.
-    pub async fn create(&self, new: NewSession) -> Result<(Arc<Principal>, String), SessionError> {
+    /// Create a session and sign its token. A child (`parent` given) inherits its parent's
+    /// tenant, is one level deeper, never outlives it, and counts against its parent's
+    /// `max_children`.
+    pub async fn create(
+        &self,
+        new: NewSession,
+        parent: Option<&Principal>,
+    ) -> Result<(Arc<Principal>, String), SessionError> {
         valid_name("agent", &new.agent)?;
-        let tenant = new.tenant.unwrap_or_else(|| "default".to_owned());
+        let tenant = match (parent, new.tenant) {
+            (Some(p), Some(t)) if t != p.tenant => {
+                return Err(SessionError::Invalid(format!(
+                    "a child session stays in its parent's tenant {:?}",
+                    p.tenant
+                )))
+            }
+            (Some(p), _) => p.tenant.clone(),
+            (None, t) => t.unwrap_or_else(|| "default".to_owned()),
+        };
         valid_name("tenant", &tenant)?;
         let ttl = match new.ttl.as_deref() {
             None => self.default_ttl,
@@ -157,12 +194,20 @@ impl SessionRegistry {
             )));
         }
         let now = now_ms() / 1000;
+        let mut expires_at = now + ttl.as_secs() as i64;
+        let mut depth = 0;
+        if let Some(parent) = parent {
+            self.may_spawn(parent)?;
+            depth = parent.depth + 1;
+            expires_at = expires_at.min(parent.expires_at);
+        }
         let principal = Arc::new(Principal {
             session_id: crate::ids::session_id(),
             agent: new.agent,
             tenant,
-            depth: 0,
-            expires_at: now + ttl.as_secs() as i64,
+            depth,
+            expires_at,
+            parent: parent.map(|p| p.session_id.clone()),
         });
         let token = self.keys.sign(&Claims {
             iss: ISSUER.into(),
@@ -181,9 +226,9 @@ impl SessionRegistry {
         tokio::task::spawn_blocking(move || {
             let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
             conn.execute(
-                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost],
+                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost, parent)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost, row.parent],
             )
             .map_err(StoreError::from)?;
             Ok::<_, StoreError>(())
@@ -216,6 +261,55 @@ impl SessionRegistry {
             .map(|(id, _)| id.clone())
             .collect();
         expired.iter().filter_map(|id| live.remove(id)).collect()
+    }
+
+    /// Whether `parent` may spawn one more child: depth and fan-out bounds
+    /// (`sessions.max_depth`, `sessions.max_children`).
+    pub fn may_spawn(&self, parent: &Principal) -> Result<(), SessionError> {
+        let depth = parent.depth + 1;
+        if depth > self.max_depth {
+            return Err(SessionError::Bound {
+                limit: "depth",
+                used: u64::from(depth),
+                max: u64::from(self.max_depth),
+            });
+        }
+        let children = self.children(&parent.session_id).len();
+        if children >= self.max_children as usize {
+            return Err(SessionError::Bound {
+                limit: "children",
+                used: children as u64,
+                max: u64::from(self.max_children),
+            });
+        }
+        Ok(())
+    }
+
+    /// The live children of `session`.
+    pub fn children(&self, session: &str) -> Vec<Arc<Principal>> {
+        self.live
+            .read()
+            .map(|live| {
+                live.values()
+                    .filter(|p| p.parent.as_deref() == Some(session))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every live descendant of `session`, deepest first (the order teardown ends them in).
+    pub fn descendants(&self, session: &str) -> Vec<Arc<Principal>> {
+        let mut out = Vec::new();
+        let mut frontier = vec![session.to_owned()];
+        while let Some(id) = frontier.pop() {
+            for child in self.children(&id) {
+                frontier.push(child.session_id.clone());
+                out.push(child);
+            }
+        }
+        out.sort_by_key(|p| std::cmp::Reverse(p.depth));
+        out
     }
 
     /// The live session `id`, if any.

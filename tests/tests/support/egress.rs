@@ -26,7 +26,11 @@ pub(crate) fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
 }
 
-pub(crate) async fn started(spec: ProxySpec) -> (TestProxy, Session) {
+pub(crate) async fn started(mut spec: ProxySpec) -> (TestProxy, Session) {
+    // These tests probe blocked destinations over and over from one session, which the
+    // loop watchdog (guardrails.rs) rightly pauses as a burst of denials.
+    spec.extra_toml
+        .push_str("\n[sessions.watchdog]\nenabled = false\n");
     let proxy = TestProxy::start(spec).await;
     let session = proxy.session("egress-agent").await;
     (proxy, session)

@@ -12,6 +12,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod sessions;
+mod tiers;
+
+pub use sessions::{Sessions, Watchdog, LIMIT_NAMES};
+pub use tiers::{OnBudget, Rate, Tier, TierToml, Tiers, CHECK_NAMES};
+
 /// Why a config could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -136,154 +142,6 @@ impl Default for Broker {
             file: PathBuf::from(".ostiary/secrets.toml"),
             vault: None,
             reap_interval: Duration::from_secs(5),
-        }
-    }
-}
-
-/// `[tiers.read]`, `[tiers.write]`, `[tiers.irreversible]`, `[tiers.high_impact]`. A tier
-/// left out, and a field left out of a tier, keep their defaults ([`Tier::default_for`]).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(try_from = "BTreeMap<String, TierToml>")]
-pub struct Tiers {
-    pub read: Tier,
-    pub write: Tier,
-    pub irreversible: Tier,
-    pub high_impact: Tier,
-}
-
-impl Default for Tiers {
-    fn default() -> Self {
-        Self {
-            read: Tier::default_for("read"),
-            write: Tier::default_for("write"),
-            irreversible: Tier::default_for("irreversible"),
-            high_impact: Tier::default_for("high_impact"),
-        }
-    }
-}
-
-impl Tiers {
-    /// The settings of tier `name` (`read`, `write`, `irreversible`, `high_impact`).
-    pub fn get(&self, name: &str) -> Option<&Tier> {
-        match name {
-            "read" => Some(&self.read),
-            "write" => Some(&self.write),
-            "irreversible" => Some(&self.irreversible),
-            "high_impact" => Some(&self.high_impact),
-            _ => None,
-        }
-    }
-}
-
-impl TryFrom<BTreeMap<String, TierToml>> for Tiers {
-    type Error = String;
-
-    fn try_from(written: BTreeMap<String, TierToml>) -> Result<Self, String> {
-        let mut tiers = Tiers::default();
-        for (name, given) in written {
-            let tier = match name.as_str() {
-                "read" => &mut tiers.read,
-                "write" => &mut tiers.write,
-                "irreversible" => &mut tiers.irreversible,
-                "high_impact" => &mut tiers.high_impact,
-                other => {
-                    return Err(format!(
-                        "unknown tier {other:?} (read, write, irreversible, high_impact)"
-                    ))
-                }
-            };
-            if let Some(budget) = given.budget {
-                tier.budget = humantime::parse_duration(&budget)
-                    .map_err(|e| format!("tiers.{name}.budget: {e}"))?;
-            }
-            if let Some(on_budget) = given.on_budget {
-                tier.on_budget = on_budget;
-            }
-            if let Some(checks) = given.checks {
-                tier.checks = checks;
-            }
-            if let Some(max) = given.max_body_bytes {
-                tier.max_body_bytes = max;
-            }
-        }
-        Ok(tiers)
-    }
-}
-
-/// One `[tiers.<name>]` table as written: every field optional.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TierToml {
-    budget: Option<String>,
-    on_budget: Option<OnBudget>,
-    checks: Option<Vec<String>>,
-    max_body_bytes: Option<u64>,
-}
-
-/// One tier: the checks it pays for, their common latency budget, and what happens when
-/// the budget runs out before they all answered.
-#[derive(Debug, Clone)]
-pub struct Tier {
-    /// Wall-clock budget for all of the tier's checks of one request.
-    pub budget: Duration,
-    /// `allow` (forwarded, audited as unchecked), `deny` (422 naming the late check), or
-    /// `escalate` (held for a human, like an `@escalate` decision).
-    pub on_budget: OnBudget,
-    /// `args_schema`, `limits`, `dlp`, `response_dlp`, `webhook`.
-    pub checks: Vec<String>,
-    /// The `limits` check: largest request body of this tier (bytes).
-    pub max_body_bytes: u64,
-}
-
-/// What a tier does when its budget runs out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnBudget {
-    Allow,
-    Deny,
-    Escalate,
-}
-
-impl OnBudget {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnBudget::Allow => "allow",
-            OnBudget::Deny => "deny",
-            OnBudget::Escalate => "escalate",
-        }
-    }
-}
-
-/// The check names a tier may list.
-pub const CHECK_NAMES: &[&str] = &["args_schema", "limits", "dlp", "response_dlp", "webhook"];
-
-impl Tier {
-    /// The shipped defaults (docs/checks.md explains the reasoning): reads pay only for
-    /// what costs microseconds and are let through when even that runs late; writes add
-    /// outbound DLP and fail closed; irreversible and high-impact calls add the external
-    /// webhook (when configured) and go to a human when the budget runs out.
-    pub fn default_for(tier: &str) -> Self {
-        let names = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect();
-        match tier {
-            "read" => Tier {
-                budget: Duration::from_millis(2),
-                on_budget: OnBudget::Allow,
-                checks: names(&["limits", "args_schema"]),
-                max_body_bytes: 1024 * 1024,
-            },
-            "write" => Tier {
-                budget: Duration::from_millis(20),
-                on_budget: OnBudget::Deny,
-                checks: names(&["limits", "args_schema", "dlp"]),
-                // Uploads through the proxy (packages, artifacts) are writes too.
-                max_body_bytes: 64 * 1024 * 1024,
-            },
-            _ => Tier {
-                budget: Duration::from_millis(200),
-                on_budget: OnBudget::Escalate,
-                checks: names(&["limits", "args_schema", "dlp", "webhook"]),
-                max_body_bytes: 10 * 1024 * 1024,
-            },
         }
     }
 }
@@ -427,33 +285,6 @@ impl Default for Egress {
     }
 }
 
-/// Session defaults.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Sessions {
-    /// Lifetime of a session (and its token) when the creator names none.
-    #[serde(deserialize_with = "duration")]
-    pub default_ttl: Duration,
-    /// Longest lifetime a session may be given.
-    #[serde(deserialize_with = "duration")]
-    pub max_ttl: Duration,
-    /// Agent-to-agent spawn depth (enforced with child sessions).
-    pub max_depth: u32,
-    /// Live children per session (enforced with child sessions).
-    pub max_children: u32,
-}
-
-impl Default for Sessions {
-    fn default() -> Self {
-        Self {
-            default_ttl: Duration::from_secs(3600),
-            max_ttl: Duration::from_secs(24 * 3600),
-            max_depth: 3,
-            max_children: 16,
-        }
-    }
-}
-
 /// Connection-level limits of the proxy listener (added by Ostiary; not in DESIGN §8).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -495,7 +326,7 @@ impl Default for ProxyLimits {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(serde::de::Error::custom)
 }
@@ -534,6 +365,19 @@ impl Config {
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),
+            ));
+        }
+        for limit in &self.sessions.escalate_limits {
+            if !LIMIT_NAMES.contains(&limit.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "sessions.escalate_limits: unknown limit {limit:?} ({})",
+                    LIMIT_NAMES.join(", ")
+                )));
+            }
+        }
+        if self.sessions.max_cost < 0.0 || !self.sessions.max_cost.is_finite() {
+            return Err(ConfigError::Invalid(
+                "sessions.max_cost must be a finite number ≥ 0".into(),
             ));
         }
         if self.proxy.max_header_bytes < 1024 {

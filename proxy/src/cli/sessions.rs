@@ -1,0 +1,361 @@
+//! `ostiary session(s) show|resume|terminate|dead-letters`: inspect and steer live sessions
+//! from a terminal, through the control API with the admin token (as `ostiary approvals`
+//! does), so the server's own rules — what may be resumed, what teardown revokes — apply to
+//! the CLI too. A refusal by the server (unknown session, resuming one that is not paused)
+//! is an answer, not a failure of the tool: it prints the server's message and exits 1,
+//! while a proxy that cannot be reached exits 2 like every other command.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use ostiary_sdk::{ControlClient, SdkError};
+use serde_json::Value;
+
+use super::CliError;
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// Show one session: who it is, its parent, state (live, paused, ended), usage against
+    /// its limits, and why it is paused.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume a paused session; exit 1 if it is not paused.
+    Resume { id: String },
+    /// End a session now: leases revoked, cached credentials dropped, its token refused.
+    Terminate { id: String },
+    /// List dead letters: what a paused session was doing when it stopped.
+    DeadLetters {
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(client: ControlClient, cmd: SessionsCommand) -> Result<ExitCode, CliError> {
+    let subject = match &cmd {
+        SessionsCommand::Show { id, .. }
+        | SessionsCommand::Resume { id }
+        | SessionsCommand::Terminate { id } => format!("session {id}"),
+        SessionsCommand::DeadLetters { session, .. } => match session {
+            Some(id) => format!("session {id}"),
+            None => "dead letters".to_owned(),
+        },
+    };
+    let outcome = match cmd {
+        SessionsCommand::Show { id, json } => client.session(&id).await.map(|s| {
+            if json {
+                println!("{s}");
+            } else {
+                print!("{}", render_session(&s));
+            }
+        }),
+        SessionsCommand::Resume { id } => client
+            .resume_session(&id)
+            .await
+            .map(|()| println!("session {id} resumed")),
+        SessionsCommand::Terminate { id } => client
+            .terminate_session(&id)
+            .await
+            .map(|()| println!("session {id} terminated")),
+        SessionsCommand::DeadLetters { session, json } => {
+            client.dead_letters(session.as_deref()).await.map(|listed| {
+                if json {
+                    println!("{listed}");
+                } else {
+                    print!("{}", render_dead_letters(&listed));
+                }
+            })
+        }
+    };
+    match outcome {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => refusal(e, &subject).map(|message| {
+            eprintln!("ostiary: {message}");
+            ExitCode::FAILURE
+        }),
+    }
+}
+
+/// What to print when the server refused the action on `subject`: an unknown session, or
+/// the server's own message (a conflict: resuming a session that is not paused). Any other
+/// error is the tool's own failure and goes back to `main`.
+fn refusal(e: SdkError, subject: &str) -> Result<String, CliError> {
+    match e {
+        SdkError::Api {
+            status: 404,
+            message,
+        } => Ok(if message.is_empty() || message == "not_found" {
+            // A bare `not_found` says less than naming what was not found.
+            format!("{subject}: not found")
+        } else {
+            message
+        }),
+        SdkError::Api {
+            status: 409,
+            message,
+        } => Ok(if message.is_empty() || message == "conflict" {
+            format!("{subject}: refused (conflict)")
+        } else {
+            message
+        }),
+        other => Err(other.into()),
+    }
+}
+
+fn render_session(s: &Value) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, value: String| out.push_str(&format!("{label:<12} {value}\n"));
+    line("session", text(&s["session_id"]));
+    line(
+        "agent",
+        format!("{} (tenant {})", text(&s["agent"]), text(&s["tenant"])),
+    );
+    line(
+        "parent",
+        format!("{} (depth {})", text(&s["parent"]), text(&s["depth"])),
+    );
+    line("state", text(&s["state"]));
+    line("expires", when_secs(&s["expires_at"]));
+    if let Some(paused) = s["paused"].as_object() {
+        line(
+            "paused",
+            format!(
+                "{}: {} (at {}, dead letter {})",
+                text(&paused["kind"]),
+                text(&paused["reason"]),
+                when_any(&paused["at"]),
+                text(&paused["dead_letter"]),
+            ),
+        );
+    }
+    let usage = &s["usage"];
+    let limits = &s["limits"];
+    line("calls", of_limit(&usage["calls"], &limits["max_calls"]));
+    line("cost", of_limit(&usage["cost"], &limits["max_cost"]));
+    line(
+        "bytes",
+        format!(
+            "{} sent, {} received",
+            text(&usage["bytes_sent"]),
+            text(&usage["bytes_received"])
+        ),
+    );
+    if let Some(children) = s["children"].as_array().filter(|c| !c.is_empty()) {
+        let ids: Vec<String> = children.iter().map(text).collect();
+        line("children", ids.join(", "));
+    }
+    if !s["in_flight"].is_null() {
+        line("in flight", text(&s["in_flight"]));
+    }
+    // Limits beyond calls and cost are shown as the server names them, so a new budget
+    // shows up here without a CLI change.
+    if let Some(limits) = limits.as_object() {
+        for (name, value) in limits {
+            if name != "max_calls" && name != "max_cost" && !value.is_null() {
+                line(name, text(value));
+            }
+        }
+    }
+    out
+}
+
+fn render_dead_letters(listed: &Value) -> String {
+    let rows = listed["dead_letters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if rows.is_empty() {
+        return "no dead letters\n".to_owned();
+    }
+    rows.iter()
+        .map(|d| {
+            // The store names the time `at_ms`; the documented contract `at`: take either.
+            let at = if d["at"].is_null() {
+                &d["at_ms"]
+            } else {
+                &d["at"]
+            };
+            let resolved = match d["resolved"].as_str() {
+                Some(how) => format!(", {how} at {}", when_any(&d["resolved_ms"])),
+                None => String::new(),
+            };
+            format!(
+                "{}  session {}  {}: {}  (at {}{resolved})\n",
+                text(&d["id"]),
+                text(&d["session"]),
+                text(&d["kind"]),
+                text(&d["reason"]),
+                when_any(at),
+            )
+        })
+        .collect()
+}
+
+fn of_limit(used: &Value, limit: &Value) -> String {
+    if limit.is_null() {
+        format!("{} (no limit)", text(used))
+    } else {
+        format!("{} of {}", text(used), text(limit))
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// `expires_at` is seconds since the epoch, as `POST /v1/sessions` answers it.
+fn when_secs(v: &Value) -> String {
+    match v.as_i64() {
+        Some(secs) => rfc3339(std::time::Duration::from_secs(secs.max(0) as u64)),
+        None => text(v),
+    }
+}
+
+/// A timestamp the server may give as RFC 3339 text or epoch milliseconds.
+fn when_any(v: &Value) -> String {
+    match v.as_i64() {
+        Some(ms) => rfc3339(std::time::Duration::from_millis(ms.max(0) as u64)),
+        None => text(v),
+    }
+}
+
+fn rfc3339(since_epoch: std::time::Duration) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_paused_session_shows_why_and_its_usage_against_limits() {
+        let shown = render_session(&json!({
+            "session_id": "s-1", "agent": "bot", "tenant": "acme", "parent": "s-0",
+            "depth": 1, "expires_at": 0, "state": "paused",
+            "paused": {"reason": "budget exhausted", "kind": "budget", "at": 1000,
+                       "dead_letter": "dl-1"},
+            "usage": {"calls": 3, "cost": 0.25, "bytes_sent": 10, "bytes_received": 20},
+            "limits": {"max_calls": 5, "max_cost": null, "max_bytes": 100},
+            "children": ["s-2", "s-3"], "in_flight": 1
+        }));
+        for expected in [
+            "session      s-1",
+            "agent        bot (tenant acme)",
+            "parent       s-0 (depth 1)",
+            "state        paused",
+            "expires      1970-01-01T00:00:00Z",
+            "paused       budget: budget exhausted (at 1970-01-01T00:00:01Z, dead letter dl-1)",
+            "calls        3 of 5",
+            "cost         0.25 (no limit)",
+            "bytes        10 sent, 20 received",
+            "max_bytes    100",
+            "children     s-2, s-3",
+            "in flight    1",
+        ] {
+            assert!(shown.contains(expected), "{expected:?} in:\n{shown}");
+        }
+    }
+
+    #[test]
+    fn a_live_root_session_has_no_paused_line() {
+        let shown = render_session(&json!({
+            "session_id": "s-1", "agent": "bot", "tenant": "acme", "parent": null,
+            "depth": 0, "expires_at": 60, "state": "live", "paused": null,
+            "usage": {"calls": 0, "cost": 0.0, "bytes_sent": 0, "bytes_received": 0},
+            "limits": {"max_calls": null, "max_cost": null}
+        }));
+        assert!(shown.contains("parent       - (depth 0)"), "{shown}");
+        assert!(!shown.contains("paused "), "{shown}");
+    }
+
+    #[test]
+    fn dead_letters_are_one_line_each() {
+        assert_eq!(
+            render_dead_letters(&json!({"dead_letters": []})),
+            "no dead letters\n"
+        );
+        let listed = render_dead_letters(&json!({"dead_letters": [
+            {"id": "dl-1", "session": "s-1", "kind": "budget", "reason": "max_calls",
+             "at": "2026-01-01T00:00:00Z", "snapshot": {}},
+            {"id": 2, "session": "s-2", "kind": "loop", "reason": "same call 5 times",
+             "at_ms": 1000, "snapshot": {}, "resolved": "resumed", "resolved_ms": 2000}
+        ]}));
+        assert_eq!(
+            listed,
+            "dl-1  session s-1  budget: max_calls  (at 2026-01-01T00:00:00Z)\n\
+             2  session s-2  loop: same call 5 times  \
+             (at 1970-01-01T00:00:01Z, resumed at 1970-01-01T00:00:02Z)\n"
+        );
+    }
+
+    #[test]
+    fn session_and_sessions_both_parse() {
+        use clap::Parser;
+
+        use crate::cli::{Cli, Command, SessionCommand};
+
+        let manage = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Session(SessionCommand::Manage(cmd))) => cmd,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert!(matches!(
+            manage(&["ostiary", "sessions", "resume", "s-1"]),
+            SessionsCommand::Resume { id } if id == "s-1"
+        ));
+        assert!(matches!(
+            manage(&["ostiary", "session", "show", "s-1", "--json"]),
+            SessionsCommand::Show { id, json: true } if id == "s-1"
+        ));
+        assert!(matches!(
+            manage(&["ostiary", "sessions", "dead-letters", "--session", "s-2"]),
+            SessionsCommand::DeadLetters { session: Some(s), json: false } if s == "s-2"
+        ));
+        assert!(matches!(
+            Cli::try_parse_from(["ostiary", "sessions", "new", "--agent", "a"]).map(|c| c.command),
+            Ok(Command::Session(SessionCommand::New(_)))
+        ));
+    }
+
+    #[test]
+    fn refusals_are_answers_and_other_errors_fail_the_command() {
+        let conflict = SdkError::Api {
+            status: 409,
+            message: "session s-1 is not paused".into(),
+        };
+        assert_eq!(
+            refusal(conflict, "session s-1").unwrap(),
+            "session s-1 is not paused"
+        );
+        let bare = SdkError::Api {
+            status: 404,
+            message: "not_found".into(),
+        };
+        assert_eq!(
+            refusal(bare, "session s-9").unwrap(),
+            "session s-9: not found"
+        );
+        let explained = SdkError::Api {
+            status: 404,
+            message: "session s-9 is not active".into(),
+        };
+        assert_eq!(
+            refusal(explained, "session s-9").unwrap(),
+            "session s-9 is not active"
+        );
+        let unauthorized = SdkError::Api {
+            status: 401,
+            message: "bad token".into(),
+        };
+        assert!(refusal(unauthorized, "session s-1").is_err());
+    }
+}

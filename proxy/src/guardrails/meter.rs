@@ -1,0 +1,432 @@
+//! Session budgets: what each session has used (tool calls, cost, bytes) against its hard
+//! limits, and the carving of a child's budget out of its parent's.
+//!
+//! Counters live in memory — they are touched by every request — and are written to the
+//! store by the reaper's tick and at teardown, and read back at start-up, so a restart does
+//! not hand a session a fresh budget (at most one tick's usage can be lost in a crash).
+//!
+//! A limit is checked and charged in one step under the session's lock, so concurrent calls
+//! cannot together overshoot it. Bytes cannot be known before they flow: they are counted
+//! as they pass and the limit refuses the session's next request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// One session's hard limits (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_calls: Option<u64>,
+    pub max_cost_micros: Option<i64>,
+    pub max_bytes_sent: Option<u64>,
+    pub max_bytes_received: Option<u64>,
+}
+
+/// What a session has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub calls: u64,
+    pub cost_micros: i64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// A limit reached: the body of `429 limit_exceeded` (DESIGN §5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitHit {
+    /// `calls`, `cost`, `bytes_sent`, `bytes_received`, `rate:agent`, `rate:tenant`,
+    /// `children`, `depth`.
+    pub limit: String,
+    /// In the limit's own unit (cost in catalog units, not micros).
+    pub used: Value,
+    pub max: Value,
+    /// Seconds until trying again can succeed; `None` when only a human or a new session
+    /// can help (a budget does not refill by itself).
+    pub retry_after: Option<u64>,
+}
+
+/// Whether a limit may be raised by an approval (`sessions.escalate_limits`).
+impl LimitHit {
+    pub fn escalatable(&self, names: &[String]) -> bool {
+        names.contains(&self.limit)
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Account {
+    pub limits: Limits,
+    pub usage: Usage,
+    /// Budget handed to live children, returned (less what they used) when they end.
+    pub carved_calls: u64,
+    pub carved_cost_micros: i64,
+    pub parent: Option<String>,
+}
+
+impl Account {
+    fn remaining_calls(&self) -> Option<u64> {
+        self.limits.max_calls.map(|max| {
+            max.saturating_sub(self.usage.calls)
+                .saturating_sub(self.carved_calls)
+        })
+    }
+
+    fn remaining_cost(&self) -> Option<i64> {
+        self.limits
+            .max_cost_micros
+            .map(|max| (max - self.usage.cost_micros - self.carved_cost_micros).max(0))
+    }
+}
+
+fn cost_value(micros: i64) -> Value {
+    json!(micros as f64 / 1_000_000.0)
+}
+
+/// Every live session's account.
+#[derive(Debug, Default)]
+pub struct Meter {
+    accounts: RwLock<HashMap<String, Arc<Mutex<Account>>>>,
+}
+
+impl Meter {
+    fn account(&self, session: &str) -> Option<Arc<Mutex<Account>>> {
+        self.accounts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session)
+            .cloned()
+    }
+
+    /// Open the account of a new (or reloaded) session.
+    pub fn open(&self, session: &str, account: Account) {
+        self.accounts
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.to_owned(), Arc::new(Mutex::new(account)));
+    }
+
+    /// Close a session's account: its usage, and the parent gets back what of its carved
+    /// budget the child did not use.
+    pub fn close(&self, session: &str) -> Option<Account> {
+        let account = self
+            .accounts
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session)?;
+        let account = account.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(parent) = account.parent.as_deref().and_then(|p| self.account(p)) {
+            let mut parent = parent.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(max) = account.limits.max_calls {
+                parent.carved_calls = parent.carved_calls.saturating_sub(max);
+                parent.usage.calls += account.usage.calls;
+            }
+            if let Some(max) = account.limits.max_cost_micros {
+                parent.carved_cost_micros = (parent.carved_cost_micros - max).max(0);
+                parent.usage.cost_micros += account.usage.cost_micros;
+            }
+        }
+        Some(account)
+    }
+
+    /// The account of `session`, as it is now.
+    pub fn snapshot(&self, session: &str) -> Option<Account> {
+        let account = self.account(session)?;
+        let account = account.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Some(account)
+    }
+
+    /// Every account (for the store).
+    pub fn all(&self) -> Vec<(String, Account)> {
+        let accounts = self.accounts.read().unwrap_or_else(|e| e.into_inner());
+        accounts
+            .iter()
+            .map(|(id, a)| {
+                (
+                    id.clone(),
+                    a.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Refuse the session's next request when it already received or sent more bytes than
+    /// allowed.
+    pub fn check_bytes(&self, session: &str) -> Result<(), Box<LimitHit>> {
+        let Some(account) = self.account(session) else {
+            return Ok(());
+        };
+        let a = account.lock().unwrap_or_else(|e| e.into_inner());
+        for (limit, used, max) in [
+            ("bytes_sent", a.usage.bytes_sent, a.limits.max_bytes_sent),
+            (
+                "bytes_received",
+                a.usage.bytes_received,
+                a.limits.max_bytes_received,
+            ),
+        ] {
+            if let Some(max) = max.filter(|max| used >= *max) {
+                return Err(Box::new(LimitHit {
+                    limit: limit.into(),
+                    used: json!(used),
+                    max: json!(max),
+                    retry_after: None,
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Charge one tool call costing `cost_micros`, unless it would pass a limit.
+    pub fn charge_call(&self, session: &str, cost_micros: i64) -> Result<Usage, Box<LimitHit>> {
+        let Some(account) = self.account(session) else {
+            return Ok(Usage::default());
+        };
+        let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(max), Some(left)) = (a.limits.max_calls, a.remaining_calls()) {
+            if left == 0 {
+                return Err(Box::new(LimitHit {
+                    limit: "calls".into(),
+                    used: json!(a.usage.calls),
+                    max: json!(max.saturating_sub(a.carved_calls)),
+                    retry_after: None,
+                }));
+            }
+        }
+        if let (Some(max), Some(left)) = (a.limits.max_cost_micros, a.remaining_cost()) {
+            if cost_micros > left {
+                return Err(Box::new(LimitHit {
+                    limit: "cost".into(),
+                    used: cost_value(a.usage.cost_micros),
+                    max: cost_value(max - a.carved_cost_micros),
+                    retry_after: None,
+                }));
+            }
+        }
+        a.usage.calls += 1;
+        a.usage.cost_micros += cost_micros;
+        Ok(a.usage)
+    }
+
+    /// Charge a call a human approved: it runs whatever the budget says.
+    pub fn charge_approved(&self, session: &str, cost_micros: i64) {
+        if let Some(account) = self.account(session) {
+            let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+            a.usage.calls += 1;
+            a.usage.cost_micros += cost_micros;
+        }
+    }
+
+    /// An approver granted the session more of `limit`: as much again as it started with.
+    pub fn grant(&self, session: &str, limit: &str) -> bool {
+        let Some(account) = self.account(session) else {
+            return false;
+        };
+        let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+        match limit {
+            "calls" => {
+                if let Some(max) = a.limits.max_calls.as_mut() {
+                    *max = max.saturating_mul(2).max(1);
+                }
+            }
+            "cost" => {
+                if let Some(max) = a.limits.max_cost_micros.as_mut() {
+                    *max = max.saturating_mul(2).max(1);
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Count bytes that flowed for the session.
+    pub fn add_bytes(&self, session: &str, sent: u64, received: u64) {
+        if let Some(account) = self.account(session) {
+            let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+            a.usage.bytes_sent += sent;
+            a.usage.bytes_received += received;
+        }
+    }
+
+    /// Carve a child's limits out of `parent`'s remaining budget. `asked` are the limits
+    /// the creator named; a limit the parent has and the creator left out gets half of
+    /// what remains, so a parent can never be emptied by one child it did not size.
+    pub fn carve(&self, parent: &str, asked: Limits) -> Result<Limits, Box<LimitHit>> {
+        let Some(account) = self.account(parent) else {
+            return Ok(asked);
+        };
+        let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+        let mut child = asked;
+        if let Some(left) = a.remaining_calls() {
+            let want = asked.max_calls.unwrap_or((left / 2).max(1));
+            if want > left || want == 0 {
+                return Err(Box::new(LimitHit {
+                    limit: "calls".into(),
+                    used: json!(want),
+                    max: json!(left),
+                    retry_after: None,
+                }));
+            }
+            child.max_calls = Some(want);
+        }
+        if let Some(left) = a.remaining_cost() {
+            let want = asked.max_cost_micros.unwrap_or((left / 2).max(1));
+            if want > left || want == 0 {
+                return Err(Box::new(LimitHit {
+                    limit: "cost".into(),
+                    used: cost_value(want),
+                    max: cost_value(left),
+                    retry_after: None,
+                }));
+            }
+            child.max_cost_micros = Some(want);
+        }
+        // Bytes are not carved: the child's own traffic is counted where it flows.
+        child.max_bytes_sent = asked.max_bytes_sent.or(a.limits.max_bytes_sent);
+        child.max_bytes_received = asked.max_bytes_received.or(a.limits.max_bytes_received);
+        if let Some(c) = child.max_calls.filter(|_| a.limits.max_calls.is_some()) {
+            a.carved_calls += c;
+        }
+        if let Some(c) = child
+            .max_cost_micros
+            .filter(|_| a.limits.max_cost_micros.is_some())
+        {
+            a.carved_cost_micros += c;
+        }
+        Ok(child)
+    }
+}
+
+impl Meter {
+    /// Give back a carve whose child was never created.
+    pub fn uncarve(&self, parent: &str, child: &Limits) {
+        if let Some(account) = self.account(parent) {
+            let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = child.max_calls.filter(|_| a.limits.max_calls.is_some()) {
+                a.carved_calls = a.carved_calls.saturating_sub(c);
+            }
+            if let Some(c) = child
+                .max_cost_micros
+                .filter(|_| a.limits.max_cost_micros.is_some())
+            {
+                a.carved_cost_micros = (a.carved_cost_micros - c).max(0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meter_with(limits: Limits) -> Meter {
+        let m = Meter::default();
+        m.open(
+            "s",
+            Account {
+                limits,
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn calls_are_charged_up_to_the_limit_and_not_one_more() {
+        let m = meter_with(Limits {
+            max_calls: Some(3),
+            ..Default::default()
+        });
+        for _ in 0..3 {
+            m.charge_call("s", 0).unwrap();
+        }
+        let hit = m.charge_call("s", 0).unwrap_err();
+        assert_eq!(hit.limit, "calls");
+        assert_eq!(hit.used, json!(3));
+        assert_eq!(hit.max, json!(3));
+        assert!(m.grant("s", "calls"));
+        for _ in 0..3 {
+            m.charge_call("s", 0).unwrap();
+        }
+        assert!(m.charge_call("s", 0).is_err());
+    }
+
+    #[test]
+    fn cost_is_refused_when_the_call_would_pass_it() {
+        let m = meter_with(Limits {
+            max_cost_micros: Some(2_500_000),
+            ..Default::default()
+        });
+        m.charge_call("s", 1_000_000).unwrap();
+        m.charge_call("s", 1_000_000).unwrap();
+        let hit = m.charge_call("s", 1_000_000).unwrap_err();
+        assert_eq!(hit.limit, "cost");
+        assert_eq!(hit.used, json!(2.0));
+        assert_eq!(hit.max, json!(2.5));
+        // A cheaper call still fits.
+        m.charge_call("s", 500_000).unwrap();
+    }
+
+    #[test]
+    fn a_child_is_carved_out_of_the_parent_and_returns_what_it_left() {
+        let m = meter_with(Limits {
+            max_calls: Some(10),
+            ..Default::default()
+        });
+        let child = m
+            .carve(
+                "s",
+                Limits {
+                    max_calls: Some(4),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(child.max_calls, Some(4));
+        m.open(
+            "c",
+            Account {
+                limits: child,
+                parent: Some("s".into()),
+                ..Default::default()
+            },
+        );
+        // The parent has 6 left, so a second child asking 7 is refused.
+        let hit = m
+            .carve(
+                "s",
+                Limits {
+                    max_calls: Some(7),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert_eq!((hit.used.clone(), hit.max.clone()), (json!(7), json!(6)));
+        m.charge_call("c", 0).unwrap();
+        for _ in 0..6 {
+            m.charge_call("s", 0).unwrap();
+        }
+        assert!(m.charge_call("s", 0).is_err());
+        // The child ends having used 1 of 4: the parent gets 3 back.
+        m.close("c");
+        for _ in 0..3 {
+            m.charge_call("s", 0).unwrap();
+        }
+        assert!(m.charge_call("s", 0).is_err());
+        // A child naming nothing gets half of what is left (here: nothing left, refused).
+        assert!(m.carve("s", Limits::default()).is_err());
+    }
+
+    #[test]
+    fn bytes_refuse_the_next_request_once_passed() {
+        let m = meter_with(Limits {
+            max_bytes_received: Some(100),
+            ..Default::default()
+        });
+        m.add_bytes("s", 10, 99);
+        m.check_bytes("s").unwrap();
+        m.add_bytes("s", 0, 1);
+        let hit = m.check_bytes("s").unwrap_err();
+        assert_eq!(hit.limit, "bytes_received");
+    }
+}

@@ -1,0 +1,301 @@
+//! The loop watchdog's side of the pipeline: feed it every decided call, and when it trips,
+//! pause the session for a human.
+//!
+//! A trip pauses the session in memory at once — its very next request is refused `423
+//! session_paused` — and then, off the request path: the diagnostic snapshot (the trip,
+//! the watchdog's counters, the session's usage, its last audit records) goes to the
+//! dead-letter table with the pause, and an approval "resume this session?" is put before
+//! the approvers through every channel they have (Slack, email, the review page, the CLI).
+//! Approving it resumes the session; denying it terminates it. `ostiary sessions
+//! resume|terminate` and the control API do the same directly.
+
+use std::hash::{Hash, Hasher};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::approvals::model::{Approval, Ask, HeldRequest, Observed};
+use crate::error::ProxyError;
+use crate::server::Shared;
+use crate::session::watchdog::{Event, Trip};
+use crate::session::Principal;
+use crate::store::now_ms;
+
+use super::store::Paused;
+
+/// The URL scheme of a held "resume this session" approval: never sent anywhere.
+pub const RESUME_URL: &str = "ostiary:session/";
+
+/// One decided call as the watchdog sees it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// The tool, or `METHOD host/path` of a plain request.
+    pub key: String,
+    pub args_hash: u64,
+    pub tier: &'static str,
+    /// Refused by policy or a check; `None`: as the request's own outcome says.
+    pub denied: Option<bool>,
+    /// A catalogued tool call. Only those count towards the identical-call rule: an agent
+    /// polling one URL is not looping the way one calling one tool with the same
+    /// arguments is.
+    pub tool: bool,
+}
+
+impl Seen {
+    pub fn new(
+        key: &str,
+        args: &Value,
+        tier: &'static str,
+        denied: Option<bool>,
+        tool: bool,
+    ) -> Self {
+        // Not a security hash: it only tells identical arguments apart from different ones
+        // (the watchdog keys it again with its own per-process secret).
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        args.to_string().hash(&mut h);
+        Self {
+            key: key.to_owned(),
+            args_hash: h.finish(),
+            tier,
+            denied,
+            tool,
+        }
+    }
+}
+
+/// Whether a refusal counts towards the watchdog's burst of denials: policy and checks
+/// saying no — not the guardrails' own limits, which already hold the session back, and
+/// not a hold for a human.
+pub fn counts_as_denial(err: &ProxyError) -> bool {
+    err.audit_decision() == "deny"
+        && !matches!(
+            err,
+            ProxyError::LimitExceeded(_)
+                | ProxyError::SessionPaused { .. }
+                | ProxyError::ApprovalPending { .. }
+                | ProxyError::ApprovalRequired { .. }
+        )
+}
+
+fn rank(tier: &str) -> u8 {
+    match tier {
+        "read" => 0,
+        "write" => 1,
+        "irreversible" => 2,
+        _ => 3,
+    }
+}
+
+/// Feed the watchdog what one request decided; pause the session if it trips. A trip is
+/// rare, so the pause is written before this returns (and the tripping request is
+/// answered): whoever looks next finds the dead letter.
+pub async fn observe(shared: &Shared, principal: &Principal, calls: Vec<Seen>, refused: bool) {
+    let guardrails = &shared.guardrails;
+    if !guardrails.settings().watchdog.enabled {
+        return;
+    }
+    let now = Instant::now();
+    for seen in calls {
+        let tier = shared.config.tiers.get(seen.tier);
+        let trip = guardrails.watchdog.observe(
+            &principal.session_id,
+            Event {
+                key: &seen.key,
+                args_hash: seen.args_hash,
+                tier_rank: rank(seen.tier),
+                denied: seen.denied.unwrap_or(refused),
+                repeat_max: if seen.tool {
+                    tier.map_or(20, |t| t.repeat_max)
+                } else {
+                    0
+                },
+                repeat_window: tier.map_or(std::time::Duration::from_secs(60), |t| t.repeat_window),
+                at: now,
+            },
+        );
+        if let Some(trip) = trip {
+            if guardrails.paused(&principal.session_id).is_some() {
+                return;
+            }
+            // In memory first, so the session's next request is refused whatever the
+            // store and the notifications below take.
+            guardrails.set_paused(
+                &principal.session_id,
+                Paused {
+                    kind: kind_name(&trip),
+                    reason: trip.reason.clone(),
+                    at_ms: now_ms(),
+                    dead_letter: 0,
+                },
+            );
+            shared.metrics.watchdog_trip(&kind_name(&trip));
+            tracing::warn!(session = %principal.session_id, reason = %trip.reason, "watchdog paused a session");
+            persist(shared, principal, trip).await;
+            return;
+        }
+    }
+}
+
+fn kind_name(trip: &Trip) -> String {
+    serde_json::to_value(trip.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "watchdog".into())
+}
+
+/// Write the dead letter and the pause, audit it, and ask the approvers.
+async fn persist(shared: &Shared, principal: &Principal, trip: Trip) {
+    let session = principal.session_id.clone();
+    // The request that tripped it is in the snapshot too.
+    shared.audit.flush().await;
+    let guardrails = &shared.guardrails;
+    let n = guardrails.settings().watchdog.snapshot_records;
+    let recent = {
+        let session = session.clone();
+        guardrails
+            .store
+            .call(move |s| s.recent_audit(&session, n))
+            .await
+            .unwrap_or_else(|e| vec![json!({ "error": e.to_string() })])
+    };
+    let account = guardrails.meter.snapshot(&session).unwrap_or_default();
+    let kind = kind_name(&trip);
+    let snapshot = json!({
+        "trip": trip,
+        "counters": guardrails.watchdog.counters(&session),
+        "usage": account.usage,
+        "limits": account.limits,
+        "agent": principal.agent,
+        "tenant": principal.tenant,
+        "depth": principal.depth,
+        "parent": principal.parent,
+        "recent_audit": recent,
+    });
+    let stored = {
+        let (session, kind, reason) = (session.clone(), kind.clone(), trip.reason.clone());
+        guardrails
+            .store
+            .call(move |s| s.pause(&session, &kind, &reason, &snapshot, now_ms()))
+            .await
+    };
+    let paused = match stored {
+        Ok(Some(paused)) => paused,
+        Ok(None) => return,
+        Err(e) => {
+            // The pause holds in memory; only a restart would lift it.
+            tracing::error!(session, error = %e, "storing a watchdog pause failed");
+            return;
+        }
+    };
+    // Resumed or ended while the snapshot was being written: the human was first.
+    if guardrails.paused(&session).is_none() {
+        let owned = session.clone();
+        let resolution = if shared.sessions.is_live(&session) {
+            "resumed"
+        } else {
+            "terminated"
+        };
+        let _ = guardrails
+            .store
+            .call(move |s| s.unpause(&owned, resolution))
+            .await;
+        return;
+    }
+    guardrails.set_paused(&session, paused.clone());
+    shared.audit_session_event(
+        &session,
+        &principal.agent,
+        &principal.tenant,
+        &format!(
+            "session paused by the watchdog ({kind}): {}; dead letter {}",
+            trip.reason, paused.dead_letter
+        ),
+    );
+    if let Err(e) = ask_approvers(shared, principal, &kind, &trip.reason, paused.dead_letter).await
+    {
+        tracing::error!(session, error = %e, "asking approvers about a paused session failed");
+    }
+}
+
+/// Put "resume this session?" before the approvers, through the approval queue.
+async fn ask_approvers(
+    shared: &Shared,
+    principal: &Principal,
+    kind: &str,
+    reason: &str,
+    dead_letter: i64,
+) -> Result<(), crate::store::StoreError> {
+    let config = &shared.config.approvals;
+    let args = json!({
+        "session": principal.session_id,
+        "watchdog": kind,
+        "reason": reason,
+        "dead_letter": dead_letter,
+        "approve": "resume the session",
+        "deny": "terminate the session",
+    });
+    let url = format!("{RESUME_URL}{}/resume", principal.session_id);
+    let approval = Approval::pending(
+        config,
+        Ask {
+            principal,
+            request_id: crate::ids::request_id(),
+            policies: vec![format!("watchdog:{kind}")],
+            policy_generation: shared.policies.generation(),
+            request: HeldRequest {
+                method: "POST".into(),
+                url,
+                headers: Vec::new(),
+                body: Vec::new(),
+                body_digest: crate::escalate::digest(b""),
+            },
+            observed: Observed {
+                host: "ostiary".into(),
+                port: 0,
+                scheme: "ostiary".into(),
+                action: "Ostiary::Action::\"session:resume\"".into(),
+                resource: format!("Ostiary::Session::{:?}", principal.session_id),
+                tool: Some("ostiary.resume_session".into()),
+                tier: Some("high_impact".into()),
+                args: Some(args),
+                ..Default::default()
+            },
+        },
+        now_ms(),
+    );
+    shared.approvals.hold(approval).await.map(|_| ())
+}
+
+/// The session a "resume" approval is about, if `approval` is one.
+pub fn resume_target(approval: &Approval) -> Option<&str> {
+    approval
+        .request
+        .url
+        .strip_prefix(RESUME_URL)?
+        .strip_suffix("/resume")
+}
+
+/// Lift a pause (a human said so). Returns false when the session was not paused.
+pub async fn resume(
+    shared: &Shared,
+    session: &str,
+    by: &str,
+) -> Result<bool, crate::store::StoreError> {
+    let owned = session.to_owned();
+    let was = shared
+        .guardrails
+        .store
+        .call(move |s| s.unpause(&owned, "resumed"))
+        .await?;
+    // A pause only in memory (its snapshot still being written) is lifted too.
+    let in_memory = shared.guardrails.clear_paused(session);
+    if was || in_memory {
+        let principal = shared.sessions.get(session);
+        let (agent, tenant) = principal
+            .as_ref()
+            .map(|p| (p.agent.as_str(), p.tenant.as_str()))
+            .unwrap_or_default();
+        shared.audit_session_event(session, agent, tenant, &format!("session resumed by {by}"));
+    }
+    Ok(was || in_memory)
+}
