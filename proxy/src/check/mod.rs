@@ -19,6 +19,7 @@
 //! - [`webhook`] — the external check.
 
 pub mod args_schema;
+pub mod calls;
 pub mod dlp;
 pub mod webhook;
 

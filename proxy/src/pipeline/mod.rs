@@ -20,12 +20,13 @@ use std::sync::Arc;
 use http::header::{CONNECTION, CONTENT_LENGTH, UPGRADE};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use ostiary_policies::Action;
 
 use crate::audit::AuditGuard;
 use crate::body::{self, ProxyBody};
 use crate::check::{self, Checks};
+
+mod upgrade;
 use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
@@ -380,7 +381,7 @@ async fn run(
         // tier scans bodies at all.
         let wants_dlp = shared.checks.wants(tier, "dlp");
         let with_secrets = if wants_dlp {
-            session_detectors(shared, &principal).await
+            check::calls::session_detectors(shared, &principal).await
         } else {
             None
         };
@@ -484,54 +485,7 @@ async fn run(
         let mut decided = exchange.decide(&endpoint, asker)?;
         // check — each call policy allowed or escalated, under its own tier's budget, all
         // calls of a batch at once; after evaluate and before the holds, as for a REST call.
-        let secrets = match decided
-            .checkable()
-            .any(|call| shared.checks.wants(call.tier, "dlp"))
-        {
-            true => session_detectors(shared, &principal).await,
-            false => None,
-        };
-        let reports = futures_util::future::join_all(decided.checkable().map(|call| {
-            let detectors = secrets.as_deref();
-            let tool = engine.catalog().get(call.tool);
-            let host = &host;
-            let principal = &principal;
-            let target = &target;
-            async move {
-                let message = serde_json::to_vec(call.message).unwrap_or_default();
-                let (args, records) = match call.action {
-                    Action::Tool {
-                        args,
-                        impact_records,
-                        ..
-                    } => (Some(args), *impact_records),
-                    _ => (None, 0),
-                };
-                let subject = check::Subject {
-                    tier: call.tier,
-                    agent: &principal.agent,
-                    tenant: &principal.tenant,
-                    session: &principal.session_id,
-                    host,
-                    method: target.method.as_str(),
-                    path: &target.path,
-                    tool,
-                    args,
-                    records,
-                    body: Some(&message),
-                    declared_len: None,
-                    detectors,
-                };
-                (
-                    call.index,
-                    shared.checks.run(subject, &shared.metrics).await,
-                )
-            }
-        }))
-        .await;
-        for (index, report) in reports {
-            decided.checked(index, report);
-        }
+        check::calls::run(shared, &engine, &principal, &target, &host, &mut decided).await;
         // limit — each call still allowed is charged to the session's budget; one over it
         // is refused like a denied call (MCP calls are not escalated for more budget).
         let mut charged = 0;
@@ -650,7 +604,7 @@ async fn run(
     // request that is refused. The WebSocket handshake is only honoured once authorized.
     // Credentials go in after `prepare` pointed the request at its checked upstream URI,
     // so a query credential lands in the URI actually sent.
-    let upgrade = is_websocket(&req);
+    let upgrade = upgrade::is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let upstream_req = inject::prepare(req, &target, upgrade)?;
     let (mut parts, upstream_body) = upstream_req.into_parts();
@@ -757,7 +711,7 @@ async fn run(
     }
     let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if let (Some(agent), true) = (agent_upgrade, switching) {
-        splice(agent, hyper::upgrade::on(&mut response));
+        upgrade::splice(agent, hyper::upgrade::on(&mut response));
     }
     // scrub — first thing on the answer: no injected secret reaches anything downstream
     // of here (the MCP filter, the agent), and a body that cannot be decoded to be scrubbed
@@ -814,20 +768,6 @@ async fn run(
     }
 }
 
-/// The DLP detectors with the values the broker holds for the session added ("any value
-/// of a credential known to the broker"); `None` when it holds none.
-async fn session_detectors(
-    shared: &Shared,
-    principal: &crate::session::Principal,
-) -> Option<Arc<check::dlp::Detectors>> {
-    let secrets = shared
-        .credentials
-        .broker
-        .secrets_of(&principal.session_id)
-        .await;
-    shared.checks.detectors_with(secrets)
-}
-
 /// Whether a refusal tells the agent that a request is now held for approval.
 fn holds_approval(err: &ProxyError) -> bool {
     match err {
@@ -837,36 +777,4 @@ fn holds_approval(err: &ProxyError) -> bool {
             .any(|r| matches!(r.error, ProxyError::ApprovalPending { .. })),
         _ => false,
     }
-}
-
-/// A WebSocket handshake (HTTP/1.1 `Upgrade`); other upgrades are not passed.
-fn is_websocket<B>(req: &Request<B>) -> bool {
-    req.version() == Version::HTTP_11
-        && req
-            .headers()
-            .get(UPGRADE)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
-        && req
-            .headers()
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// Join the agent's and the upstream's upgraded connections once both sides switched.
-fn splice(agent: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    tokio::spawn(async move {
-        match tokio::try_join!(agent, upstream) {
-            Ok((agent, upstream)) => {
-                let mut agent = TokioIo::new(agent);
-                let mut upstream = TokioIo::new(upstream);
-                if let Err(e) = tokio::io::copy_bidirectional(&mut agent, &mut upstream).await {
-                    tracing::debug!(error = %e, "upgraded connection ended");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),
-        }
-    });
 }
