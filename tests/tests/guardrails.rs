@@ -600,13 +600,69 @@ repeat_max = 0
     }
     let (s, b, _) = rig.write(&child, "ch4").await;
     assert_eq!((s, b["max"].clone()), (429, json!(3)), "{b}");
+    // Only a valid, live session token creates a child: a forged one is 401, and so is a
+    // token whose signature is fine but whose last character was changed.
+    let forged = Agent {
+        id: "ses_forged".into(),
+        token: format!("{}x", &root.token[..root.token.len() - 1]),
+        client: reqwest::Client::new(),
+        body: Value::Null,
+    };
+    let (s, b) = rig
+        .agent(json!({"agent": "f"}), Some(&forged))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (s, b["error"].clone()),
+        (401, json!("unauthenticated")),
+        "{b}"
+    );
+    let garbage = Agent {
+        token: "not-a-token".into(),
+        ..forged
+    };
+    let (s, _) = rig
+        .agent(json!({"agent": "f"}), Some(&garbage))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(s, 401);
+    // Unknown fields are refused, not ignored.
+    let (s, _) = rig
+        .agent(
+            json!({"agent": "f", "max_calls": 1, "depth": 0}),
+            Some(&second),
+        )
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(s, 400);
+    // An operator may create a child on a session's behalf by naming it.
+    let by_admin = rig
+        .agent(
+            json!({"agent": "op-child", "parent": second.id, "max_calls": 1}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(by_admin.body["depth"], 2);
+    assert_eq!(by_admin.body["parent"], second.id.as_str());
+
     // Tearing down the root tears down the whole tree.
     let (s, _) = rig.session_call(reqwest::Method::DELETE, &root, "").await;
     assert_eq!(s, 200);
-    for agent in [&root, &child, &grandchild, &second] {
+    for agent in [&root, &child, &grandchild, &second, &by_admin] {
         let (s, _, _) = rig.call(agent, "GET", "/echo", &[], None).await;
         assert_eq!(s, 407, "{} still works", agent.id);
     }
+    // A torn-down session's token creates nothing.
+    let (s, _) = rig
+        .agent(json!({"agent": "late"}), Some(&child))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(s, 401);
     // Idempotent: a second DELETE is a 404, nothing else happens.
     let (s, _) = rig.session_call(reqwest::Method::DELETE, &root, "").await;
     assert_eq!(s, 404);
@@ -615,7 +671,7 @@ repeat_max = 0
         .iter()
         .filter(|r| r.kind == "session" && r.totals.is_some())
         .collect();
-    assert_eq!(ended.len(), 4, "{ended:#?}");
+    assert_eq!(ended.len(), 5, "{ended:#?}");
     let of_child = ended
         .iter()
         .find(|r| r.session.as_deref() == Some(child.id.as_str()))
