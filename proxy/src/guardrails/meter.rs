@@ -9,8 +9,9 @@
 //! cannot together overshoot it. Bytes cannot be known before they flow: they are counted
 //! as they pass and the limit refuses the session's next request.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
+
+use super::sharded::Sharded;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -86,34 +87,24 @@ fn cost_value(micros: i64) -> Value {
 /// Every live session's account.
 #[derive(Debug, Default)]
 pub struct Meter {
-    accounts: RwLock<HashMap<String, Arc<Mutex<Account>>>>,
+    accounts: Sharded<Arc<Mutex<Account>>>,
 }
 
 impl Meter {
     fn account(&self, session: &str) -> Option<Arc<Mutex<Account>>> {
-        self.accounts
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(session)
-            .cloned()
+        self.accounts.get(session)
     }
 
     /// Open the account of a new (or reloaded) session.
     pub fn open(&self, session: &str, account: Account) {
         self.accounts
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session.to_owned(), Arc::new(Mutex::new(account)));
+            .insert(session, Arc::new(Mutex::new(account)));
     }
 
     /// Close a session's account: its usage, and the parent gets back what of its carved
     /// budget the child did not use.
     pub fn close(&self, session: &str) -> Option<Account> {
-        let account = self
-            .accounts
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(session)?;
+        let account = self.accounts.remove(session)?;
         let account = account.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(parent) = account.parent.as_deref().and_then(|p| self.account(p)) {
             let mut parent = parent.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,6 +120,13 @@ impl Meter {
         Some(account)
     }
 
+    /// What `session` has used so far.
+    pub fn usage(&self, session: &str) -> Option<Usage> {
+        let account = self.account(session)?;
+        let usage = account.lock().unwrap_or_else(|e| e.into_inner()).usage;
+        Some(usage)
+    }
+
     /// The account of `session`, as it is now.
     pub fn snapshot(&self, session: &str) -> Option<Account> {
         let account = self.account(session)?;
@@ -138,14 +136,12 @@ impl Meter {
 
     /// Every account (for the store).
     pub fn all(&self) -> Vec<(String, Account)> {
-        let accounts = self.accounts.read().unwrap_or_else(|e| e.into_inner());
-        accounts
-            .iter()
+        self.accounts
+            .entries()
+            .into_iter()
             .map(|(id, a)| {
-                (
-                    id.clone(),
-                    a.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-                )
+                let account = a.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                (id, account)
             })
             .collect()
     }

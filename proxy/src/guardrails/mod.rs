@@ -18,9 +18,10 @@ pub mod inflight;
 pub mod meter;
 pub mod pause;
 pub mod rate;
+pub mod sharded;
 pub mod store;
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ostiary_policies::SessionState;
@@ -41,7 +42,9 @@ pub struct Guardrails {
     pub inflight: Arc<inflight::InFlight>,
     pub watchdog: Watchdog,
     pub store: GuardStore,
-    paused: RwLock<std::collections::HashMap<String, Paused>>,
+    paused: sharded::Sharded<Paused>,
+    /// Sessions paused now: when none is (nearly always), the gate does not look further.
+    paused_count: std::sync::atomic::AtomicUsize,
     settings: Sessions,
 }
 
@@ -52,7 +55,12 @@ impl Guardrails {
         for (session, account) in store.load_accounts()? {
             meter.open(&session, account);
         }
-        let paused = store.pauses()?.into_iter().collect();
+        let paused = sharded::Sharded::default();
+        let mut n = 0;
+        for (session, pause) in store.pauses()? {
+            paused.insert(&session, pause);
+            n += 1;
+        }
         let w = &settings.watchdog;
         let watchdog = Watchdog::new(watchdog::WatchdogSettings {
             cycle_repeats: if w.enabled { w.cycle_repeats } else { 0 },
@@ -68,7 +76,8 @@ impl Guardrails {
             inflight: Arc::default(),
             watchdog,
             store,
-            paused: RwLock::new(paused),
+            paused,
+            paused_count: std::sync::atomic::AtomicUsize::new(n),
             settings,
         })
     }
@@ -125,15 +134,13 @@ impl Guardrails {
             return Ok(());
         };
         let now = Instant::now();
-        for (scope, name, rate) in [
-            (
-                "agent",
-                format!("{}/{}", principal.tenant, principal.agent),
-                settings.rate_agent,
-            ),
-            ("tenant", principal.tenant.clone(), settings.rate_tenant),
-        ] {
+        for (scope, rate) in [("agent", settings.rate_agent), ("tenant", settings.rate_tenant)] {
             let Some(rate) = rate else { continue };
+            // Built only for a tier with a rate: most requests pay nothing here.
+            let name = match scope {
+                "agent" => format!("{}/{}", principal.tenant, principal.agent),
+                _ => principal.tenant.clone(),
+            };
             let key = rate::Key { scope, name, tier };
             if let Err(wait) = self.rate.admit(key, &rate, now) {
                 return Err(limit_exceeded(Box::new(LimitHit {
@@ -151,11 +158,7 @@ impl Guardrails {
 
     /// `context.session` for Cedar: what the session has used before this call.
     pub fn session_state(&self, principal: &Principal) -> SessionState {
-        let usage = self
-            .meter
-            .snapshot(&principal.session_id)
-            .map(|a| a.usage)
-            .unwrap_or_default();
+        let usage = self.meter.usage(&principal.session_id).unwrap_or_default();
         SessionState {
             calls: i64::try_from(usage.calls).unwrap_or(i64::MAX),
             cost_micros: usage.cost_micros,
@@ -165,29 +168,30 @@ impl Guardrails {
 
     /// The session's pause, if it is paused.
     pub fn paused(&self, session: &str) -> Option<Paused> {
-        self.paused
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(session)
-            .cloned()
+        if self.paused_count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.paused.get(session)
     }
 
     /// Mark a session paused in memory (after [`GuardStore::pause`] stored it).
     pub fn set_paused(&self, session: &str, paused: Paused) {
-        self.paused
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session.to_owned(), paused);
+        if self.paused.get(session).is_none() {
+            self.paused_count
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        self.paused.insert(session, paused);
     }
 
     /// Lift a pause in memory; the watchdog starts counting afresh.
     pub fn clear_paused(&self, session: &str) -> bool {
         self.watchdog.reset(session);
-        self.paused
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(session)
-            .is_some()
+        let removed = self.paused.remove(session).is_some();
+        if removed {
+            self.paused_count
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        removed
     }
 
     /// Persist every account (the reaper's tick).

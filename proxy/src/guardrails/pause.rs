@@ -52,13 +52,37 @@ impl Seen {
         // Not a security hash: it only tells identical arguments apart from different ones
         // (the watchdog keys it again with its own per-process secret).
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        args.to_string().hash(&mut h);
+        hash_value(args, &mut h);
         Self {
             key: key.to_owned(),
             args_hash: h.finish(),
             tier,
             denied,
             tool,
+        }
+    }
+}
+
+/// Hash a JSON value as it is, without serializing it first (which cost more than the
+/// watchdog itself). Each kind is tagged so that `"1"` and `1` differ.
+fn hash_value(value: &Value, h: &mut impl Hasher) {
+    match value {
+        Value::Null => 0u8.hash(h),
+        Value::Bool(b) => (1u8, b).hash(h),
+        Value::Number(n) => (2u8, n.to_string()).hash(h),
+        Value::String(s) => (3u8, s).hash(h),
+        Value::Array(items) => {
+            (4u8, items.len()).hash(h);
+            for item in items {
+                hash_value(item, h);
+            }
+        }
+        Value::Object(map) => {
+            (5u8, map.len()).hash(h);
+            for (k, v) in map {
+                k.hash(h);
+                hash_value(v, h);
+            }
         }
     }
 }
