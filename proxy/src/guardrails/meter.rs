@@ -97,8 +97,7 @@ impl Meter {
 
     /// Open the account of a new (or reloaded) session.
     pub fn open(&self, session: &str, account: Account) {
-        self.accounts
-            .insert(session, Arc::new(Mutex::new(account)));
+        self.accounts.insert(session, Arc::new(Mutex::new(account)));
     }
 
     /// Close a session's account: its usage, and the parent gets back what of its carved

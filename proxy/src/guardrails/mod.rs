@@ -134,7 +134,10 @@ impl Guardrails {
             return Ok(());
         };
         let now = Instant::now();
-        for (scope, rate) in [("agent", settings.rate_agent), ("tenant", settings.rate_tenant)] {
+        for (scope, rate) in [
+            ("agent", settings.rate_agent),
+            ("tenant", settings.rate_tenant),
+        ] {
             let Some(rate) = rate else { continue };
             // Built only for a tier with a rate: most requests pay nothing here.
             let name = match scope {
