@@ -763,7 +763,8 @@ approvers = ["alice@example.com"]
     // Resuming a live session is a conflict.
     let (s, _) = rig.session_call(reqwest::Method::POST, &a, "/resume").await;
     assert_eq!(s, 409);
-    // Looping again trips again (the count started over); this time it is terminated.
+    // Looping again trips again (the count started over). An operator resumes it from the
+    // API this time: the approvers' pending "resume?" question is withdrawn with it.
     let mut statuses = Vec::new();
     for _ in 0..7 {
         statuses.push(rig.call(&a, "GET", "/idem/read/same", &[], None).await.0);
@@ -773,6 +774,35 @@ approvers = ["alice@example.com"]
         [201, 201, 201, 201, 201, 423, 423],
         "{statuses:?}"
     );
+    let question = |listed: &Value| {
+        listed["approvals"].as_array().and_then(|l| {
+            l.iter()
+                .find(|x| x["session"] == a.id.as_str() && x["approval_id"] != id.as_str())
+                .cloned()
+        })
+    };
+    let pending = rig
+        .proxy
+        .control()
+        .approvals(Some("pending"))
+        .await
+        .unwrap();
+    let second = question(&pending).unwrap_or_else(|| panic!("{pending}"));
+    let (s, _) = rig.session_call(reqwest::Method::POST, &a, "/resume").await;
+    assert_eq!(s, 200);
+    let withdrawn = rig
+        .proxy
+        .control()
+        .approval(second["approval_id"].as_str().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(withdrawn["status"], "expired", "{withdrawn:#}");
+    // And a third time, terminated.
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(rig.call(&a, "GET", "/idem/read/same", &[], None).await.0);
+    }
+    assert_eq!(statuses, [201, 201, 201, 201, 201, 423], "{statuses:?}");
     let (s, b) = rig
         .session_call(reqwest::Method::POST, &a, "/terminate")
         .await;
@@ -790,7 +820,7 @@ approvers = ["alice@example.com"]
         .collect();
     assert_eq!(
         resolved,
-        [json!("resumed"), json!("terminated")],
+        [json!("resumed"), json!("resumed"), json!("terminated")],
         "{letters}"
     );
 }

@@ -320,6 +320,32 @@ pub async fn resume(
             .map(|p| (p.agent.as_str(), p.tenant.as_str()))
             .unwrap_or_default();
         shared.audit_session_event(session, agent, tenant, &format!("session resumed by {by}"));
+        // The approvers' "resume?" question is answered: withdraw it (a no-op when the
+        // approval itself is what resumed it — it is executing, not pending).
+        let (owned, reason) = (
+            session.to_owned(),
+            format!("the session was resumed by {by}"),
+        );
+        let queue = &shared.approvals;
+        match queue
+            .store
+            .call(move |s| s.withdraw_resume(&owned, &reason, now_ms()))
+            .await
+        {
+            Ok(withdrawn) => {
+                for approval in &withdrawn {
+                    queue.record(
+                        approval,
+                        "expired",
+                        "deny",
+                        Some("approval_expired"),
+                        format!("withdrawn: the session was resumed by {by}"),
+                        None,
+                    );
+                }
+            }
+            Err(e) => tracing::error!(session, error = %e, "withdrawing a resume question failed"),
+        }
     }
     Ok(was || in_memory)
 }

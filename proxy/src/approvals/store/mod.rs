@@ -347,6 +347,35 @@ impl ApprovalStore {
         self.get_many(&ids)
     }
 
+    /// Withdraw the pending "resume this paused session?" questions of `session`: a human
+    /// already resumed it another way, so approvers are not asked (or reminded) any more.
+    pub fn withdraw_resume(
+        &self,
+        session: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Approval>, StoreError> {
+        let ids: Vec<String> = self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let ids = ids_where(
+                &tx,
+                "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1
+                   AND json_extract(request, '$.url') LIKE 'ostiary:session/%'",
+                [session],
+            )?;
+            for id in &ids {
+                tx.execute(
+                    "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
+                       reason = ?3 WHERE status = 'pending' AND id = ?1",
+                    params![id, now_ms, reason],
+                )?;
+            }
+            tx.commit()?;
+            Ok(ids)
+        })?;
+        self.get_many(&ids)
+    }
+
     /// Start a new notification round for every pending approval whose `renotify_ms` has
     /// passed: rounds + 1, next reminder one `ttl` later. Returns them, updated.
     pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
