@@ -399,6 +399,8 @@ impl Ostiary {
         if let Some(task) = vault_task {
             let _ = task.await;
         }
+        // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
+        self.shared.guardrails.save().await;
         self.shared.audit.flush().await;
         let Ostiary { shared, writer } = self;
         drop(shared);

@@ -112,6 +112,28 @@ impl Rig {
         self.control(method, &path, None, None).await
     }
 
+    /// The same session through the proxy's current listener (after a restart).
+    fn reconnect(&self, agent: Agent) -> Agent {
+        Agent {
+            client: self.client_for(&agent.token),
+            ..agent
+        }
+    }
+
+    fn client_for(&self, token: &str) -> reqwest::Client {
+        reqwest::Client::builder()
+            .proxy(
+                reqwest::Proxy::all(format!("http://agent:{token}@{}", self.proxy.proxy_addr))
+                    .unwrap(),
+            )
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(self.proxy.ca_pem.as_bytes()).unwrap(),
+            )
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    }
+
     /// Create a session (`body` as `POST /v1/sessions` takes it); `parent`: as that
     /// session, with its token.
     async fn agent(&self, body: Value, parent: Option<&Agent>) -> Result<Agent, (u16, Value)> {
@@ -127,17 +149,7 @@ impl Rig {
             return Err((status, created));
         }
         let token = created["token"].as_str().unwrap().to_owned();
-        let client = reqwest::Client::builder()
-            .proxy(
-                reqwest::Proxy::all(format!("http://agent:{token}@{}", self.proxy.proxy_addr))
-                    .unwrap(),
-            )
-            .add_root_certificate(
-                reqwest::Certificate::from_pem(self.proxy.ca_pem.as_bytes()).unwrap(),
-            )
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap();
+        let client = self.client_for(&token);
         Ok(Agent {
             id: created["session_id"].as_str().unwrap().to_owned(),
             token,
@@ -857,4 +869,43 @@ async fn teardown_lets_requests_finish_within_the_grace_then_cuts_them() {
     let took = started.elapsed();
     assert!(endless.await.unwrap().is_err(), "the answer was cut");
     println!("teardown with a request outliving the 2 s grace took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_and_pauses_survive_a_restart() {
+    let mut rig = Rig::start("[tiers.read]\nrepeat_max = 3\n").await;
+    let spent = rig
+        .agent(json!({"agent": "spent", "max_calls": 2}), None)
+        .await
+        .unwrap();
+    for i in 0..2 {
+        assert_eq!(rig.write(&spent, &format!("s{i}")).await.0, 201);
+    }
+    let looper = rig.agent(json!({"agent": "looper"}), None).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            rig.call(&looper, "GET", "/idem/read/x", &[], None).await.0,
+            201
+        );
+    }
+    assert_eq!(rig.call(&looper, "GET", "/echo", &[], None).await.0, 423);
+
+    rig.proxy.restart().await;
+    // New listeners: the agents reconnect with the same tokens.
+    let spent = rig.reconnect(spent);
+    let looper = rig.reconnect(looper);
+    let (s, b, _) = rig.write(&spent, "s2").await;
+    assert_eq!(s, 429, "a restart is no fresh budget: {b}");
+    assert_eq!((b["used"].clone(), b["max"].clone()), (json!(2), json!(2)));
+    let (s, b, _) = rig.call(&looper, "GET", "/echo", &[], None).await;
+    assert_eq!(s, 423, "still paused after a restart: {b}");
+    let (_, letters) = rig
+        .session_call(reqwest::Method::GET, &looper, "dead-letters")
+        .await;
+    assert_eq!(letters["dead_letters"][0]["kind"], "repeat", "{letters}");
+    let (s, _) = rig
+        .session_call(reqwest::Method::POST, &looper, "/resume")
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(rig.call(&looper, "GET", "/echo", &[], None).await.0, 200);
 }
