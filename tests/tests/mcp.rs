@@ -674,3 +674,60 @@ url = "http://{closed}/check"
     let policies = approval["policies"].to_string();
     assert!(policies.contains("check:webhook"), "{approval:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_over_an_escalating_limit_waits_for_a_human_who_grants_more() {
+    let rig = Rig::start_with(
+        &["--json", "--stateless"],
+        WRITES_ALLOWED,
+        "[sessions]\nmax_calls = 1\nescalate_limits = [\"calls\"]\n[approvals]\napprovers = [\"alice@example.com\"]\n",
+    )
+    .await;
+    let reply = rig.post(write(1, "/a.txt", "one").to_string()).await;
+    assert_eq!(
+        reply.json()["result"]["content"][0]["text"],
+        "ok",
+        "{reply}"
+    );
+    // The second call is over the budget of one: held, not refused.
+    let reply = rig.post(write(2, "/b.txt", "two").to_string()).await;
+    let held = reply.json();
+    assert_eq!(held["error"]["code"], -32002, "{reply}");
+    let id = held["error"]["data"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let control = rig.proxy.control();
+    let shown = control.approval(&id).await.unwrap();
+    assert!(
+        shown["policies"].to_string().contains("limit:calls"),
+        "{shown:#}"
+    );
+    control
+        .decide(&id, true, "alice@example.com", None)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = control.approval(&id).await.unwrap();
+        if a["status"] == "executed" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{a:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Executed once, and the grant doubled the budget (2 of 2 used): reads are tool calls
+    // too, so the next one is held in turn.
+    let reply = rig.post(read(3, "/b.txt").to_string()).await;
+    assert_eq!(reply.json()["error"]["code"], -32002, "{reply}");
+    let records = rig.proxy.audit().await;
+    let executed = records
+        .iter()
+        .filter(|r| {
+            r.kind == "approval"
+                && r.approval.as_deref() == Some(id.as_str())
+                && r.status == Some(200)
+        })
+        .count();
+    assert_eq!(executed, 1, "{records:#?}");
+}

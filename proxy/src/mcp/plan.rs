@@ -256,6 +256,18 @@ impl Decided {
         }
     }
 
+    /// Hold call `index` for a human after all (a limit that escalates was reached):
+    /// `policy` (`limit:calls`) is listed with the policies that allowed it.
+    pub fn escalate(&mut self, index: usize, policy: String) {
+        if let Some(call) = self.calls.get_mut(index) {
+            if let Some(passed) = call.passed.as_mut() {
+                passed.escalate = true;
+                passed.policies.push(policy);
+                call.outcome = Err(approval_required(&passed.policies, &passed.action));
+            }
+        }
+    }
+
     /// Refuse call `index` after all (a limit reached).
     pub fn refuse(&mut self, index: usize, error: ProxyError) {
         if let Some(call) = self.calls.get_mut(index) {

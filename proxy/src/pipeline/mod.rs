@@ -487,7 +487,7 @@ async fn run(
         // calls of a batch at once; after evaluate and before the holds, as for a REST call.
         check::calls::run(shared, &engine, &principal, &target, &host, &mut decided).await;
         // limit — each call still allowed is charged to the session's budget; one over it
-        // is refused like a denied call (MCP calls are not escalated for more budget).
+        // is refused like a denied call, or held for a human when that limit escalates.
         let mut charged = 0;
         for (index, cost) in decided.allowed_costs(engine.catalog()) {
             match shared
@@ -498,6 +498,9 @@ async fn run(
                 Ok(_) => {
                     charged += cost;
                     decided.charged(index, cost);
+                }
+                Err(hit) if hit.escalatable(&shared.guardrails.settings().escalate_limits) => {
+                    decided.escalate(index, format!("limit:{}", hit.limit))
                 }
                 Err(hit) => decided.refuse(index, limit_exceeded(hit)),
             }
