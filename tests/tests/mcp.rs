@@ -731,3 +731,38 @@ async fn an_mcp_call_over_an_escalating_limit_waits_for_a_human_who_grants_more(
         .count();
     assert_eq!(executed, 1, "{records:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_calls_are_rate_limited_by_their_own_tier() {
+    let rig = Rig::start_with(
+        &["--json", "--stateless"],
+        WRITES_ALLOWED,
+        "[tiers.read]\nrate_agent = \"2/m\"\nrepeat_max = 0\n",
+    )
+    .await;
+    for id in 1..=2 {
+        let reply = rig.post(read(id, "/notes.txt").to_string()).await;
+        assert_eq!(
+            reply.json()["result"]["content"][0]["text"],
+            "hello",
+            "{reply}"
+        );
+    }
+    // The third read is over its tier's rate: refused on its own, as a JSON-RPC error.
+    let reply = rig.post(read(3, "/notes.txt").to_string()).await;
+    let refused = &reply.json()["error"];
+    assert_eq!(refused["code"], -32001, "{reply}");
+    assert_eq!(refused["data"]["error"], "limit_exceeded", "{reply}");
+    assert_eq!(refused["data"]["limit"], "rate:agent", "{reply}");
+    assert!(
+        refused["data"]["retry_after"].as_u64().unwrap() >= 1,
+        "{reply}"
+    );
+    // Writes are another tier, and the POST itself is not rated as one: it goes through.
+    let reply = rig.post(write(4, "/w.txt", "x").to_string()).await;
+    assert_eq!(
+        reply.json()["result"]["content"][0]["text"],
+        "ok",
+        "{reply}"
+    );
+}

@@ -16,7 +16,7 @@ mod sessions;
 mod tiers;
 
 pub use sessions::{Sessions, Watchdog, LIMIT_NAMES};
-pub use tiers::{OnBudget, Rate, Tier, TierToml, Tiers, CHECK_NAMES};
+pub use tiers::{tier_name, OnBudget, Rate, Tier, TierToml, Tiers, CHECK_NAMES};
 
 /// Why a config could not be loaded.
 #[derive(Debug, thiserror::Error)]

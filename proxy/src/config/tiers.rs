@@ -180,6 +180,13 @@ impl Rate {
     }
 }
 
+/// The tier called `name`, as the `'static` name the guardrails key rate limits by.
+pub fn tier_name(name: &str) -> Option<&'static str> {
+    ["read", "write", "irreversible", "high_impact"]
+        .into_iter()
+        .find(|t| *t == name)
+}
+
 /// What a tier does when its budget runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

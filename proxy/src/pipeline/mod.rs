@@ -232,10 +232,16 @@ async fn run(
         None => Checks::http_tier(&target.method),
     };
     // rate — per agent and per tenant, as soon as the tier is known and before anything
-    // costly (Cedar, checks, a webhook, a Vault round trip) is spent on a flood.
-    shared
-        .guardrails
-        .admit_rate(&principal, tier, &shared.config.tiers)?;
+    // costly (Cedar, checks, a webhook, a Vault round trip) is spent on a flood. An MCP
+    // POST of only `tools/call`s is rated call by call, each by its own tool's tier, below.
+    let calls_only = mcp
+        .as_ref()
+        .is_some_and(|(_, exchange, _)| !exchange.needs_http());
+    if !calls_only {
+        shared
+            .guardrails
+            .admit_rate(&principal, tier, &shared.config.tiers)?;
+    }
 
     // What the watchdog compares (after the rate limit: a call refused for its rate never
     // ran): the tool and its arguments, or the destination. An MCP
@@ -483,6 +489,23 @@ async fn run(
             session: shared.guardrails.session_state(&principal),
         };
         let mut decided = exchange.decide(&endpoint, asker)?;
+        // rate — each call policy allowed or escalated, by its own tool's tier; one over
+        // the limit is refused on its own (`-32001 limit_exceeded`).
+        let rated: Vec<(usize, &'static str)> = decided
+            .checkable()
+            .filter_map(|call| Some((call.index, crate::config::tier_name(call.tier)?)))
+            .collect();
+        for (index, tier) in rated {
+            if let Err(e) = shared
+                .guardrails
+                .admit_rate(&principal, tier, &shared.config.tiers)
+            {
+                if let ProxyError::LimitExceeded(hit) = &e {
+                    shared.metrics.limit_exceeded(&hit.limit);
+                }
+                decided.refuse(index, e);
+            }
+        }
         // check — each call policy allowed or escalated, under its own tier's budget, all
         // calls of a batch at once; after evaluate and before the holds, as for a REST call.
         check::calls::run(shared, &engine, &principal, &target, &host, &mut decided).await;
@@ -502,7 +525,10 @@ async fn run(
                 Err(hit) if hit.escalatable(&shared.guardrails.settings().escalate_limits) => {
                     decided.escalate(index, format!("limit:{}", hit.limit))
                 }
-                Err(hit) => decided.refuse(index, limit_exceeded(hit)),
+                Err(hit) => {
+                    shared.metrics.limit_exceeded(&hit.limit);
+                    decided.refuse(index, limit_exceeded(hit))
+                }
             }
         }
         if charged > 0 {
