@@ -53,6 +53,7 @@ name = "files.write"
 tier = "write"
 match = {{ mcp = "{url}", tool = "write_file" }}
 args_schema = {{ type = "object", properties = {{ path = {{ type = "string", pattern = "^/[a-z]+[.]txt$" }}, content = {{ type = "string" }} }} }}
+cost = 0.5
 
 [[tool]]
 name = "files.delete"
@@ -632,6 +633,11 @@ async fn each_call_of_a_batch_pays_its_tier_s_checks_and_a_failing_one_never_lea
     for r in &records {
         assert!(!serde_json::to_string(r).unwrap().contains(key));
     }
+    // Only the executed write was charged, once: on its own `mcp_call` record, not again
+    // on the batch's request record (`ostiary audit cost` adds every record up).
+    let charged: i64 = records.iter().filter_map(|r| r.cost_micros).sum();
+    assert_eq!(charged, 500_000, "{records:#?}");
+    assert_eq!(call("1").cost_micros, Some(500_000));
 
     // A lone call failing its checks is answered by the proxy alone.
     let reply = rig.post(write(7, "/x.txt", key).to_string()).await;

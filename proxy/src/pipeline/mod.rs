@@ -531,10 +531,12 @@ async fn run(
                 }
             }
         }
-        if charged > 0 {
+        let mut plan = decided.finish(bytes);
+        // A batch's calls carry their costs in their own `mcp_call` records; the request's
+        // record carries it only for a single call, so `audit cost` counts each call once.
+        if charged > 0 && !plan.batch {
             audit.update(|r| r.cost_micros = Some(charged));
         }
-        let mut plan = decided.finish(bytes);
         for call in &plan.calls {
             note.calls.push(call.seen.clone());
         }
