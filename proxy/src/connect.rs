@@ -214,13 +214,21 @@ async fn intercept(
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let observer = crate::accept::audit_violations(shared.clone(), Some(tunnel.clone()));
     let origin = Origin::Tunnel(tunnel);
+    let cancellations = Arc::new(crate::reset_guard::Cancellations::default());
+    let watched = cancellations.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
         let origin = origin.clone();
-        async move { Ok::<_, Infallible>(pipeline::handle(shared, origin, req).await) }
+        // Dropped before it answers: the client cancelled the request (see reset_guard).
+        let watch = watched.watch();
+        async move {
+            let response = pipeline::handle(shared, origin, req).await;
+            watch.done();
+            Ok::<_, Infallible>(response)
+        }
     });
     let result = if h2 {
-        http2::Builder::new(TokioExecutor::new())
+        let connection = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(256)
             // Rapid reset (CVE-2023-44487): streams reset by the client before the service
@@ -230,8 +238,22 @@ async fn intercept(
             // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
             .max_header_list_size(limits.max_header_bytes as u32)
             .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
-            .serve_connection(TokioIo::new(tls), service)
-            .await
+            .serve_connection(TokioIo::new(tls), service);
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => result,
+            () = cancellations.tripped() => {
+                // Late resets (cancelled after the proxy started on them) that
+                // `max_pending_accept_reset_streams` does not see: go away, let what is in
+                // flight finish.
+                tracing::warn!(
+                    cancelled = cancellations.cancelled(),
+                    "closing an h2 connection that cancels more requests than it completes"
+                );
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        }
     } else {
         http1::Builder::new()
             .timer(TokioTimer::new())

@@ -50,6 +50,7 @@ pub mod pipeline;
 pub mod policy_store;
 pub mod prefix_trie;
 pub mod recognise;
+pub mod reset_guard;
 pub mod respond;
 pub mod scrub;
 pub mod server;

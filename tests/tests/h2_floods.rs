@@ -8,6 +8,9 @@
 //! - CONTINUATION flood (CVE-2024-27316 family): one header block that never ends. The
 //!   proxy must close the connection after a small multiple of `proxy.max_header_bytes`,
 //!   forward nothing, and serve the next connection normally;
+//! - late resets: each request cancelled a few milliseconds after it was sent, once the
+//!   proxy has started on it — invisible to h2's pending-accept limit; the proxy's
+//!   `reset_guard` tells such a connection to go away;
 //! - PING flood: pings whose acknowledgements are never read. The proxy must stop reading
 //!   (or close) instead of queueing acknowledgements without bound.
 //!
@@ -359,8 +362,8 @@ const RAPID_RESETS: u32 = 10_000;
 /// HEADERS + RST_STREAM pairs per write: a real attacker batches so that streams are reset
 /// before the server's accept loop takes them, the case h2's pending-accept reset limit
 /// (`max_pending_accept_reset_streams`) is for. Resets paced a few milliseconds after
-/// their HEADERS are not counted by that limit and do not get the connection closed; the
-/// work they cause is bounded only by the attacker's pace and `max_concurrent_streams`.
+/// their HEADERS are not counted by that limit: the proxy's own guard (`reset_guard`)
+/// handles those (`late_resets_get_the_connection_told_to_go_away`).
 const RESET_BATCH: u32 = 50;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,4 +632,69 @@ async fn a_ping_flood_whose_acks_are_never_read_is_bounded() {
 
     let reply = rig.bystander_get("/echo").await;
     assert_eq!(reply.status, 200, "another connection is served:\n{reply}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Late resets
+// ---------------------------------------------------------------------------------------
+
+/// Requests the attacker opens, lets the proxy start on, and cancels.
+const LATE_RESETS: u32 = 2_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_resets_get_the_connection_told_to_go_away() {
+    let rig = Rig::start().await;
+    let path = "/stream?chunks=1000&size=10&delay_ms=50";
+    let block = get_block(&rig.authority(), path);
+    let mut attack = Attack::open(&rig, true).await;
+    let started = Instant::now();
+    // Each stream is cancelled only after the proxy had time to pick it up (decide it,
+    // perhaps send it upstream): resets hyper's pending-accept limit never counts.
+    let mut sent = 0u32;
+    while sent < LATE_RESETS && attack.ended().is_none() {
+        let id = 2 * sent + 1;
+        if attack
+            .send(&frame(HEADERS, END_HEADERS | END_STREAM, id, &block))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if attack
+            .send(&frame(RST_STREAM, 0, id, &CANCEL.to_be_bytes()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+        sent += 1;
+    }
+    let ended = attack.ended_within(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let upstream_saw = rig.upstream.count("/stream");
+    println!(
+        "late resets: {sent} streams cancelled in {:?}; connection end: {}; upstream saw \
+         {upstream_saw}",
+        started.elapsed(),
+        Ended::describe(&ended, started),
+    );
+    let ended = ended.unwrap_or_else(|| {
+        panic!("the proxy kept serving a connection that cancelled {sent} requests late")
+    });
+    assert!(
+        matches!(ended.end, End::GoAway { .. }),
+        "told to go away, not dropped: {ended}"
+    );
+    // The guard trips at 128 cancellations; what is in flight then may still finish.
+    assert!(
+        sent < 400,
+        "{sent} late resets before the connection was ended"
+    );
+    assert!(
+        upstream_saw < 400,
+        "{upstream_saw} cancelled requests reached the upstream"
+    );
+    let reply = rig.bystander_get("/echo").await;
+    assert_eq!(reply.status, 200, "others are still served:\n{reply}");
 }
