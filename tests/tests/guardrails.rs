@@ -909,3 +909,50 @@ async fn usage_and_pauses_survive_a_restart() {
     assert_eq!(s, 200);
     assert_eq!(rig.call(&looper, "GET", "/echo", &[], None).await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cycles_and_bursts_of_denials_pause_a_session_too() {
+    let rig = Rig::start("[sessions.watchdog]\ncycle_repeats = 3\ndenials = 4\n").await;
+    // A→B→A→B→A→B: no call repeats often enough for the identical-call rule, but the
+    // pattern does; the third period trips it.
+    let cycler = rig.agent(json!({"agent": "cycler"}), None).await.unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..7 {
+        let path = if i % 2 == 0 {
+            "/idem/read/a"
+        } else {
+            "/idem/read/b"
+        };
+        statuses.push(rig.call(&cycler, "GET", path, &[], None).await.0);
+    }
+    assert_eq!(
+        statuses,
+        [201, 201, 201, 201, 201, 201, 423],
+        "{statuses:?}"
+    );
+    let (_, letters) = rig
+        .session_call(reqwest::Method::GET, &cycler, "dead-letters")
+        .await;
+    assert_eq!(letters["dead_letters"][0]["kind"], "cycle", "{letters}");
+
+    // Four refusals by policy in a row: the burst rule. (The first two calls are allowed;
+    // `guarded-after-two-calls` refuses every one after.)
+    let denied = rig.agent(json!({"agent": "denied"}), None).await.unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..7 {
+        let path = format!("/idem/guarded/g{i}");
+        statuses.push(rig.call(&denied, "GET", &path, &[], None).await.0);
+    }
+    assert_eq!(
+        statuses,
+        [201, 201, 403, 403, 403, 403, 423],
+        "{statuses:?}"
+    );
+    let (_, letters) = rig
+        .session_call(reqwest::Method::GET, &denied, "dead-letters")
+        .await;
+    assert_eq!(
+        letters["dead_letters"][0]["kind"], "denial_burst",
+        "{letters}"
+    );
+}
