@@ -23,6 +23,11 @@ match = { host = "api.example.test", method = "POST", path = "/idem/write/{id}" 
 cost = 0.4
 
 [[tool]]
+name = "t.irrev"
+tier = "irreversible"
+match = { host = "api.example.test", method = "DELETE", path = "/idem/irrev/{id}" }
+
+[[tool]]
 name = "t.guarded"
 tier = "read"
 match = { host = "api.example.test", method = "GET", path = "/idem/guarded/{id}" }
@@ -911,8 +916,11 @@ async fn usage_and_pauses_survive_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cycles_and_bursts_of_denials_pause_a_session_too() {
-    let rig = Rig::start("[sessions.watchdog]\ncycle_repeats = 3\ndenials = 4\n").await;
+async fn cycles_denial_bursts_and_tier_jumps_pause_a_session_too() {
+    let rig = Rig::start(
+        "[sessions.watchdog]\ncycle_repeats = 3\ndenials = 4\nbaseline_calls = 3\ntier_jumps = 2\n",
+    )
+    .await;
     // A→B→A→B→A→B: no call repeats often enough for the identical-call rule, but the
     // pattern does; the third period trips it.
     let cycler = rig.agent(json!({"agent": "cycler"}), None).await.unwrap();
@@ -955,4 +963,21 @@ async fn cycles_and_bursts_of_denials_pause_a_session_too() {
         letters["dead_letters"][0]["kind"], "denial_burst",
         "{letters}"
     );
+
+    // Reads only, then attempts on a tier the session never used: the tier-jump rule.
+    let jumper = rig.agent(json!({"agent": "jumper"}), None).await.unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        let path = format!("/idem/read/j{i}");
+        statuses.push(rig.call(&jumper, "GET", &path, &[], None).await.0);
+    }
+    for i in 0..3 {
+        let path = format!("/idem/irrev/x{i}");
+        statuses.push(rig.call(&jumper, "DELETE", &path, &[], None).await.0);
+    }
+    assert_eq!(statuses, [201, 201, 201, 403, 403, 423], "{statuses:?}");
+    let (_, letters) = rig
+        .session_call(reqwest::Method::GET, &jumper, "dead-letters")
+        .await;
+    assert_eq!(letters["dead_letters"][0]["kind"], "tier_jump", "{letters}");
 }
