@@ -114,7 +114,14 @@ pub fn generate(catalog: &Catalog) -> String {
             tool.tier().as_str()
         );
         for omitted in tool.omitted_args() {
-            let _ = writeln!(out, "  // {} left out: {}", omitted.path, omitted.why);
+            // The path holds property names as the catalog wrote them: escaped, so that no
+            // character of a name (a newline, say) can end the comment and become schema.
+            let _ = writeln!(
+                out,
+                "  // {} left out: {}",
+                omitted.path.escape_debug(),
+                omitted.why
+            );
         }
         // Tool names are restricted to [A-Za-z0-9_.-] by the catalog: safe inside quotes.
         let _ = write!(
