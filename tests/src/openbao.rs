@@ -365,11 +365,14 @@ impl OpenBao {
             &format!("database/roles/{role}"),
             Some(json!({
                 "db_name": db,
+                // No GRANT/REVOKE on the database: CONNECT is PUBLIC's by default, and
+                // concurrent GRANTs on one database row fail with "tuple concurrently
+                // updated" when tests run in parallel (each with its own OpenBao).
                 "creation_statements": [
-                    "CREATE ROLE \"{{name}}\" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}'; GRANT CONNECT ON DATABASE test TO \"{{name}}\";"
+                    "CREATE ROLE \"{{name}}\" WITH LOGIN PASSWORD '{{password}}' VALID UNTIL '{{expiration}}';"
                 ],
                 "revocation_statements": [
-                    "REVOKE ALL PRIVILEGES ON DATABASE test FROM \"{{name}}\"; DROP ROLE IF EXISTS \"{{name}}\";"
+                    "DROP ROLE IF EXISTS \"{{name}}\";"
                 ],
                 "default_ttl": "1h",
                 "max_ttl": "24h",
