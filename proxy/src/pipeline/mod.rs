@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use http::header::{CONNECTION, CONTENT_LENGTH, UPGRADE};
+use http::header::{CONTENT_LENGTH, UPGRADE};
 use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use ostiary_policies::Action;
@@ -26,6 +26,7 @@ use crate::audit::AuditGuard;
 use crate::body::{self, ProxyBody};
 use crate::check::{self, Checks};
 
+mod answer;
 mod upgrade;
 use crate::classify::{self, Origin};
 use crate::connector::DialedAddr;
@@ -36,7 +37,7 @@ use crate::guardrails::{idempotency, limit_exceeded};
 use crate::inject::credentials::Bound;
 use crate::server::Shared;
 use crate::session::Principal;
-use crate::{authenticate, escalate, evaluate, ids, inject, mcp, recognise, respond, scrub};
+use crate::{authenticate, escalate, evaluate, ids, inject, mcp, recognise, scrub};
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
 /// inside an intercepted tunnel). Always answers; always leaves one audit record of its own
@@ -59,59 +60,13 @@ pub async fn handle(
         .as_ref()
         .err()
         .is_some_and(crate::guardrails::pause::counts_as_denial);
-    let response = answer(&shared, result, audit, &request_id, upgrade_asked).await;
+    let response = answer::answer(&shared, result, audit, &request_id, upgrade_asked).await;
     // watchdog — after the answer is decided and its record written (the pause's snapshot
     // includes it): a session that keeps repeating itself is paused before its next request.
     if let Some(principal) = note.principal.take() {
         crate::guardrails::pause::observe(&shared, &principal, note.calls, refused).await;
     }
     response
-}
-
-/// The response to the agent, with the request's audit record finished.
-async fn answer(
-    shared: &Shared,
-    result: Result<Response<ProxyBody>, ProxyError>,
-    mut audit: AuditGuard,
-    request_id: &str,
-    upgrade_asked: bool,
-) -> Response<ProxyBody> {
-    match result {
-        Ok(mut response) => {
-            if upgrade_asked && response.status() != StatusCode::SWITCHING_PROTOCOLS {
-                response
-                    .headers_mut()
-                    .insert(CONNECTION, http::HeaderValue::from_static("close"));
-            }
-            audit.allow(response.status().as_u16());
-            response
-        }
-        Err(err) => {
-            let mut response = respond::error(&err, request_id);
-            if upgrade_asked {
-                response
-                    .headers_mut()
-                    .insert(CONNECTION, http::HeaderValue::from_static("close"));
-            }
-            tracing::info!(request_id, error = %err, "request refused");
-            if let ProxyError::LimitExceeded(hit) = &err {
-                shared.metrics.limit_exceeded(&hit.limit);
-            }
-            // An exfiltration attempt names the credential whose placeholder it carried, so
-            // `audit query` can find every attempt on one credential.
-            if let ProxyError::PlaceholderExfiltration { credential, .. } = &err {
-                audit.update(|r| r.credentials = vec![credential.clone()]);
-            }
-            let held = holds_approval(&err);
-            audit.refuse(&err, response.status().as_u16());
-            // A 202 promises the request is held: its record is on disk before the agent
-            // hears so, or a crash right after could leave an approval the audit never saw.
-            if held {
-                shared.audit.flush().await;
-            }
-            response
-        }
-    }
 }
 
 /// What the pipeline learned about a request that matters once it is answered.
@@ -796,16 +751,5 @@ async fn run(
     match claim {
         Some(claim) => Ok(claim.store(response).await),
         None => Ok(response),
-    }
-}
-
-/// Whether a refusal tells the agent that a request is now held for approval.
-fn holds_approval(err: &ProxyError) -> bool {
-    match err {
-        ProxyError::ApprovalPending { .. } => true,
-        ProxyError::McpRefused { replies, .. } => replies
-            .iter()
-            .any(|r| matches!(r.error, ProxyError::ApprovalPending { .. })),
-        _ => false,
     }
 }
