@@ -73,32 +73,21 @@ pub(super) async fn create(
             );
         }
     }
-    let defaults = shared.guardrails.default_limits();
-    let asked = Limits {
-        max_calls: new.max_calls.or(defaults.max_calls),
-        max_cost_micros: new
-            .max_cost
-            .map(ostiary_policies::catalog::cost_to_micros)
-            .or(defaults.max_cost_micros),
-        max_bytes_sent: new.max_bytes_sent.or(defaults.max_bytes_sent),
-        max_bytes_received: new.max_bytes_received.or(defaults.max_bytes_received),
+    let named = Limits {
+        max_calls: new.max_calls,
+        max_cost_micros: new.max_cost.map(ostiary_policies::catalog::cost_to_micros),
+        max_bytes_sent: new.max_bytes_sent,
+        max_bytes_received: new.max_bytes_received,
     };
-    // A child's budget is carved out of what its parent has left (the parent's own
-    // defaults do not apply to it: what it names, or half of what is left).
+    // A child's budget is carved out of what its parent has left (the `[sessions]`
+    // defaults do not apply to it: what it names, or half of what is left); a root session
+    // gets the defaults for what it does not name.
     let limits = match &parent {
-        Some(p) => {
-            let named = Limits {
-                max_calls: new.max_calls,
-                max_cost_micros: new.max_cost.map(ostiary_policies::catalog::cost_to_micros),
-                max_bytes_sent: new.max_bytes_sent,
-                max_bytes_received: new.max_bytes_received,
-            };
-            match shared.guardrails.meter.carve(&p.session_id, named) {
-                Ok(limits) => limits,
-                Err(hit) => return limit_reply(hit.limit, hit.used, hit.max),
-            }
-        }
-        None => asked,
+        Some(p) => match shared.guardrails.meter.carve(&p.session_id, named) {
+            Ok(limits) => limits,
+            Err(hit) => return limit_reply(hit.limit, hit.used, hit.max),
+        },
+        None => named.or(shared.guardrails.default_limits()),
     };
     let created = shared.sessions.create(new, parent.as_deref()).await;
     let (principal, token) = match created {

@@ -25,6 +25,18 @@ pub struct Limits {
     pub max_bytes_received: Option<u64>,
 }
 
+impl Limits {
+    /// These limits, with `defaults` for each one left out.
+    pub fn or(self, defaults: Limits) -> Limits {
+        Limits {
+            max_calls: self.max_calls.or(defaults.max_calls),
+            max_cost_micros: self.max_cost_micros.or(defaults.max_cost_micros),
+            max_bytes_sent: self.max_bytes_sent.or(defaults.max_bytes_sent),
+            max_bytes_received: self.max_bytes_received.or(defaults.max_bytes_received),
+        }
+    }
+}
+
 /// What a session has used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

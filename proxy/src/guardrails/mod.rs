@@ -61,13 +61,14 @@ impl Guardrails {
             paused.insert(&session, pause);
             n += 1;
         }
+        // `enabled = false` is honoured where events are fed (`pause::observe`).
         let w = &settings.watchdog;
         let watchdog = Watchdog::new(watchdog::WatchdogSettings {
-            cycle_repeats: if w.enabled { w.cycle_repeats } else { 0 },
-            denials: if w.enabled { w.denials } else { 0 },
+            cycle_repeats: w.cycle_repeats,
+            denials: w.denials,
             denial_window: w.denial_window,
             baseline_calls: w.baseline_calls,
-            tier_jumps: if w.enabled { w.tier_jumps } else { 0 },
+            tier_jumps: w.tier_jumps,
             tier_jump_window: w.tier_jump_window,
         });
         Ok(Self {
