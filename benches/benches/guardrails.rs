@@ -82,6 +82,7 @@ impl Rails {
             depth: 0,
             expires_at: i64::MAX,
             parent: None,
+            parent_agent: None,
         }
     }
 }
@@ -109,6 +110,7 @@ fn event(args_hash: u64) -> Event<'static> {
         args_hash,
         tier_rank: 0,
         denied: false,
+        held: false,
         repeat_max: 20,
         repeat_window: Duration::from_secs(60),
         at: Instant::now(),

@@ -1,8 +1,11 @@
 //! Response scrubbing cost, against a plain pass-through of the same body measured in the
 //! same run: throughput on a 1 MiB body (no secret, and a secret every 4 KiB) streamed in
 //! 16 KiB frames, and the per-response overhead on a 1 KiB body (headers scrubbed, body
-//! wrapped, scanned). A plain timing loop first prints the figures and ratios; Criterion
-//! then gives its own estimates.
+//! wrapped, scanned). Two more bodies stress what a streaming scrubber pays for: text full
+//! of JSON, HTML and URL escapes (the scrubber looks through them for encoded secrets), and
+//! the clean body in 256-byte frames (an SSE-like trickle, where a held-back tail is
+//! rescanned with every frame). A plain timing loop first prints the figures and ratios;
+//! Criterion then gives its own estimates.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -57,10 +60,34 @@ fn body(len: usize, every: Option<usize>) -> Bytes {
     Bytes::from(out)
 }
 
+/// JSON-ish text of `len` bytes whose strings carry escapes of every family the scrubber
+/// decodes: JSON `\"` and `\uXXXX`, `\/`, HTML entities, percent-encoding.
+fn escaped_body(len: usize) -> Bytes {
+    let mut out = Vec::with_capacity(len + 256);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(
+            format!(
+                "{{\"id\":{i},\"msg\":\"a \\\"quoted\\\" word \\u00e9t\\u00e9 \\u003cb\\u003e\",\
+                 \"html\":\"Tom &amp; Jerry &lt;3 &#39;{i}&#x27;\",\
+                 \"url\":\"https:\\/\\/x.test\\/p?q=a%20b%2Bc&n={i}\"}}\n"
+            )
+            .as_bytes(),
+        );
+        i += 1;
+    }
+    out.truncate(len);
+    Bytes::from(out)
+}
+
 fn response(body: &Bytes) -> Response<Frames> {
+    response_in(body, FRAME)
+}
+
+fn response_in(body: &Bytes, frame: usize) -> Response<Frames> {
     let frames = (0..body.len())
-        .step_by(FRAME)
-        .map(|at| body.slice(at..(at + FRAME).min(body.len())))
+        .step_by(frame)
+        .map(|at| body.slice(at..(at + frame).min(body.len())))
         .collect();
     let mut r = Response::new(Frames(frames));
     let h = r.headers_mut();
@@ -106,6 +133,15 @@ fn scrubbed(scrubber: &Scrubber, body: &Bytes) -> usize {
     drain(r.into_body())
 }
 
+fn passthrough_in(body: &Bytes, frame: usize) -> usize {
+    drain(ostiary::body::stream(response_in(body, frame).into_body()))
+}
+
+fn scrubbed_in(scrubber: &Scrubber, body: &Bytes, frame: usize) -> usize {
+    let r = scrub_response(scrubber, response_in(body, frame)).expect("identity answers scrub");
+    drain(r.into_body())
+}
+
 /// Median time of `f` over `rounds` runs.
 fn median(rounds: usize, mut f: impl FnMut() -> usize) -> Duration {
     let mut times: Vec<Duration> = (0..rounds)
@@ -143,6 +179,20 @@ fn figures(scrubber: &Scrubber) {
         mbps(some),
         some.as_secs_f64() / base.as_secs_f64(),
     );
+    let escaped = escaped_body(mib);
+    assert_eq!(scrubbed(scrubber, &escaped), escaped.len());
+    let esc = median(200, || scrubbed(scrubber, &escaped));
+    let base_small_frames = median(50, || passthrough_in(&clean, 256));
+    let small_frames = median(50, || scrubbed_in(scrubber, &clean, 256));
+    println!(
+        "scrub 1 MiB full of escapes: {:.0} MB/s ({:.2}x the pass-through time); \
+         clean 1 MiB in 256-byte frames: pass-through {:.0} MB/s, scrubbed {:.0} MB/s ({:.2}x)",
+        mbps(esc),
+        esc.as_secs_f64() / base.as_secs_f64(),
+        mbps(base_small_frames),
+        mbps(small_frames),
+        small_frames.as_secs_f64() / base_small_frames.as_secs_f64(),
+    );
     let small = body(1024, None);
     let base = median(100_000, || passthrough(&small));
     let scrub = median(100_000, || scrubbed(scrubber, &small));
@@ -151,6 +201,11 @@ fn figures(scrubber: &Scrubber) {
          ({:.2}x the pass-through time)",
         scrub.saturating_sub(base),
         scrub.as_secs_f64() / base.as_secs_f64(),
+    );
+    println!(
+        "scrub streaming hold-back: {} bytes ({}-byte secret)",
+        scrubber.hold_back(),
+        SECRET.len()
     );
     let started = Instant::now();
     let built = Scrubber::new([SECRET, "bench-user:bench-password"]);
@@ -172,6 +227,13 @@ fn bench(c: &mut Criterion) {
     group.bench_function("no_match", |b| b.iter(|| scrubbed(&scrubber, &clean)));
     group.bench_function("matches_every_4k", |b| {
         b.iter(|| scrubbed(&scrubber, &dirty))
+    });
+    let escaped = escaped_body(mib);
+    group.bench_function("escapes_no_match", |b| {
+        b.iter(|| scrubbed(&scrubber, &escaped))
+    });
+    group.bench_function("no_match_256b_frames", |b| {
+        b.iter(|| scrubbed_in(&scrubber, &clean, 256))
     });
     group.finish();
     let small = body(1024, None);

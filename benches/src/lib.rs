@@ -28,6 +28,7 @@ pub fn request(i: usize) -> AccessRequest {
         agent: "bench".into(),
         tenant: "default".into(),
         host: format!("host{i}.example.com"),
+        session: Default::default(),
         action: Action::Http {
             method: "GET".into(),
             scheme: "https".into(),

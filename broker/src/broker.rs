@@ -48,9 +48,6 @@ pub struct Held {
     pub id: u64,
     pub binding: Arc<Binding>,
     pub credential: Credential,
-    /// What a caller derives from this credential once (the proxy's response scrubber),
-    /// kept with it so it lives and dies with the cache entry.
-    pub derived: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
     /// When the cache lets go of it.
     cache_until: Instant,
 }
@@ -104,6 +101,10 @@ pub struct Revoked {
 struct SessionLedger {
     keys: Vec<Key>,
     leases: Vec<OwedLease>,
+    /// Bumped each time a credential fetched for the session is in the cache: a caller
+    /// that derived something from the session's credentials (the proxy's response
+    /// scrubber) rebuilds it when the stamp moved, and reads nothing else per request.
+    stamp: u64,
 }
 
 /// The credential broker.
@@ -279,6 +280,18 @@ impl Broker {
             self.cache.invalidate(&key).await;
             return Box::pin(self.credential(binding, who)).await;
         }
+        if fetched {
+            // After the insert, never before: whoever reads the new stamp then finds the
+            // credential in the cache ([`Broker::holdings`]).
+            if let Some(entry) = self
+                .ledger
+                .lock()
+                .expect("broker ledger poisoned")
+                .get_mut(&session)
+            {
+                entry.stamp += 1;
+            }
+        }
         Ok((entry, fetched))
     }
 
@@ -314,7 +327,6 @@ impl Broker {
             binding: binding.clone(),
             cache_until: now + cache_for,
             credential,
-            derived: std::sync::OnceLock::new(),
         };
         // Record the lease under the ledger lock, checking for a teardown that ran while
         // this fetch was in flight: its lease must not escape revocation.
@@ -477,30 +489,54 @@ impl Broker {
             .sum()
     }
 
-    /// The secret values the broker holds for `session` (binding name, value): what an
-    /// outbound scan must never see leave. Looks up the session's own cache keys in its
-    /// ledger, so the cost follows what this session holds, not how many sessions there are.
-    pub async fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
-        let mut keys = {
+    /// A stamp of what the broker holds for `session`: 0 while it holds nothing, and
+    /// different after every fetch for it. One lock and one lookup: cheap enough per request.
+    pub fn holdings_stamp(&self, session: &str) -> u64 {
+        self.ledger
+            .lock()
+            .expect("broker ledger poisoned")
+            .get(session)
+            .map_or(0, |entry| entry.stamp)
+    }
+
+    /// The credentials the broker holds for `session`, and the stamp
+    /// ([`Broker::holdings_stamp`]) they were read at: every credential fetched before that
+    /// stamp is among them (while cached), so a caller that rebuilds on a new stamp misses
+    /// none. Looks up the session's own cache keys in its ledger, so the cost follows what
+    /// this session holds, not how many sessions there are.
+    pub async fn holdings(&self, session: &str) -> (u64, Vec<Arc<Held>>) {
+        let (stamp, mut keys) = {
             let ledger = self.ledger.lock().expect("broker ledger poisoned");
             match ledger.get(session) {
-                Some(entry) => entry.keys.clone(),
-                None => return Vec::new(),
+                Some(entry) => (entry.stamp, entry.keys.clone()),
+                None => return (0, Vec::new()),
             }
         };
         // A credential fetched again after its cache entry expired is listed twice.
         keys.sort_by(|a, b| (&a.binding, &a.target).cmp(&(&b.binding, &b.target)));
         keys.dedup();
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             // Also a credential past its cache margin: the upstream still accepts it.
             if let Some(held) = self.cache.get(&key).await {
-                for value in held.credential.secret_values() {
-                    out.push((held.binding.name.clone(), value.clone()));
-                }
+                out.push(held);
             }
         }
-        out
+        (stamp, out)
+    }
+
+    /// The secret values the broker holds for `session` (binding name, value): what an
+    /// outbound scan must never see leave.
+    pub async fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
+        let (_, held) = self.holdings(session).await;
+        held.iter()
+            .flat_map(|held| {
+                held.credential
+                    .secret_values()
+                    .into_iter()
+                    .map(|value| (held.binding.name.clone(), value.clone()))
+            })
+            .collect()
     }
 
     /// Cached credentials (approximate, as moka counts).
@@ -558,6 +594,47 @@ mod tests {
         let err = broker.credential(&binding, &who("s1")).await.unwrap_err();
         assert!(matches!(*err, BrokerError::SessionEnded));
         broker.end_session("s1").await;
+    }
+
+    #[tokio::test]
+    async fn the_holdings_stamp_moves_on_each_fetch_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.toml");
+        std::fs::write(&path, "gh = \"one\"\nnpm = \"two\"\n").unwrap();
+        let broker = Broker::new(
+            vec![
+                file_binding("gh", Duration::from_secs(60)),
+                file_binding("npm", Duration::from_secs(60)),
+            ],
+            Some(path),
+            None,
+        )
+        .unwrap();
+        let (gh, npm) = (
+            broker.binding("gh").unwrap().clone(),
+            broker.binding("npm").unwrap().clone(),
+        );
+        assert_eq!(broker.holdings_stamp("s"), 0, "nothing held yet");
+        assert!(broker.holdings("s").await.1.is_empty());
+        broker.credential(&gh, &who("s")).await.unwrap();
+        let first = broker.holdings_stamp("s");
+        assert_ne!(first, 0);
+        let (stamp, held) = broker.holdings("s").await;
+        assert_eq!((stamp, held.len()), (first, 1));
+        // A cache hit changes nothing; another session's fetch neither.
+        broker.credential(&gh, &who("s")).await.unwrap();
+        broker.credential(&gh, &who("other")).await.unwrap();
+        assert_eq!(broker.holdings_stamp("s"), first);
+        broker.credential(&npm, &who("s")).await.unwrap();
+        let second = broker.holdings_stamp("s");
+        assert_ne!(second, first);
+        let (_, held) = broker.holdings("s").await;
+        let mut names: Vec<_> = held.iter().map(|h| h.binding.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["gh", "npm"]);
+        assert_eq!(broker.secrets_of("s").await.len(), 2);
+        broker.end_session("s").await;
+        assert_eq!(broker.holdings_stamp("s"), 0, "teardown forgets it all");
     }
 
     #[tokio::test]

@@ -150,11 +150,14 @@ enum Segment {
 
 impl PathTemplate {
     /// Parse and check a template: it starts with `/`, holds no query or fragment, and each
-    /// `{...}` is a whole segment naming a distinct identifier.
+    /// `{...}` is a whole segment naming a distinct identifier. A trailing slash is not part
+    /// of a route (`/a/` and `/a` are one route, as most frameworks route them): the proxy
+    /// matches paths with a trailing slash trimmed.
     pub fn parse(text: &str) -> Result<Self, String> {
         let Some(rest) = text.strip_prefix('/') else {
             return Err("must start with `/`".into());
         };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
         if text.contains(['?', '#']) {
             return Err("must not hold a query or fragment".into());
         }
@@ -198,9 +201,14 @@ impl PathTemplate {
         })
     }
 
-    /// The parameters of `path` (no query) if it matches, segment for segment. Values are
-    /// taken as they appear (still percent-encoded); an empty segment never fills a parameter.
+    /// The parameters of `path` (no query) if it matches, segment for segment, one trailing
+    /// slash either way. Values are taken as they appear (still percent-encoded); an empty
+    /// segment never fills a parameter.
     pub fn captures(&self, path: &str) -> Option<Vec<(String, String)>> {
+        let path = match path.strip_suffix('/') {
+            Some(trimmed) if !trimmed.is_empty() => trimmed,
+            _ => path,
+        };
         let rest = path.strip_prefix('/')?;
         let parts: Vec<&str> = rest.split('/').collect();
         if parts.len() != self.segments.len() {

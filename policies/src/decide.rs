@@ -102,6 +102,8 @@ pub(crate) struct Names {
     host: EntityTypeName,
     http: EntityUid,
     connect: EntityUid,
+    mcp: EntityUid,
+    spawn: EntityUid,
     tools: HashMap<String, ToolModel>,
 }
 
@@ -172,6 +174,8 @@ impl Names {
             host: ty("Host")?,
             http: action_uid("http".into()),
             connect: action_uid("connect".into()),
+            mcp: action_uid("mcp".into()),
+            spawn: action_uid("spawn".into()),
             tools,
         })
     }
@@ -181,6 +185,8 @@ impl Names {
         match action {
             Action::Http { .. } => Some(&self.http),
             Action::Connect { .. } => Some(&self.connect),
+            Action::Mcp { .. } => Some(&self.mcp),
+            Action::Spawn { .. } => Some(&self.spawn),
             Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.action_uid),
         }
     }
@@ -193,7 +199,10 @@ impl Names {
                 .get(name)
                 .map(|t| vec![t.group.uid()])
                 .unwrap_or_default(),
-            Action::Http { .. } | Action::Connect { .. } => Vec::new(),
+            Action::Http { .. }
+            | Action::Connect { .. }
+            | Action::Mcp { .. }
+            | Action::Spawn { .. } => Vec::new(),
         }
     }
 
@@ -216,6 +225,8 @@ impl Names {
             Action::Connect { .. } => {
                 (self.connect.clone(), Vec::new(), uid(&self.host, &req.host))
             }
+            Action::Mcp { .. } => (self.mcp.clone(), Vec::new(), uid(&self.host, &req.host)),
+            Action::Spawn { child } => (self.spawn.clone(), Vec::new(), uid(&self.agent, child)),
         };
         Some(ScopeKeys {
             agent: uid(&self.agent, &req.agent),
@@ -307,15 +318,25 @@ impl PolicyEngine {
         // The schema test below keeps the two in step. Tool arguments are the exception:
         // they come from the agent, so they are converted against the tool's record type,
         // and a mismatch is an error (a deny).
-        let mut pairs = req
-            .action
-            .context_pairs()
-            .map_err(|e| format!("context: {e}"))?;
+        let mut pairs = req.context_pairs().map_err(|e| format!("context: {e}"))?;
         // The index (index.rs) proves scopes false from exactly this hierarchy — the agent
         // in its tenant, a tool action in its tier group, parentless resources: keep the two
         // in step.
+        let name = |id: &str| {
+            [(
+                "name".to_owned(),
+                RestrictedExpression::new_string(id.to_owned()),
+            )]
+            .into_iter()
+            .collect()
+        };
         let mut entities = vec![
-            Entity::new_no_attrs(principal.clone(), [tenant.clone()].into_iter().collect()),
+            Entity::new(
+                principal.clone(),
+                name(&req.agent),
+                [tenant.clone()].into_iter().collect(),
+            )
+            .map_err(|e| format!("agent entity: {e}"))?,
             Entity::new_no_attrs(tenant, Default::default()),
         ];
         let (action, resource) = match &req.action {
@@ -334,7 +355,21 @@ impl PolicyEngine {
                 ]);
                 (model.action_uid.clone(), model.resource.uid())
             }
-            Action::Http { .. } | Action::Connect { .. } => {
+            // The child's agent comes without parents, like every resource (the index relies
+            // on it): it stays in its parent's tenant, which policies see in the principal.
+            Action::Spawn { child } => {
+                let resource = uid(&names.agent, child);
+                // The same name as the principal is never asked (it needs no permit), but
+                // must not become a second entity with that uid either.
+                if *child != req.agent {
+                    entities.push(
+                        Entity::new(resource.clone(), name(child), Default::default())
+                            .map_err(|e| format!("agent entity: {e}"))?,
+                    );
+                }
+                (names.spawn.clone(), resource)
+            }
+            Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => {
                 let resource = uid(&names.host, &req.host);
                 entities.push(
                     Entity::new(
@@ -396,7 +431,23 @@ mod tests {
     use cedar_policy::{Context, EntityUid, Request};
 
     use crate::load::{PolicyEngine, PolicySource};
-    use crate::request::Action;
+    use crate::request::{AccessRequest, Action, SessionState};
+
+    fn request(action: Action) -> AccessRequest {
+        AccessRequest {
+            agent: "a".into(),
+            tenant: "t".into(),
+            host: "h".into(),
+            session: SessionState {
+                calls: 3,
+                cost_micros: 4,
+                depth: 1,
+                parent_agent: "root".into(),
+                profile: "strict".into(),
+            },
+            action,
+        }
+    }
 
     /// Evaluation skips schema validation of the context for speed; this test validates the
     /// contexts the proxy builds against the schema, so the two cannot drift apart.
@@ -419,16 +470,24 @@ mod tests {
                 port: 443,
                 sni: "a.example".into(),
             },
+            Action::Mcp {
+                method: "resources/read".into(),
+                server: "https://h/mcp".into(),
+            },
+            Action::Spawn {
+                child: "deployer".into(),
+            },
         ];
         for action in actions {
-            let uid: EntityUid = format!("Ostiary::Action::\"{}\"", action.id())
-                .parse()
-                .unwrap();
-            let context = Context::from_pairs(action.context_pairs().unwrap()).unwrap();
+            let req = request(action);
+            let uid: EntityUid = req.action.uid_text().parse().unwrap();
+            let context = Context::from_pairs(req.context_pairs().unwrap()).unwrap();
             let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
-            let resource: EntityUid = "Ostiary::Host::\"h\"".parse().unwrap();
+            let resource: EntityUid = req.resource().parse().unwrap();
             Request::new(principal, uid, resource, context, Some(engine.schema()))
-                .unwrap_or_else(|e| panic!("{action:?}: {e}"));
+                .unwrap_or_else(|e| panic!("{:?}: {e}", req.action));
+            // And the engine decides it (the permit-all policy), through the index.
+            assert!(engine.decide(&req).is_allow(), "{:?}", req.action);
         }
     }
 
@@ -454,14 +513,13 @@ mod tests {
             args: serde_json::json!({"owner": "o", "title": "t", "n": null, "tags": [{"k": true}]}),
             impact_records: 1,
             cost_micros: 2,
-            session: crate::request::SessionState::default(),
             approval: Some("alice".into()),
         };
         let model = &engine.names().tools["gh.create"];
         let Action::Tool { args, .. } = &action else {
             unreachable!()
         };
-        let mut pairs = action.context_pairs().unwrap();
+        let mut pairs = request(action.clone()).context_pairs().unwrap();
         pairs.push(("args".into(), model.args.value(args, "args").unwrap()));
         let context = Context::from_pairs(pairs).unwrap();
         let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();

@@ -150,7 +150,7 @@ impl PolicyEngine {
                 "host": req.host,
                 "resource": req.resource(),
                 "action": req.action.id(),
-                "context": req.action.context(),
+                "context": req.context(),
             }),
             decision: match decision {
                 Decision::Allow { .. } => "allow",
@@ -194,6 +194,7 @@ impl PolicyEngine {
         let groups = self.names().groups(&req.action);
         let (resource_type, resource_id) = match &req.action {
             crate::request::Action::Tool { name, .. } => (format!("{NAMESPACE}::Tool"), name),
+            crate::request::Action::Spawn { child } => (format!("{NAMESPACE}::Agent"), child),
             _ => (format!("{NAMESPACE}::Host"), &req.host),
         };
         for policy in self.policy_set().policies() {
@@ -352,6 +353,7 @@ mod tests {
             agent: agent.into(),
             tenant: "default".into(),
             host: host.into(),
+            session: Default::default(),
             action: Action::Http {
                 method: method.into(),
                 scheme: "https".into(),

@@ -263,8 +263,10 @@ impl PolicyEngine {
         self.origins.is_empty()
     }
 
-    /// Whether any `http` request to `host` could be permitted, judged from the scopes of
-    /// the permits alone (sound: `false` only when no permit's scope can match the host).
+    /// Whether any inspected request to `host` — `Action::"http"` or `Action::"mcp"`, the
+    /// two actions decided inside an intercepted tunnel on its `Host` — could be permitted,
+    /// judged from the scopes of the permits alone (sound: `false` only when no permit's
+    /// scope can match the host).
     pub fn may_permit_http(&self, host: &str) -> bool {
         self.http_permit_hosts
             .as_ref()
@@ -277,11 +279,11 @@ impl PolicyEngine {
     }
 }
 
-/// The hosts named by the resource scopes of permits that can apply to `Action::"http"`, or
-/// `None` if one of them admits any host (unscoped, `in`, or `is`).
+/// The hosts named by the resource scopes of permits that can apply to `Action::"http"` or
+/// `Action::"mcp"`, or `None` if one of them admits any host (unscoped, `in`, or `is`).
 ///
-/// `http` is in no action group (only tool actions are, in their tier groups), so a permit
-/// scoped to `action in [...]` applies to it only when the list names `http` itself.
+/// Neither is in an action group (only tool actions are, in their tier groups), so a permit
+/// scoped to `action in [...]` applies to them only when the list names one itself.
 fn http_permit_hosts(policies: &PolicySet) -> Option<HashSet<String>> {
     let mut hosts = HashSet::new();
     for policy in policies.policies() {
@@ -311,7 +313,8 @@ fn http_permit_hosts(policies: &PolicySet) -> Option<HashSet<String>> {
 }
 
 fn is_http(uid: &EntityUid) -> bool {
-    uid.type_name().to_string() == "Ostiary::Action" && uid.id().unescaped() == "http"
+    uid.type_name().to_string() == "Ostiary::Action"
+        && matches!(uid.id().unescaped(), "http" | "mcp")
 }
 
 /// Turn Cedar's parse error into `file:line: message`, taking the line from the first label.

@@ -20,6 +20,8 @@ pub struct AccessRequest {
     pub tenant: String,
     /// Canonical destination host (lowercase name or canonical IP text, no port).
     pub host: String,
+    /// The session asking, as the proxy counts it: `context.session` of every action.
+    pub session: SessionState,
     /// What is being done, with its context.
     pub action: Action,
 }
@@ -37,6 +39,21 @@ pub enum Action {
     },
     /// An uninspected tunnel, or a CONNECT to a port outside `egress.ports`.
     Connect { port: u16, sni: String },
+    /// A JSON-RPC message other than `tools/call` to a catalogued MCP endpoint
+    /// (`Action::"mcp"`, resource the endpoint's `Host`).
+    Mcp {
+        /// The JSON-RPC method (`initialize`, `resources/read`, ...); a response the client
+        /// sends back to a server request has none and is decided with the empty string.
+        method: String,
+        /// The endpoint's URL, as the catalog writes it.
+        server: String,
+    },
+    /// A session asking for a child session under another agent name (`Action::"spawn"`,
+    /// principal the parent's agent, resource `Agent::"<child>"`).
+    Spawn {
+        /// The agent name the child would run as.
+        child: String,
+    },
     /// A call of a catalogued tool (`Action::"tool:<name>"`, resource `Tool::"<name>"`).
     Tool {
         /// The catalog name.
@@ -48,15 +65,14 @@ pub enum Action {
         impact_records: i64,
         /// `context.impact.cost`, micro-units (see [`crate::catalog::Tool::cost_micros`]).
         cost_micros: i64,
-        /// The session so far.
-        session: SessionState,
         /// `Some(approver)` once a human approved this call: `context.approval.granted`.
         approval: Option<String>,
     },
 }
 
-/// `context.session` of a tool call: what the session has done before this call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `context.session` of every action: what the session has done before this request, and
+/// where it sits in the spawn tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionState {
     /// Tool calls made so far.
     pub calls: i64,
@@ -64,32 +80,45 @@ pub struct SessionState {
     pub cost_micros: i64,
     /// Delegation depth (0 for an agent acting for a human directly).
     pub depth: i64,
+    /// The agent of the session that spawned this one; empty for a root session.
+    pub parent_agent: String,
+    /// The sandbox profile the session runs under; empty when none.
+    pub profile: String,
+}
+
+impl SessionState {
+    fn pairs(&self) -> Vec<(&'static str, RestrictedExpression)> {
+        let l = RestrictedExpression::new_long;
+        let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
+        vec![
+            ("calls", l(self.calls)),
+            ("cost", l(self.cost_micros)),
+            ("depth", l(self.depth)),
+            ("parent_agent", s(&self.parent_agent)),
+            ("profile", s(&self.profile)),
+        ]
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "calls": self.calls,
+            "cost": self.cost_micros,
+            "depth": self.depth,
+            "parent_agent": self.parent_agent,
+            "profile": self.profile,
+        })
+    }
 }
 
 impl AccessRequest {
-    /// The resource as Cedar text: `Ostiary::Tool::"<name>"` for a tool call, else
-    /// `Ostiary::Host::"<host>"`.
+    /// The resource as Cedar text: `Ostiary::Tool::"<name>"` for a tool call,
+    /// `Ostiary::Agent::"<child>"` for a spawn, else `Ostiary::Host::"<host>"`.
     pub fn resource(&self) -> String {
         match &self.action {
             Action::Tool { name, .. } => format!("{NAMESPACE}::Tool::{name:?}"),
+            Action::Spawn { child } => format!("{NAMESPACE}::Agent::{child:?}"),
             _ => format!("{NAMESPACE}::Host::{:?}", self.host),
         }
-    }
-}
-
-impl Action {
-    /// The Cedar action id (`http`, `connect` or `tool:<name>`).
-    pub fn id(&self) -> Cow<'static, str> {
-        match self {
-            Action::Http { .. } => Cow::Borrowed("http"),
-            Action::Connect { .. } => Cow::Borrowed("connect"),
-            Action::Tool { name, .. } => Cow::Owned(format!("tool:{name}")),
-        }
-    }
-
-    /// The action as Cedar text: `Ostiary::Action::"<id>"`.
-    pub fn uid_text(&self) -> String {
-        format!("{NAMESPACE}::Action::{:?}", self.id())
     }
 
     /// The context as Cedar expressions (the evaluation path: no JSON round trip). For a tool
@@ -100,7 +129,10 @@ impl Action {
     ) -> Result<Vec<(String, RestrictedExpression)>, ExpressionConstructionError> {
         let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
         let n = |v: u16| RestrictedExpression::new_long(i64::from(v));
-        Ok(match self {
+        let record = |fields: Vec<(&str, RestrictedExpression)>| {
+            RestrictedExpression::new_record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)))
+        };
+        let mut pairs = match &self.action {
             Action::Http {
                 method,
                 scheme,
@@ -117,33 +149,23 @@ impl Action {
             Action::Connect { port, sni } => {
                 vec![("port".into(), n(*port)), ("sni".into(), s(sni))]
             }
+            Action::Mcp { method, server } => {
+                vec![("method".into(), s(method)), ("server".into(), s(server))]
+            }
+            Action::Spawn { .. } => Vec::new(),
             Action::Tool {
                 impact_records,
                 cost_micros,
-                session,
                 approval,
                 ..
             } => {
                 let l = RestrictedExpression::new_long;
-                let record = |fields: Vec<(&str, RestrictedExpression)>| {
-                    RestrictedExpression::new_record(
-                        fields.into_iter().map(|(k, v)| (k.to_owned(), v)),
-                    )
-                };
                 vec![
                     (
                         "impact".into(),
                         record(vec![
                             ("records", l(*impact_records)),
                             ("cost", l(*cost_micros)),
-                        ])?,
-                    ),
-                    (
-                        "session".into(),
-                        record(vec![
-                            ("calls", l(session.calls)),
-                            ("cost", l(session.cost_micros)),
-                            ("depth", l(session.depth)),
                         ])?,
                     ),
                     (
@@ -158,12 +180,14 @@ impl Action {
                     ),
                 ]
             }
-        })
+        };
+        pairs.push(("session".into(), record(self.session.pairs())?));
+        Ok(pairs)
     }
 
-    /// The Cedar context record for this action, as JSON (explanations, tests).
+    /// The Cedar context record for this request, as JSON (explanations, tests).
     pub fn context(&self) -> Value {
-        match self {
+        let mut context = match &self.action {
             Action::Http {
                 method,
                 scheme,
@@ -178,26 +202,42 @@ impl Action {
                 "query": query,
             }),
             Action::Connect { port, sni } => json!({ "port": port, "sni": sni }),
+            Action::Mcp { method, server } => json!({ "method": method, "server": server }),
+            Action::Spawn { .. } => json!({}),
             Action::Tool {
                 args,
                 impact_records,
                 cost_micros,
-                session,
                 approval,
                 ..
             } => json!({
                 "args": args,
                 "impact": { "records": impact_records, "cost": cost_micros },
-                "session": {
-                    "calls": session.calls,
-                    "cost": session.cost_micros,
-                    "depth": session.depth,
-                },
                 "approval": {
                     "granted": approval.is_some(),
                     "approver": approval.as_deref().unwrap_or_default(),
                 },
             }),
+        };
+        context["session"] = self.session.json();
+        context
+    }
+}
+
+impl Action {
+    /// The Cedar action id (`http`, `connect`, `mcp`, `spawn` or `tool:<name>`).
+    pub fn id(&self) -> Cow<'static, str> {
+        match self {
+            Action::Http { .. } => Cow::Borrowed("http"),
+            Action::Connect { .. } => Cow::Borrowed("connect"),
+            Action::Mcp { .. } => Cow::Borrowed("mcp"),
+            Action::Spawn { .. } => Cow::Borrowed("spawn"),
+            Action::Tool { name, .. } => Cow::Owned(format!("tool:{name}")),
         }
+    }
+
+    /// The action as Cedar text: `Ostiary::Action::"<id>"`.
+    pub fn uid_text(&self) -> String {
+        format!("{NAMESPACE}::Action::{:?}", self.id())
     }
 }

@@ -13,8 +13,14 @@
 //!   a REST route's path parameters are always there, as required `String`s;
 //! - `impact`: `records` (from the catalog's `impact.records` pointer, 0 when the tool has
 //!   none) and `cost`;
-//! - `session`: `calls`, `cost` and `depth` so far;
+//! - `session`: `calls`, `cost` and `depth` so far, `parent_agent` and `profile` (as every
+//!   action's context has);
 //! - `approval`: `granted`, and the `approver` (empty when not granted).
+//!
+//! # Session
+//! Every action's context carries `session` (`Session` below), so a policy can tell a child
+//! session from its root (`context.session.depth > 0`, `context.session.parent_agent`) and a
+//! sandboxed run from an unsandboxed one (`context.session.profile`), whatever it asks.
 //!
 //! # Money
 //! Cedar has no floating-point type, so every cost (`impact.cost`, `session.cost`) is a
@@ -34,8 +40,12 @@ pub const CORE: &str = r#"
   // A tenant groups agents; policies say `principal in Ostiary::Tenant::"acme"`.
   entity Tenant;
 
-  // An agent is the principal of every request; its parent is its tenant.
-  entity Agent in [Tenant];
+  // An agent is the principal of every request; its parent is its tenant. It is also the
+  // resource of `spawn` (the agent name a child session asks for). `name` repeats the id,
+  // as Host's does, so that prefix and suffix rules can be written on either.
+  entity Agent in [Tenant] {
+    name: String,
+  };
 
   // A destination host: lowercase DNS name or canonical IP text, never with a port.
   // `name` repeats the id so that suffix rules can be written:
@@ -51,6 +61,18 @@ pub const CORE: &str = r#"
     server: String,
   };
 
+  // What the session asking has done so far, and where it sits in the spawn tree: the
+  // `session` of every action's context. Costs are Long micro-units (0.001 = 1000).
+  // `parent_agent` is empty for a root session; `profile` is the sandbox profile, empty
+  // when the session runs without one.
+  type Session = {
+    calls: Long,
+    cost: Long,
+    depth: Long,
+    parent_agent: String,
+    profile: String,
+  };
+
   // An inspected HTTP request (plain http:// or inside an intercepted TLS tunnel).
   type HttpContext = {
     method: String,
@@ -58,6 +80,7 @@ pub const CORE: &str = r#"
     port: Long,
     path: String,
     query: String,
+    session: Session,
   };
 
   // An uninspected tunnel (hosts listed in `egress.tunnel`), and CONNECT to a port outside
@@ -65,17 +88,27 @@ pub const CORE: &str = r#"
   type ConnectContext = {
     port: Long,
     sni: String,
+    session: Session,
+  };
+
+  // A JSON-RPC message other than `tools/call` to a catalogued MCP endpoint: `method` is the
+  // JSON-RPC method (empty for a response the client sends back to a server request),
+  // `server` the endpoint's URL as tools.toml writes it.
+  type McpContext = {
+    method: String,
+    server: String,
+    session: Session,
+  };
+
+  // A session asking for a child under another agent name (the resource).
+  type SpawnContext = {
+    session: Session,
   };
 
   // Parts of every tool call's context. Costs are Long micro-units (0.001 = 1000).
   type Impact = {
     records: Long,
     cost: Long,
-  };
-  type Session = {
-    calls: Long,
-    cost: Long,
-    depth: Long,
   };
   type Approval = {
     granted: Bool,
@@ -92,6 +125,20 @@ pub const CORE: &str = r#"
     principal: [Agent],
     resource: [Host],
     context: ConnectContext,
+  };
+
+  action "mcp" appliesTo {
+    principal: [Agent],
+    resource: [Host],
+    context: McpContext,
+  };
+
+  // Principal: the parent session's agent; resource: the agent name the child asks for.
+  // A child with its parent's name needs no permit; any other name needs one.
+  action "spawn" appliesTo {
+    principal: [Agent],
+    resource: [Agent],
+    context: SpawnContext,
   };
 
   // Tier groups: `action in Ostiary::Action::"tier:irreversible"` covers every such tool.

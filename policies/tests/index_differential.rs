@@ -77,6 +77,8 @@ enum Ctx {
     Http,
     Connect,
     HttpOrConnect,
+    Mcp,
+    Spawn,
     Tool,
     Mixed,
 }
@@ -114,7 +116,9 @@ fn principal_scope(rng: &mut Rng) -> String {
 }
 
 fn action_scope(rng: &mut Rng) -> (String, Ctx) {
-    match rng.below(10) {
+    match rng.below(12) {
+        10 => ("action == Ostiary::Action::\"mcp\"".into(), Ctx::Mcp),
+        11 => ("action == Ostiary::Action::\"spawn\"".into(), Ctx::Spawn),
         0 => ("action".into(), Ctx::Mixed),
         1 => ("action == Ostiary::Action::\"http\"".into(), Ctx::Http),
         2 => (
@@ -154,7 +158,18 @@ fn action_scope(rng: &mut Rng) -> (String, Ctx) {
 }
 
 fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
-    let host_like = matches!(ctx, Ctx::Http | Ctx::Connect | Ctx::HttpOrConnect);
+    let host_like = matches!(
+        ctx,
+        Ctx::Http | Ctx::Connect | Ctx::HttpOrConnect | Ctx::Mcp
+    );
+    if ctx == Ctx::Spawn {
+        return match rng.below(5) {
+            0 | 1 => "resource".into(),
+            2 => format!("resource == {}", agent(rng)),
+            3 => format!("resource in {}", agent(rng)),
+            _ => "resource is Ostiary::Agent".into(),
+        };
+    }
     match rng.below(8) {
         0..=2 => "resource".into(),
         3 | 4 if host_like => format!("resource == {}", host(rng)),
@@ -178,9 +193,12 @@ fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
 
 /// One clause of a condition that type-checks for every action the scope admits.
 fn clause(rng: &mut Rng, ctx: Ctx) -> String {
-    let generic = |rng: &mut Rng| match rng.below(3) {
+    let generic = |rng: &mut Rng| match rng.below(5) {
         0 => format!("principal in {}", tenant(rng)),
         1 => format!("principal == {}", agent(rng)),
+        // Every action's context carries the session.
+        2 => "context.session.depth > 0".into(),
+        3 => format!("context.session.parent_agent == \"{}\"", rng.pick(AGENTS)),
         _ => "true".into(),
     };
     if rng.chance(20) {
@@ -204,6 +222,19 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
             _ => format!("(context.sni != \"boom\" || context.port * {OVERFLOW} > 0)"),
         },
         Ctx::HttpOrConnect => "context.port != 8443".into(),
+        Ctx::Mcp => match rng.below(3) {
+            0 => format!(
+                "context.method == \"{}\"",
+                rng.pick(&["initialize", "ping", "resources/read"])
+            ),
+            1 => "context.method like \"notifications/*\"".into(),
+            _ => "context.server like \"https://h1*\"".into(),
+        },
+        Ctx::Spawn => match rng.below(3) {
+            0 => format!("resource == {}", agent(rng)),
+            1 => "context.session.calls < 3".into(),
+            _ => format!("(context.session.depth != 2 || context.session.calls * {OVERFLOW} > 0)"),
+        },
         Ctx::Tool => match rng.below(8) {
             0 => format!("context.args.title == \"{}\"", rng.pick(&["x", "y"])),
             1 => "context.args.n > 5".into(),
@@ -264,7 +295,16 @@ fn validates(validator: &Validator, text: &str) -> bool {
 }
 
 fn request(rng: &mut Rng) -> AccessRequest {
-    let action = match rng.below(10) {
+    let action = match rng.below(12) {
+        10 => Action::Mcp {
+            method: rng
+                .pick(&["initialize", "ping", "resources/read", "notifications/x"])
+                .to_string(),
+            server: format!("https://{}/mcp", rng.pick(HOSTS)),
+        },
+        11 => Action::Spawn {
+            child: rng.pick(AGENTS).to_string(),
+        },
         0..=3 => Action::Http {
             method: rng.pick(&["GET", "POST", "DELETE"]).to_string(),
             scheme: "https".into(),
@@ -296,11 +336,6 @@ fn request(rng: &mut Rng) -> AccessRequest {
                 args,
                 impact_records: rng.below(20) as i64,
                 cost_micros: rng.below(5000) as i64,
-                session: SessionState {
-                    calls: rng.below(6) as i64,
-                    cost_micros: 0,
-                    depth: 0,
-                },
                 approval: rng.chance(15).then(|| "alice".to_owned()),
             }
         }
@@ -312,6 +347,17 @@ fn request(rng: &mut Rng) -> AccessRequest {
             "unknown.example".into()
         } else {
             rng.pick(HOSTS).to_string()
+        },
+        session: SessionState {
+            calls: rng.below(6) as i64,
+            cost_micros: 0,
+            depth: rng.below(3) as i64,
+            parent_agent: if rng.chance(50) {
+                String::new()
+            } else {
+                rng.pick(AGENTS).to_string()
+            },
+            profile: String::new(),
         },
         action,
     }

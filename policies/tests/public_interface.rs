@@ -18,6 +18,7 @@ fn http(host: &str, method: &str, path: &str) -> AccessRequest {
         agent: "demo".into(),
         tenant: "default".into(),
         host: host.into(),
+        session: Default::default(),
         action: Action::Http {
             method: method.into(),
             scheme: "https".into(),

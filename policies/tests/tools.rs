@@ -75,12 +75,12 @@ fn call(name: &str, args: Value) -> AccessRequest {
         agent: "demo".into(),
         tenant: "default".into(),
         host: "api.github.com".into(),
+        session: SessionState::default(),
         action: Action::Tool {
             name: name.into(),
             args,
             impact_records: 0,
             cost_micros: 1000,
-            session: SessionState::default(),
             approval: None,
         },
     }

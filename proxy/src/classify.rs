@@ -1,14 +1,18 @@
 //! Phase `classify`: what a request means — its scheme, canonical host, port, path and
 //! query — and whether it may be asked here at all.
 //!
-//! The path is taken exactly as received and forwarded exactly as received, so policy sees
-//! the path the upstream will see (no decoding, no normalisation in between). A request
+//! The path is normalised once, here, by the equivalences RFC 3986 defines (percent-encoded
+//! unreserved characters decoded, escape hex uppercased: [`crate::path_forms::normalize`]),
+//! and that path is what policy sees and what is forwarded: the upstream gets exactly the
+//! path that was decided, and `/%61dmin` is `/admin` to both. Nothing else is decoded:
+//! `%2F` stays an escape, and paths a lenient upstream would route elsewhere are dealt
+//! with where routes are matched ([`crate::recognise`]). A request
 //! inside a tunnel must name the tunnel's own host: fronting (CONNECT/SNI to A, `Host` or
 //! `:authority` B) is refused with 421 before policy is consulted.
 
 use std::sync::Arc;
 
-use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Uri};
 
 use crate::egress::address::{split_authority, Host};
@@ -128,6 +132,7 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
             )))
         }
     };
+    let path = crate::path_forms::normalize(&path).into_owned();
     if has_dot_segment(&path) {
         // Upstreams disagree on resolving `.`/`..` (and their %2e spellings), so a rule on
         // `/admin` could be walked around with `/x/../admin`. Clients resolve them before
@@ -163,6 +168,13 @@ fn check_headers(headers: &HeaderMap) -> Result<(), ProxyError> {
     if headers.get_all(CONTENT_LENGTH).iter().count() > 1 {
         return Err(ProxyError::bad_request("duplicate Content-Length"));
     }
+    // A singleton field (RFC 9110 §8.3): with two, the proxy could read a body as JSON that
+    // the upstream reads as a form, or the other way round.
+    if headers.get_all(CONTENT_TYPE).iter().count() > 1 {
+        return Err(ProxyError::bad_request(
+            "duplicate Content-Type: the body could be read two ways",
+        ));
+    }
     if headers.contains_key(CONTENT_LENGTH) && headers.contains_key(TRANSFER_ENCODING) {
         return Err(ProxyError::bad_request(
             "both Content-Length and Transfer-Encoding",
@@ -190,6 +202,7 @@ mod tests {
                 tenant: "t".into(),
                 depth: 0,
                 parent: None,
+                parent_agent: None,
                 expires_at: i64::MAX,
             }),
         }))
@@ -203,7 +216,11 @@ mod tests {
         let t = target(&Origin::Plain, &req).unwrap();
         assert_eq!(t.host.to_string(), "example.com");
         assert_eq!((t.port, t.scheme), (80, "http"));
-        assert_eq!(t.path, "/a%2fb", "the path is passed as received");
+        assert_eq!(t.path, "/a%2Fb", "escapes are kept, their hex uppercased");
+        let req = Request::get("http://a.example/%61dmin/%7euser")
+            .body(())
+            .unwrap();
+        assert_eq!(target(&Origin::Plain, &req).unwrap().path, "/admin/~user");
         assert_eq!(t.query, "x=1");
     }
 
@@ -258,6 +275,19 @@ mod tests {
                 .unwrap();
             assert!(target(&Origin::Plain, &req).is_ok(), "{path}");
         }
+    }
+
+    #[test]
+    fn two_content_types_are_refused() {
+        let req = Request::post("http://a.example/")
+            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            target(&Origin::Plain, &req),
+            Err(ProxyError::BadRequest { .. })
+        ));
     }
 
     #[test]

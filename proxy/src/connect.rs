@@ -81,6 +81,8 @@ async fn open(
     req: &Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<Plan, ProxyError> {
+    // First, as in the pipeline: no tunnel is opened while its record cannot be written.
+    shared.audit.ensure_writable()?;
     let principal = authenticate::principal(&shared.sessions, req.headers())?;
     audit.update(|r| {
         r.set_principal(&principal);
@@ -99,11 +101,12 @@ async fn open(
     });
 
     let engine = shared.policies.current();
+    let session = shared.guardrails.session_state(&principal);
     let opened_by = evaluate::port(
         &engine,
         &shared.metrics,
         &shared.config.egress.ports,
-        &principal,
+        (&principal, &session),
         &host,
         port,
     )?;
@@ -143,7 +146,14 @@ async fn open(
             port,
             sni: host.to_string(),
         };
-        let policies = evaluate::decide(&engine, &shared.metrics, &principal, &host, action)?;
+        let policies = evaluate::decide(
+            &engine,
+            &shared.metrics,
+            &principal,
+            &session,
+            &host,
+            action,
+        )?;
         audit.update(|r| r.add_policies(policies));
         return Ok(Plan::Relay { tunnel, addrs });
     }
@@ -176,6 +186,15 @@ async fn intercept(
     io: TokioIo<hyper::upgrade::Upgraded>,
     tunnel: Arc<Tunnel>,
 ) {
+    // Tied to the session from the start: its end closes the connection, idle keep-alive
+    // and h2 alike, not only its next request.
+    let Some(watch) = crate::lifecycle::watch_stream(&shared, &tunnel.principal) else {
+        return shared.refuse_tunnel(
+            &tunnel,
+            "tls",
+            "the session is not active (revoked or expired)".into(),
+        );
+    };
     let limits = shared.config.proxy.clone();
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
     let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
@@ -213,6 +232,9 @@ async fn intercept(
         };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let observer = crate::accept::audit_violations(shared.clone(), Some(tunnel.clone()));
+    // Requests in flight at teardown get the grace period (their tickets are cancelled after
+    // it); this bounds the wait for the connection to wind down after them.
+    let wind_down = shared.guardrails.grace() + std::time::Duration::from_secs(1);
     let origin = Origin::Tunnel(tunnel);
     let cancellations = Arc::new(crate::reset_guard::Cancellations::default());
     let watched = cancellations.clone();
@@ -242,6 +264,11 @@ async fn intercept(
         tokio::pin!(connection);
         tokio::select! {
             result = connection.as_mut() => result,
+            () = watch.ended() => {
+                // GOAWAY: no new streams; those in flight finish within the grace.
+                connection.as_mut().graceful_shutdown();
+                tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+            }
             () = cancellations.tripped() => {
                 // Late resets (cancelled after the proxy started on them) that
                 // `max_pending_accept_reset_streams` does not see: go away, let what is in
@@ -255,15 +282,23 @@ async fn intercept(
             }
         }
     } else {
-        http1::Builder::new()
+        let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .serve_connection(
                 TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),
                 service,
             )
-            .with_upgrades()
-            .await
+            .with_upgrades();
+        tokio::pin!(connection);
+        tokio::select! {
+            result = connection.as_mut() => result,
+            () = watch.ended() => {
+                // An idle keep-alive closes at once; a request in flight finishes first.
+                connection.as_mut().graceful_shutdown();
+                tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+            }
+        }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");

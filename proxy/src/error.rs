@@ -95,9 +95,23 @@ pub enum ProxyError {
     IdempotencyConflict { key: String, reason: &'static str },
     #[error("destination {address} is blocked: {reason}")]
     DestinationBlocked { address: String, reason: String },
-    /// A placeholder (`ostiary:<name>`) was sent to a host its credential is not bound to.
-    #[error("placeholder of credential {credential} sent to {host}, which it is not bound to")]
-    PlaceholderExfiltration { credential: String, host: String },
+    /// A placeholder (`ostiary:<name>`) was sent to a host its credential is not bound to
+    /// (`point` is `None`), or to a bound host anywhere but the binding's injection point
+    /// (`point` names it). `at` says where it was found.
+    #[error(
+        "placeholder exfiltration: the placeholder of credential {credential} was sent in the \
+         {at} of a request to {host}, {}",
+        .point.as_ref().map_or_else(
+            || "which the credential is not bound to".to_owned(),
+            |point| format!("where it may only stand in the {point}"),
+        )
+    )]
+    PlaceholderExfiltration {
+        credential: String,
+        host: String,
+        at: String,
+        point: Option<String>,
+    },
     /// A placeholder of another session (a parent's, in a child session) was sent.
     #[error("placeholder of credential {credential} belongs to another session")]
     PlaceholderForeign { credential: String },
@@ -119,6 +133,10 @@ pub enum ProxyError {
     UpstreamTimeout { reason: String },
     #[error("internal error: {reason}")]
     Internal { reason: String },
+    /// Audit records cannot be written (disk full, I/O error, database locked, queue full):
+    /// nothing is forwarded until they can (503). `reason` is for the record and the log.
+    #[error("audit trail unavailable: {reason}")]
+    AuditUnavailable { reason: String },
     /// Refused JSON-RPC calls to a catalogued MCP endpoint, none of which was forwarded:
     /// answered HTTP 200 with one JSON-RPC error per call (DESIGN §5), so MCP SDKs raise a
     /// readable error and the MCP session stays usable. Never empty; each refusal is one of
@@ -175,6 +193,7 @@ impl ProxyError {
             ProxyError::Upstream { .. } => "upstream_error",
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::Internal { .. } => "internal_error",
+            ProxyError::AuditUnavailable { .. } => "audit_unavailable",
             ProxyError::McpRefused { replies, .. } => {
                 replies.first().map_or("denied", |r| r.error.kind())
             }
@@ -213,7 +232,7 @@ impl ProxyError {
                 }
             }
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
-            ProxyError::Internal { .. } => Side::Internal,
+            ProxyError::Internal { .. } | ProxyError::AuditUnavailable { .. } => Side::Internal,
             ProxyError::McpRefused { replies, .. } => {
                 replies.first().map_or(Side::Policy, |r| r.error.side())
             }

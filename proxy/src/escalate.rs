@@ -3,7 +3,11 @@
 //!
 //! Three entry points, all on the proxy listener:
 //! - [`hold`] — after `evaluate` escalated: store the request (without the agent's
-//!   credentials), owe notifications, answer 202 with `Ostiary-Approval: <id>`.
+//!   credentials), owe notifications, answer 202 with `Ostiary-Approval: <id>`. Holds are
+//!   bounded: the same request (fingerprint: method, URL, body digest) of the same session
+//!   joins its pending approval (same id, nobody notified again), and past the session's
+//!   `max_pending_approvals` — counted in the store, for its whole session tree — the hold
+//!   is refused `429 limit_exceeded` (`limit: "approvals"`).
 //! - [`redeem`] — the agent re-sends the same request with `Ostiary-Approval: <id>`: the
 //!   fingerprint (method, URL, body digest) must match and the approval must be this
 //!   session's; the answer is the stored upstream response once executed, the refusal if
@@ -21,10 +25,12 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::approvals::model::Ask;
+use crate::approvals::store::{Admission, CapReached};
 use crate::approvals::{Approval, HeldRequest, Observed, Status};
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::{McpRefusal, ProxyError};
+use crate::guardrails::meter::LimitHit;
 use crate::recognise;
 use crate::respond::{self, APPROVAL};
 use crate::server::Shared;
@@ -128,6 +134,7 @@ pub async fn hold_body(
         .filter(|(name, _)| storable(name.as_str()))
         .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
         .collect();
+    let fingerprint = fingerprint(target.method.as_str(), &url, body, rpc_id.is_some());
     let mut observed = observe(target, &action, tier);
     observed.rpc_id = rpc_id;
     let approval = Approval::pending(
@@ -148,15 +155,58 @@ pub async fn hold_body(
         },
         now_ms(),
     );
-    let approval = shared
+    let admission = shared
         .approvals
-        .hold(approval)
+        .hold_bounded(
+            approval.clone(),
+            fingerprint,
+            shared.config.sessions.max_pending_approvals,
+        )
         .await
         .map_err(|e| ProxyError::Internal {
             reason: format!("storing the approval: {e}"),
         })?;
-    tracing::info!(approval = %approval.id, tool = ?approval.observed.tool, "request held for approval");
+    let approval = match admission {
+        Admission::Held => {
+            tracing::info!(approval = %approval.id, tool = ?approval.observed.tool, "request held for approval");
+            approval
+        }
+        Admission::Joined(existing) => {
+            tracing::info!(approval = %existing.id, "an identical request joined a pending approval");
+            *existing
+        }
+        Admission::Full(full) => return Err(cap_reached(principal, full)),
+    };
     Ok((approval.id.clone(), pending(shared, &approval)))
+}
+
+/// What makes two holds the same request: method, URL and body digest — for an MCP call
+/// the call without its JSON-RPC id, since clients number their requests afresh.
+fn fingerprint(method: &str, url: &str, body: &[u8], mcp: bool) -> String {
+    let body_digest = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(message) if mcp => digest(without_id(&message).to_string().as_bytes()),
+        _ => digest(body),
+    };
+    // Length-prefixed, so no choice of URL can make two different triples one text.
+    digest(format!("{}:{method}{}:{url}{body_digest}", method.len(), url.len()).as_bytes())
+}
+
+/// The refusal of a hold past a cap: `429 limit_exceeded`, `limit: "approvals"`.
+/// `retry_after` is when the first counted hold reaches its deadline (a slot is free by
+/// then whatever the approvers do); a decision frees one sooner.
+fn cap_reached(principal: &Principal, full: CapReached) -> ProxyError {
+    let retry_after = full
+        .frees_at_ms
+        .map(|at| ((at - now_ms()).max(0) as u64).div_ceil(1000).max(1));
+    if full.session != principal.session_id {
+        tracing::info!(session = %principal.session_id, ancestor = %full.session, "hold refused: an ancestor's cap of pending approvals is reached");
+    }
+    ProxyError::LimitExceeded(Box::new(LimitHit {
+        limit: "approvals".into(),
+        used: json!(full.used),
+        max: json!(full.max),
+        retry_after,
+    }))
 }
 
 /// What the approver is shown: the proxy's own reading of the request.

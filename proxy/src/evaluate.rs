@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use ostiary_policies::{AccessRequest, Action, Decision, DenyReason, PolicyEngine};
+use ostiary_policies::{AccessRequest, Action, Decision, DenyReason, PolicyEngine, SessionState};
 
 use crate::egress::address::Host;
 use crate::error::ProxyError;
@@ -36,10 +36,11 @@ pub fn decide(
     engine: &PolicyEngine,
     metrics: &Metrics,
     principal: &Principal,
+    session: &SessionState,
     host: &Host,
     action: Action,
 ) -> Result<Vec<String>, ProxyError> {
-    match decide_or_escalate(engine, metrics, principal, host, action)? {
+    match decide_or_escalate(engine, metrics, principal, session, host, action)? {
         Verdict::Allow { policies, .. } => Ok(policies),
         Verdict::Escalate { policies, action } => Err(ProxyError::ApprovalRequired {
             resource: resource_of(principal, host, &action),
@@ -54,16 +55,19 @@ fn resource_of(principal: &Principal, host: &Host, action: &Action) -> String {
         agent: principal.agent.clone(),
         tenant: principal.tenant.clone(),
         host: host.to_string(),
+        session: SessionState::default(),
         action: action.clone(),
     }
     .resource()
 }
 
 /// Evaluate one question, timing it; an escalation is handed back as [`Verdict::Escalate`].
+/// `session` is `context.session`: what the principal's session used before this request.
 pub fn decide_or_escalate(
     engine: &PolicyEngine,
     metrics: &Metrics,
     principal: &Principal,
+    session: &SessionState,
     host: &Host,
     action: Action,
 ) -> Result<Verdict, ProxyError> {
@@ -71,6 +75,7 @@ pub fn decide_or_escalate(
         agent: principal.agent.clone(),
         tenant: principal.tenant.clone(),
         host: host.to_string(),
+        session: session.clone(),
         action,
     };
     let started = Instant::now();
@@ -126,7 +131,7 @@ pub fn port(
     engine: &PolicyEngine,
     metrics: &Metrics,
     allowed_ports: &[u16],
-    principal: &Principal,
+    (principal, session): (&Principal, &SessionState),
     host: &Host,
     port: u16,
 ) -> Result<Vec<String>, ProxyError> {
@@ -137,7 +142,7 @@ pub fn port(
         port,
         sni: host.to_string(),
     };
-    decide(engine, metrics, principal, host, action).map_err(|denied| {
+    decide(engine, metrics, principal, session, host, action).map_err(|denied| {
         ProxyError::DestinationBlocked {
             address: format!("{host}:{port}"),
             reason: format!(

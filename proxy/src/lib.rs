@@ -12,6 +12,9 @@
 //!   → [`scrub`], with an [`audit`] guard around them.
 //! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
 //! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
+//! - [`strict_json`] and [`path_forms`] — what the proxy decides on is what the upstream
+//!   runs: JSON that decoders read alike, paths in the one spelling that is forwarded (and
+//!   the spellings a lenient upstream would route elsewhere).
 //! - [`scrub`] — injected secrets redacted from upstream responses (headers, streamed bodies,
 //!   compressed bodies decoded first) before the agent sees them.
 //!
@@ -46,9 +49,9 @@ pub mod lease_journal;
 pub mod lifecycle;
 pub mod mcp;
 pub mod metrics;
+pub mod path_forms;
 pub mod pipeline;
 pub mod policy_store;
-pub mod prefix_trie;
 pub mod recognise;
 pub mod reset_guard;
 pub mod respond;
@@ -57,6 +60,7 @@ pub mod server;
 pub mod session;
 pub mod state;
 pub mod store;
+pub mod strict_json;
 pub mod tls;
 pub mod tunnel;
 pub mod wire_guard;

@@ -9,15 +9,99 @@
 //! child's unused budget goes back to its parent), and the audit chain records the
 //! session's totals and which leases were revoked and which could not be (quarantined,
 //! retried by the reaper). Every step is idempotent: tearing down twice is harmless.
+//!
+//! Long-lived byte streams — WebSocket splices, `egress.tunnel` relays, intercepted TLS
+//! connections — are not requests to wait for: each is tied to its session by a
+//! [`StreamWatch`] and ends the moment the session is refused (teardown) or its TTL is over
+//! (the watch's own timer; the reaper ends them too).
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ostiary_broker::Revoked;
 
 use crate::audit::AuditGuard;
+use crate::classify::Tunnel;
+use crate::guardrails::inflight::StreamTicket;
 use crate::ids;
 use crate::server::Shared;
+use crate::session::Principal;
+use crate::tunnel::Ended;
+
+/// A long-lived byte stream's tie to its session: [`StreamWatch::ended`] resolves when the
+/// session is torn down or expires, whichever comes first. Held for the stream's life.
+#[derive(Debug)]
+pub struct StreamWatch {
+    ticket: StreamTicket,
+    expires: tokio::time::Instant,
+}
+
+impl StreamWatch {
+    /// Resolves once the stream's session is over (cancellation-safe; call it again freely).
+    pub async fn ended(&self) {
+        tokio::select! {
+            () = self.ticket.ended.cancelled() => {}
+            () = tokio::time::sleep_until(self.expires) => {}
+        }
+    }
+}
+
+/// A year: longer than any session lives.
+const MAX_WATCH_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// Tie a stream of `principal`'s session to the session's life; `None` when the session is
+/// already over (refused or expired), and the stream must not start.
+pub fn watch_stream(shared: &Shared, principal: &Principal) -> Option<StreamWatch> {
+    // Counted in before liveness is read: teardown refuses the session before it ends its
+    // streams, so a stream either sees the refusal here or is ended by the teardown.
+    let ticket = shared
+        .guardrails
+        .inflight
+        .open_stream(&principal.session_id);
+    if !shared.sessions.is_live(&principal.session_id) {
+        return None;
+    }
+    let left_ms = principal
+        .expires_at
+        .saturating_mul(1000)
+        .saturating_sub(crate::store::now_ms());
+    // Capped so that the deadline is always representable (TTLs are far shorter).
+    let left = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0).min(MAX_WATCH_MS));
+    Some(StreamWatch {
+        ticket,
+        expires: tokio::time::Instant::now() + left,
+    })
+}
+
+/// Record a stream the proxy cut (teardown, expiry, a byte budget spent): no HTTP exchange
+/// is left to answer, so the `stream` record is its only trace. `what` says which stream
+/// (`tunnel`, `websocket`); `at` is the session and destination it belonged to.
+pub fn record_cut(shared: &Shared, at: &Tunnel, what: &str, ended: Ended) {
+    let request_id = ids::request_id();
+    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "stream");
+    audit.update(|r| {
+        r.set_tunnel(at);
+        r.reason = Some(format!("{what} {ended}"));
+    });
+    tracing::info!(request_id, host = %at.host, what, %ended, "stream cut");
+    match ended {
+        Ended::Budget(_) => audit.event("deny", Some("limit_exceeded")),
+        _ => audit.event("cancel", None),
+    }
+}
+
+/// End the open streams of `session` (teardown, expiry), and say so in the log.
+fn end_streams(shared: &Shared, session: &str) {
+    let ended = shared.guardrails.inflight.end_streams(session);
+    if ended > 0 {
+        tracing::info!(
+            session,
+            streams = ended,
+            "session over: its open streams are closed"
+        );
+    }
+}
 
 /// Tear down `session` and its descendants: refuse them, drain their requests, end them.
 /// Returns whether `session` itself was live.
@@ -33,6 +117,11 @@ pub async fn teardown(
         shared.sessions.revoke(&child.session_id).await?;
     }
     let was_live = shared.sessions.revoke(session).await?;
+    // Streams do not finish by themselves: they end now, with the session refused.
+    for child in &descendants {
+        end_streams(shared, &child.session_id);
+    }
+    end_streams(shared, session);
     let child_why = format!("{why} (its parent {session} ended)");
     let mut ending: Vec<(String, String, String, &str)> = descendants
         .iter()
@@ -133,6 +222,9 @@ pub async fn reap(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
             _ = ticker.tick() => {}
         }
         for principal in shared.sessions.take_expired() {
+            // Each stream's watch has its own timer at the session's expiry; this catches
+            // any that a clock step made miss it.
+            end_streams(&shared, &principal.session_id);
             let grace = shared.guardrails.grace();
             shared
                 .guardrails

@@ -1,33 +1,41 @@
 //! MCP over Streamable HTTP (DESIGN §4, §5): JSON-RPC to a catalogued MCP endpoint.
 //!
 //! An endpoint is catalogued when some `[[tool]]` has `match = { mcp = "<url>", tool }`; a
-//! request is *to* it when its scheme, host, port and path equal the URL's (the query is not
-//! compared: Streamable HTTP endpoints take none, and a query cannot be used to step around
-//! the endpoint's rules because every POST body to that path is parsed).
+//! request is *to* it when its scheme, host, port and path equal the URL's, the path up to a
+//! trailing slash (the query is not compared: Streamable HTTP endpoints take none, and a
+//! query cannot be used to step around the endpoint's rules because every POST body to that
+//! path is parsed). A path that only a lenient server routes to the endpoint (`//mcp`,
+//! `/mcp;x`, [`crate::path_forms::routed`]) is refused rather than decided as plain `http`.
 //!
 //! Only a `POST` carries JSON-RPC. Its body is read whole (bounded by
 //! `proxy.max_tool_body_bytes`) and must be one JSON-RPC message or a batch (a JSON array of
-//! at most [`MAX_BATCH`] of them); anything else is a `400 bad_request`. Each message is one
+//! at most [`MAX_BATCH`] of them), parsed strictly ([`crate::strict_json`]: duplicate or
+//! case-folded keys are refused, since the server's decoder may read the other one);
+//! anything else is a `400 bad_request`. `Mcp-Method` and `Mcp-Name` headers (the stateless
+//! 2026-07-28 revision) must agree with the body, which is what decides. Each message is one
 //! of:
 //! - `tools/call` with `params.name` = an MCP tool the catalog lists *for this endpoint*:
 //!   decided as `Action::"tool:<catalog name>"` with `args = params.arguments`;
 //! - `tools/call` of a tool the catalog does not list for this endpoint: denied by default,
 //!   without asking Cedar (there is no action to ask about);
-//! - anything else (`initialize`, `ping`, `tools/list`, notifications, and responses the
-//!   client sends back to server requests): decided once, as `Action::"http"` on the
-//!   endpoint's host — the same decision the request would get without the catalog.
+//! - anything else (`initialize`, `ping`, `tools/list`, notifications, `resources/read`,
+//!   `prompts/get`, vendor methods, and responses the client sends back to server requests):
+//!   decided on its own as `Action::"mcp"` on the endpoint's host, with `context.method`
+//!   the JSON-RPC method (empty for a response) and `context.server` the endpoint's URL.
 //!
-//! Deciding is two steps ([`plan`]): Cedar decides every call ([`Exchange::decide`]), the
+//! Deciding is two steps ([`plan`]): Cedar decides every message ([`Exchange::decide`]), the
 //! pipeline runs each allowed or escalated call's checks ([`plan::Decided::checked`]), and
 //! then what is forwarded is worked out ([`plan::Decided::finish`]). A call policy or a
 //! check escalates is listed in [`plan::Plan::escalated`]; the pipeline holds it in the
 //! approval queue as that one call and its refusal becomes `approval_pending` (`-32002`).
 //!
-//! Refused calls are never forwarded. A lone refused call, or a batch whose calls are all
-//! refused, is answered by the proxy ([`ProxyError::McpRefused`], rendered in
-//! [`crate::respond`]). A batch with some allowed messages is forwarded without the refused
-//! calls and the answer merged in [`reply`]. `GET` (the SSE stream) and `DELETE` (session
-//! end) have no JSON-RPC body and stay plain `Action::"http"` requests.
+//! Refused messages are never forwarded. A lone refused request, or a batch whose messages
+//! are all refused, is answered by the proxy ([`ProxyError::McpRefused`], rendered in
+//! [`crate::respond`]); a refused notification has no id to answer, so a POST of nothing
+//! but refused notifications gets the refusal as an HTTP error. A batch with some allowed
+//! messages is forwarded without the refused ones and the answer merged in [`reply`]. `GET`
+//! (the SSE stream) and `DELETE` (session end) have no JSON-RPC body and stay plain
+//! `Action::"http"` requests.
 //!
 //! Each `tools/call` of a batch is also audited on its own ([`DecidedCall`], written by the
 //! pipeline as a record of kind `mcp_call` under the request's id), so that a refused call
@@ -36,6 +44,7 @@
 pub mod plan;
 pub mod reply;
 
+use http::HeaderMap;
 use ostiary_policies::{Action, Catalog, PolicyEngine, SessionState, Tool, ToolMatch};
 use serde_json::{Map, Value};
 
@@ -43,6 +52,7 @@ use crate::classify::Target;
 use crate::error::ProxyError;
 use crate::evaluate::{self, Verdict};
 use crate::metrics::Metrics;
+use crate::path_forms;
 use crate::session::Principal;
 
 /// The most messages one batch may hold. Each message is decided on its own, so the cap
@@ -57,8 +67,23 @@ pub struct Endpoint {
     pub url: url::Url,
 }
 
-/// The catalogued MCP endpoint `target` is addressed to, if any.
-pub fn endpoint(catalog: &Catalog, target: &Target) -> Option<Endpoint> {
+/// The catalogued MCP endpoint `target` is addressed to, if any; a refusal when only a
+/// lenient server would route its path to one.
+pub fn endpoint(catalog: &Catalog, target: &Target) -> Result<Option<Endpoint>, ProxyError> {
+    let found = endpoint_at(catalog, target, path_forms::trim_trailing(&target.path));
+    if let Some(routed) = path_forms::routed(&target.path) {
+        if let Some(other) = endpoint_at(catalog, target, &routed) {
+            return Err(ProxyError::bad_request(format!(
+                "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
+                 decode %2F route it to the MCP endpoint {}; send that path",
+                other.url
+            )));
+        }
+    }
+    Ok(found)
+}
+
+fn endpoint_at(catalog: &Catalog, target: &Target, path: &str) -> Option<Endpoint> {
     let host = target.host.to_string();
     catalog
         .tools()
@@ -70,7 +95,7 @@ pub fn endpoint(catalog: &Catalog, target: &Target) -> Option<Endpoint> {
                         .host_str()
                         .is_some_and(|h| h.eq_ignore_ascii_case(&host))
                     && endpoint.port_or_known_default() == Some(target.port)
-                    && endpoint.path() == target.path =>
+                    && path_forms::trim_trailing(endpoint.path()) == path =>
             {
                 Some(Endpoint {
                     url: endpoint.clone(),
@@ -98,10 +123,10 @@ enum Kind {
         name: String,
         args: Value,
     },
-    /// `tools/list` with this id: its answer is filtered.
-    List { id: Value },
-    /// Everything else.
-    Other,
+    /// Any other message, decided as `Action::"mcp"`: its JSON-RPC `method` (empty for a
+    /// response to a server request); `list` is the id of a `tools/list` request, whose
+    /// answer is filtered.
+    Message { method: String, list: Option<Value> },
 }
 
 /// A parsed JSON-RPC POST body.
@@ -111,11 +136,12 @@ pub struct Exchange {
     batch: bool,
 }
 
-/// Parse a POST body to an MCP endpoint. serde_json's recursion limit (128) turns deeply
-/// nested JSON into a parse error; the body limit and [`MAX_BATCH`] bound the rest.
-pub fn parse(bytes: &[u8]) -> Result<Exchange, ProxyError> {
-    // serde_json's error names line and column, never the content.
-    let value: Value = serde_json::from_slice(bytes)
+/// Parse a POST body to an MCP endpoint, with the request's headers (`Mcp-Method`,
+/// `Mcp-Name` must agree with it). serde_json's recursion limit (128) turns deeply nested
+/// JSON into a parse error; the body limit and [`MAX_BATCH`] bound the rest.
+pub fn parse(headers: &HeaderMap, bytes: &[u8]) -> Result<Exchange, ProxyError> {
+    // The error names line and column, or the ambiguous keys, never a value.
+    let value = crate::strict_json::parse(bytes)
         .map_err(|e| ProxyError::bad_request(format!("JSON-RPC body: {e}")))?;
     let (values, batch) = match value {
         Value::Array(items) if items.is_empty() => {
@@ -145,7 +171,72 @@ pub fn parse(bytes: &[u8]) -> Result<Exchange, ProxyError> {
             Ok((value, kind))
         })
         .collect::<Result<_, ProxyError>>()?;
-    Ok(Exchange { messages, batch })
+    let exchange = Exchange { messages, batch };
+    exchange.agrees_with(headers)?;
+    Ok(exchange)
+}
+
+/// The stateless revision's routing headers: a server (or a gateway in front of it) may
+/// route on them without reading the body, so one that says something else than the body
+/// would be decided as one thing and run as another.
+const MCP_METHOD: &str = "mcp-method";
+const MCP_NAME: &str = "mcp-name";
+
+impl Exchange {
+    /// Refuse `Mcp-Method`/`Mcp-Name` headers that disagree with the body (or are given
+    /// twice, or with a batch, which they cannot describe).
+    fn agrees_with(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
+        for name in [MCP_METHOD, MCP_NAME] {
+            let mut values = headers.get_all(name).iter();
+            let Some(value) = values.next() else {
+                continue;
+            };
+            if values.next().is_some() {
+                return Err(ProxyError::bad_request(format!("{name} is given twice")));
+            }
+            let (message, kind) = match self.messages.as_slice() {
+                [one] if !self.batch => one,
+                _ => {
+                    return Err(ProxyError::bad_request(format!(
+                        "{name} names one message; the body is a batch"
+                    )))
+                }
+            };
+            let said = value.to_str().unwrap_or_default();
+            let body = match name {
+                MCP_METHOD => Some(kind.method().to_owned()),
+                _ => message_name(message),
+            };
+            if body.as_deref() != Some(said) {
+                return Err(ProxyError::bad_request(format!(
+                    "{name} says {said:?} but the body says {}: the body decides, and the two must agree",
+                    body.map_or_else(|| "nothing".to_owned(), |b| format!("{b:?}"))
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `Mcp-Name` stands for in a message: `params.name` (tools, prompts) or `params.uri`
+/// (resources).
+fn message_name(message: &Value) -> Option<String> {
+    let params = message.get("params")?;
+    params
+        .get("name")
+        .or_else(|| params.get("uri"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+impl Kind {
+    /// The JSON-RPC method (empty for a response).
+    fn method(&self) -> &str {
+        match self {
+            Kind::Call { .. } => "tools/call",
+            Kind::Message { method, .. } => method,
+        }
+    }
 }
 
 fn kind(value: &Value) -> Result<Kind, &'static str> {
@@ -164,10 +255,13 @@ fn kind(value: &Value) -> Result<Kind, &'static str> {
     }
     let Some(method) = message.get("method") else {
         // A response the client sends back to a server request (sampling, elicitation):
-        // legal on this endpoint and not a tool call.
+        // legal on this endpoint and not a tool call; decided with an empty method.
         return if id.is_some() && (message.contains_key("result") || message.contains_key("error"))
         {
-            Ok(Kind::Other)
+            Ok(Kind::Message {
+                method: String::new(),
+                list: None,
+            })
         } else {
             Err("no `method`")
         };
@@ -193,8 +287,11 @@ fn kind(value: &Value) -> Result<Kind, &'static str> {
                 args,
             })
         }
-        "tools/list" => Ok(id.map_or(Kind::Other, |id| Kind::List { id })),
-        _ => Ok(Kind::Other),
+        "" => Err("`method` is empty"),
+        other => Ok(Kind::Message {
+            method: other.to_owned(),
+            list: id.filter(|_| other == "tools/list"),
+        }),
     }
 }
 
@@ -206,10 +303,26 @@ pub struct Asker<'a> {
     pub principal: &'a Principal,
     pub target: &'a Target,
     /// `context.session`: what the session used before this request.
-    pub session: SessionState,
+    pub session: &'a SessionState,
 }
 
 impl Asker<'_> {
+    /// Decide a message other than `tools/call` on `endpoint` (`Action::"mcp"`).
+    pub fn message(&self, endpoint: &Endpoint, method: &str) -> Result<Verdict, ProxyError> {
+        let action = Action::Mcp {
+            method: method.to_owned(),
+            server: endpoint.url.to_string(),
+        };
+        evaluate::decide_or_escalate(
+            self.engine,
+            self.metrics,
+            self.principal,
+            self.session,
+            &self.target.host,
+            action,
+        )
+    }
+
     /// Decide a call of the MCP tool `name` on `endpoint` with `args`; `approval` is the
     /// approver of a held call being executed.
     pub fn call(
@@ -226,7 +339,6 @@ impl Asker<'_> {
             name: tool.name().to_owned(),
             impact_records: tool.impact_records(&args).unwrap_or(0),
             cost_micros: tool.cost_micros(),
-            session: self.session,
             approval,
             args,
         };
@@ -234,6 +346,7 @@ impl Asker<'_> {
             self.engine,
             self.metrics,
             self.principal,
+            self.session,
             &self.target.host,
             action,
         )
@@ -271,8 +384,9 @@ impl Exchange {
         }
     }
 
-    /// Whether any message is decided as `Action::"http"` (everything but `tools/call`).
-    pub fn needs_http(&self) -> bool {
+    /// Whether any message is session plumbing rather than a `tools/call` (rated, and
+    /// watched, as the request it travels in).
+    pub fn has_plumbing(&self) -> bool {
         self.messages
             .iter()
             .any(|(_, kind)| !matches!(kind, Kind::Call { .. }))
@@ -285,7 +399,15 @@ mod tests {
     use serde_json::json;
 
     fn kinds(text: &str) -> Result<Vec<Kind>, ProxyError> {
-        parse(text.as_bytes()).map(|e| e.messages.into_iter().map(|(_, k)| k).collect())
+        parse(&HeaderMap::new(), text.as_bytes())
+            .map(|e| e.messages.into_iter().map(|(_, k)| k).collect())
+    }
+
+    fn message(method: &str, list: Option<Value>) -> Kind {
+        Kind::Message {
+            method: method.into(),
+            list,
+        }
     }
 
     #[test]
@@ -305,9 +427,9 @@ mod tests {
                     name: "a".into(),
                     args: json!({"x": 1})
                 },
-                Kind::List { id: json!("l") },
-                Kind::Other,
-                Kind::Other,
+                message("tools/list", Some(json!("l"))),
+                message("notifications/initialized", None),
+                message("", None),
             ]
         );
         let k = kinds(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}}"#)
@@ -339,6 +461,72 @@ mod tests {
             assert!(
                 matches!(err, ProxyError::BadRequest { .. }),
                 "{text:.60}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn ambiguous_json_rpc_is_refused_before_policy() {
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","Method":"tools/call","params":{"name":"del"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read","Name":"delete"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"path":"/a","PATH":"/etc"}}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping","ID":3}]"#,
+        ] {
+            let err = kinds(text).unwrap_err();
+            assert!(
+                matches!(&err, ProxyError::BadRequest { reason } if reason.contains("ambiguous")),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn routing_headers_must_agree_with_the_body() {
+        let call =
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"}}"#;
+        let read =
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a"}}"#;
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            h
+        };
+        let ok = |h: HeaderMap, body: &str| parse(&h, body.as_bytes()).is_ok();
+        assert!(ok(headers(&[("Mcp-Method", "tools/call")]), call));
+        assert!(ok(
+            headers(&[("mcp-method", "tools/call"), ("Mcp-Name", "read_file")]),
+            call
+        ));
+        assert!(ok(headers(&[("Mcp-Name", "file:///a")]), read));
+        for (h, body) in [
+            (headers(&[("Mcp-Method", "ping")]), call),
+            (headers(&[("Mcp-Method", "Tools/Call")]), call),
+            (headers(&[("Mcp-Name", "delete_file")]), call),
+            (headers(&[("Mcp-Name", "file:///etc/passwd")]), read),
+            (
+                headers(&[("Mcp-Method", "tools/call"), ("Mcp-Method", "tools/call")]),
+                call,
+            ),
+            (
+                headers(&[("Mcp-Method", "ping")]),
+                "[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]",
+            ),
+            (
+                headers(&[("Mcp-Name", "x")]),
+                r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            ),
+        ] {
+            let err = parse(&h, body.as_bytes()).unwrap_err();
+            assert!(
+                matches!(err, ProxyError::BadRequest { .. }),
+                "{h:?} {body}: {err}"
             );
         }
     }

@@ -207,7 +207,7 @@ impl Default for Metrics {
         let exfiltration_attempts = Family::<NameLabels, Counter>::default();
         registry.register(
             "placeholder_exfiltration_attempts",
-            "Requests refused for carrying a credential placeholder to a host it is not bound to",
+            "Requests refused for carrying a credential placeholder to a host it is not bound to, or outside its binding's injection point",
             exfiltration_attempts.clone(),
         );
         let approval_transitions = Family::<TransitionLabels, Counter>::default();
@@ -434,6 +434,19 @@ impl Metrics {
                     outcome: "failed".to_owned(),
                 })
                 .inc();
+        }
+    }
+
+    /// Register a metric a module keeps itself (the audit writer's health), so that it is
+    /// exposed with the rest.
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        if let Ok(mut registry) = self.registry.lock() {
+            registry.register(name, help, metric);
         }
     }
 

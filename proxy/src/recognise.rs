@@ -3,24 +3,30 @@
 //!
 //! A request is a call of the first `[[tool]]` in `tools.toml` (file order) whose REST route
 //! matches: the route's host equals the canonical target host, its method equals the
-//! request's, and its path template matches the raw path, segment for segment, exactly as
-//! received (the path that policy sees and the upstream gets, see [`crate::classify`]).
-//! Scheme and port are not part of a route, so a call cannot leave its tool's policies by
-//! taking another port. A request no route matches stays `Action::"http"`.
+//! request's in any case (`delete` is `DELETE`: some servers take it so) and a `GET` route
+//! also takes `HEAD` (which most frameworks route to the `GET` handler), and its path
+//! template matches the path segment for segment — the normalised path that policy sees
+//! and the upstream gets (see [`crate::classify`] and [`crate::path_forms`]), a trailing
+//! slash either way. Scheme and port are not part of a route, so a call cannot leave its
+//! tool's policies by taking another port. A request no route matches stays
+//! `Action::"http"` — unless a lenient upstream would route it to a tool (doubled slashes,
+//! `;parameters`, `%2F` as a separator: [`crate::path_forms::routed`]), in which case it is
+//! refused (`400`), never decided as plain `http`.
 //!
 //! The arguments of a call are one JSON object, built from three sources:
 //! - **path parameters** (`{owner}` in the template): strings, percent-decoded;
-//! - **query parameters**: strings, `application/x-www-form-urlencoded` decoded; of a repeated
-//!   key only the first value counts (`?a=1&a=2` gives `a = "1"`), the way most frameworks
-//!   read a scalar parameter;
+//! - **query parameters**: strings, `application/x-www-form-urlencoded` decoded;
 //! - **the JSON body's members**: the body must be empty or a JSON object (by
 //!   `Content-Type: application/json` or `*+json`, or no `Content-Type` at all); any other body
 //!   is refused, since arguments that cannot be read cannot be checked.
 //!
-//! On a conflict, path parameters win over everything (the route itself is the most
-//! authoritative statement of what is acted on), and body members win over query
-//! parameters (the body is where a REST API takes its arguments; the query usually carries
-//! options).
+//! Arguments that upstreams could read differently are refused (`400`), not resolved:
+//! frameworks disagree on which of two values counts, so whichever the proxy picked, the
+//! upstream may run the other. That is a body that is ambiguous JSON
+//! ([`crate::strict_json`]: duplicate or case-folded keys, at any depth), a query key given
+//! twice (`?a=1&a=2`, or `a` and `A`: some frameworks match case-insensitively), and one
+//! argument named by two sources (a path parameter also in the query or body, a query key
+//! also in the body; compared ignoring case).
 //!
 //! Only a recognised call's body is read: it is buffered up to `proxy.max_tool_body_bytes`
 //! (a larger one is refused before or while reading and never forwarded) and the buffered
@@ -28,16 +34,19 @@
 //! JSON nesting is bounded by serde_json's recursion limit (128), so a deeply nested body is
 //! a parse error, not a stack overflow.
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Request};
+use http::{HeaderMap, Method, Request};
 use http_body_util::BodyExt;
-use ostiary_policies::{Action, Catalog, SessionState, Tool, ToolMatch};
+use ostiary_policies::{Action, Catalog, Tool, ToolMatch};
 use serde_json::{Map, Value};
 
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::ProxyError;
+use crate::path_forms;
 
 /// A request recognised as a call of a catalogued REST tool, before its body is read.
 #[derive(Debug)]
@@ -56,30 +65,49 @@ pub struct ToolCall<'a> {
     pub body: Bytes,
 }
 
-/// The first REST route in `catalog` that `target` matches.
-pub fn route<'a>(catalog: &'a Catalog, target: &Target) -> Option<Route<'a>> {
+/// The first REST route in `catalog` that `target` matches; a refusal when the path is
+/// not one but a lenient upstream would route it to one (see the module doc).
+pub fn route<'a>(catalog: &'a Catalog, target: &Target) -> Result<Option<Route<'a>>, ProxyError> {
     let host = target.host.to_string();
+    let found = find(catalog, &host, &target.method, &target.path);
+    if let Some(routed) = path_forms::routed(&target.path) {
+        if let Some(other) = find(catalog, &host, &target.method, &routed) {
+            return Err(ProxyError::bad_request(format!(
+                "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
+                 decode %2F route it as {routed}, the catalogued tool {}; send that path",
+                other.tool.name()
+            )));
+        }
+    }
+    Ok(found)
+}
+
+/// The first route of `catalog` for `host`, `method` and `path` (a trailing slash either way).
+fn find<'a>(catalog: &'a Catalog, host: &str, method: &Method, path: &str) -> Option<Route<'a>> {
     catalog
         .tools()
         .iter()
         .find_map(|tool| match tool.matcher() {
             ToolMatch::Rest {
                 host: route_host,
-                method,
-                path,
-            } if *route_host == host && method == target.method.as_str() => path
-                .captures(&target.path)
-                .map(|params| Route { tool, params }),
+                method: route_method,
+                path: template,
+            } if route_host == host && method_matches(route_method, method) => {
+                template.captures(path).map(|params| Route { tool, params })
+            }
             _ => None,
         })
 }
 
-/// Whether `host` (canonical text) serves any catalogued REST tool.
+/// A route's method (uppercase, from the catalog) takes the request's in any case, and a
+/// `GET` route takes `HEAD` too.
+fn method_matches(route: &str, method: &Method) -> bool {
+    route.eq_ignore_ascii_case(method.as_str()) || (route == "GET" && *method == Method::HEAD)
+}
+
+/// Whether `host` (canonical text) serves any catalogued tool, REST or MCP.
 pub fn serves_tools(catalog: &Catalog, host: &str) -> bool {
-    catalog
-        .tools()
-        .iter()
-        .any(|tool| matches!(tool.matcher(), ToolMatch::Rest { host: h, .. } if h == host))
+    catalog.tools().iter().any(|tool| tool.server() == host)
 }
 
 impl<'a> Route<'a> {
@@ -94,19 +122,43 @@ impl<'a> Route<'a> {
         let bytes = read_body(req, limit).await?;
         let mut args = body_args(req.headers(), &bytes)?;
         *req.body_mut() = body::full(bytes.clone());
+        // Every key once, ignoring case, across the three sources: the body's are checked
+        // among themselves by the strict parser.
+        let mut seen: HashMap<String, &'static str> = args
+            .keys()
+            .map(|k| (crate::strict_json::fold(k), "the JSON body"))
+            .collect();
+        let mut claim = |key: &str, source: &'static str| {
+            let quoted = crate::strict_json::quote(key);
+            match seen.insert(crate::strict_json::fold(key), source) {
+                None => Ok(()),
+                Some(other) if other == source => Err(ProxyError::bad_request(format!(
+                    "ambiguous arguments: {quoted} appears twice in {source} (ignoring case); \
+                     upstreams disagree on which one counts"
+                ))),
+                Some(other) => Err(ProxyError::bad_request(format!(
+                    "ambiguous arguments: {quoted} is given both in {other} and in {source}; \
+                     upstreams disagree on which one counts"
+                ))),
+            }
+        };
+        let mut query = Vec::new();
         for (key, value) in url::form_urlencoded::parse(target.query.as_bytes()) {
-            // Body members win over query parameters, and the first of a repeated key wins.
-            args.entry(key.into_owned())
-                .or_insert_with(|| Value::String(value.into_owned()));
+            claim(&key, "the query")?;
+            query.push((key.into_owned(), value.into_owned()));
         }
+        let mut path = Vec::with_capacity(self.params.len());
         for (name, raw) in self.params {
+            claim(&name, "the path")?;
             let value = percent_decode(&raw).ok_or_else(|| {
                 ProxyError::bad_request(format!(
                     "path parameter {{{name}}} is not valid percent-encoded UTF-8"
                 ))
             })?;
-            // Path parameters always win.
-            args.insert(name, Value::String(value));
+            path.push((name, value));
+        }
+        for (key, value) in query.into_iter().chain(path) {
+            args.insert(key, Value::String(value));
         }
         Ok(ToolCall {
             tool: self.tool,
@@ -119,16 +171,13 @@ impl<'a> Route<'a> {
 impl ToolCall<'_> {
     /// The Cedar action of this call; `approval` is the approver once a human approved it
     /// (`context.approval.granted`), `None` when the agent asks.
-    /// The Cedar action of this call; `session` is what the session used before it
-    /// (`context.session`).
-    pub fn action(self, approval: Option<String>, session: SessionState) -> Action {
+    pub fn action(self, approval: Option<String>) -> Action {
         Action::Tool {
             name: self.tool.name().to_owned(),
             // No extractor, or nothing usable at its pointer: the call touches no counted
             // records as far as policy can tell.
             impact_records: self.tool.impact_records(&self.args).unwrap_or(0),
             cost_micros: self.tool.cost_micros(),
-            session,
             approval,
             args: self.args,
         }
@@ -186,8 +235,8 @@ fn body_args(headers: &HeaderMap, bytes: &[u8]) -> Result<Map<String, Value>, Pr
             "the body of a tool call must be JSON, not {ct}"
         )));
     }
-    // serde_json's error names line and column, never the content.
-    match serde_json::from_slice(bytes) {
+    // The error names line and column, or the ambiguous keys, never a value.
+    match crate::strict_json::parse(bytes) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(ProxyError::bad_request(
             "the JSON body of a tool call must be an object",
@@ -261,7 +310,20 @@ mod tests {
 
     fn name(t: &Target) -> Option<String> {
         let catalog = catalog();
-        route(&catalog, t).map(|r| r.tool.name().to_owned())
+        route(&catalog, t)
+            .unwrap()
+            .map(|r| r.tool.name().to_owned())
+    }
+
+    fn refused(t: &Target) -> String {
+        match route(&catalog(), t) {
+            Err(ProxyError::BadRequest { reason }) => reason,
+            other => panic!(
+                "{}: {:?}",
+                t.path,
+                other.map(|r| r.map(|r| r.tool.name().to_owned()))
+            ),
+        }
     }
 
     #[test]
@@ -278,11 +340,61 @@ mod tests {
         );
         assert_eq!(name(&t(Method::GET, "/repos/a/b/issues")), None);
         assert_eq!(name(&t(Method::POST, "/repos/a/issues")), None);
-        assert_eq!(name(&t(Method::POST, "/repos/a/b/issues/")), None);
         assert_eq!(name(&t(Method::POST, "/repos//b/issues")), None);
         assert_eq!(
             name(&target(Method::GET, "other.test", "/repos/a/b", "")),
             None
+        );
+    }
+
+    #[test]
+    fn spellings_an_upstream_routes_alike_are_the_tool_or_refused() {
+        let t = |m: &str, p| {
+            target(
+                Method::from_bytes(m.as_bytes()).unwrap(),
+                "api.example.test",
+                p,
+                "",
+            )
+        };
+        // Decided as the tool: a trailing slash, the method in another case, HEAD for GET.
+        for (m, p) in [
+            ("POST", "/repos/a/b/issues/"),
+            ("post", "/repos/a/b/issues"),
+            ("Post", "/repos/a/b/issues/"),
+        ] {
+            assert_eq!(
+                name(&t(m, p)).as_deref(),
+                Some("gh.create_issue"),
+                "{m} {p}"
+            );
+        }
+        assert_eq!(
+            name(&t("HEAD", "/repos/a/b")).as_deref(),
+            Some("gh.get_repo")
+        );
+        assert_eq!(
+            name(&t("get", "/repos/a/b/")).as_deref(),
+            Some("gh.get_repo")
+        );
+        // Refused: a lenient upstream would route them to the tool.
+        for p in [
+            "/repos//a/b/issues",
+            "//repos/a/b/issues",
+            "/repos/a/b//issues",
+            "/repos/a/b/issues;x=1",
+            "/repos/a;v=2/b/issues",
+            "/repos;/a/b/issues",
+            "/repos/a/b%2Fissues",
+            "/repos/a/b%2fissues",
+            "/repos/a/b%5Cissues",
+        ] {
+            assert!(refused(&t("POST", p)).contains("gh.create_issue"), "{p}");
+        }
+        // An encoded slash inside a parameter that routes nowhere else stays the parameter.
+        assert_eq!(
+            name(&t("GET", "/repos/a%2Fb/c")).as_deref(),
+            Some("gh.get_repo")
         );
     }
 
@@ -296,6 +408,7 @@ mod tests {
             req.headers_mut().insert(CONTENT_TYPE, ct.parse().unwrap());
         }
         let call = route(&catalog, &t)
+            .unwrap()
             .unwrap()
             .read(&mut req, &t, 1024)
             .await
@@ -313,17 +426,52 @@ mod tests {
     async fn arguments_merge_path_body_and_query() {
         let a = args(
             "/repos/o%20x/r/issues",
-            "title=q&extra=1&extra=2&owner=q",
+            "extra=1&label=a+b",
             Some("application/json; charset=utf-8"),
-            r#"{"title": "b", "owner": "b", "n": 3}"#,
+            r#"{"title": "b", "n": 3}"#,
         )
         .await;
         assert_eq!(
             a,
-            serde_json::json!({"owner": "o x", "repo": "r", "title": "b", "n": 3, "extra": "1"})
+            serde_json::json!({"owner": "o x", "repo": "r", "title": "b", "n": 3, "extra": "1", "label": "a b"})
         );
         let no_body = args("/repos/o/r/issues", "", None, "").await;
         assert_eq!(no_body, serde_json::json!({"owner": "o", "repo": "r"}));
+    }
+
+    #[tokio::test]
+    async fn ambiguous_arguments_are_refused() {
+        let catalog = catalog();
+        for (query, body) in [
+            // Within one source.
+            ("extra=1&extra=2", ""),
+            ("extra=1&EXTRA=2", ""),
+            ("a=1&a%3D=2&a=3", ""),
+            ("", r#"{"ids":["a"],"IDS":["a","b","c"]}"#),
+            ("", r#"{"ids":["a"],"ids":["a","b"]}"#),
+            ("", r#"{"n":{"k":1,"K":2}}"#),
+            // Across sources.
+            ("title=q", r#"{"title":"b"}"#),
+            ("Title=q", r#"{"title":"b"}"#),
+            ("owner=q", ""),
+            ("", r#"{"owner":"b"}"#),
+            ("", r#"{"REPO":"b"}"#),
+        ] {
+            let t = target(Method::POST, "api.example.test", "/repos/o/r/issues", query);
+            let mut req = Request::post("/")
+                .body(body::full(body.to_owned()))
+                .unwrap();
+            let err = route(&catalog, &t)
+                .unwrap()
+                .unwrap()
+                .read(&mut req, &t, 1 << 20)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, ProxyError::BadRequest { reason } if reason.contains("ambiguous")),
+                "{query} {body}: {err}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -346,6 +494,7 @@ mod tests {
             }
             let err = route(&catalog, &t)
                 .unwrap()
+                .unwrap()
                 .read(&mut req, &t, 1 << 20)
                 .await
                 .unwrap_err();
@@ -353,6 +502,7 @@ mod tests {
         }
         let mut req = Request::post("/").body(body::full("{}    ")).unwrap();
         let err = route(&catalog, &t)
+            .unwrap()
             .unwrap()
             .read(&mut req, &t, 4)
             .await

@@ -56,6 +56,11 @@ pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
     response
 }
 
+/// The status DESIGN §5 gives `err` (for listeners that answer with their own envelope).
+pub fn status(err: &ProxyError) -> StatusCode {
+    describe(err).0
+}
+
 /// The JSON body of DESIGN §5 for `err`: `{"error", "message", "request_id", ...details}`.
 pub fn error_body(err: &ProxyError, request_id: &str) -> Value {
     let (_, message, details) = describe(err);
@@ -269,13 +274,25 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             format!("The destination {address} may not be reached ({reason})."),
             json!({ "address": address, "reason": reason }),
         ),
-        ProxyError::PlaceholderExfiltration { credential, host } => (
+        ProxyError::PlaceholderExfiltration {
+            credential,
+            host,
+            at,
+            point,
+        } => (
             StatusCode::FORBIDDEN,
-            format!(
-                "The placeholder of credential {credential} may only be sent to its own hosts, \
-                 not to {host}; this attempt is recorded."
-            ),
-            json!({ "policies": [], "reason": "placeholder_exfiltration", "credential": credential, "host": host }),
+            match point {
+                None => format!(
+                    "The placeholder of credential {credential} may only be sent to its own \
+                     hosts, not to {host}; this attempt is recorded."
+                ),
+                Some(point) => format!(
+                    "The placeholder of credential {credential} may only stand in its {point}, \
+                     where the proxy writes the credential; it was found in the {at}. This \
+                     attempt is recorded."
+                ),
+            },
+            json!({ "policies": [], "reason": "placeholder_exfiltration", "credential": credential, "host": host, "at": at, "point": point }),
         ),
         ProxyError::PlaceholderForeign { credential } => (
             StatusCode::FORBIDDEN,
@@ -321,6 +338,15 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
         ProxyError::Internal { .. } => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "Ostiary failed to handle this request; the audit record has the details.".into(),
+            json!({}),
+        ),
+        // No reason for the agent: what failed on the proxy's disk is the operator's to know
+        // (`/readyz` on the control listener names it).
+        ProxyError::AuditUnavailable { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Ostiary cannot write its audit trail, so it forwards nothing until it can; nothing \
+             was sent upstream. Retry later."
+                .into(),
             json!({}),
         ),
         // Answered by `error` before `describe` is asked; described by its first refusal

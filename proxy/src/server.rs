@@ -62,6 +62,9 @@ pub enum ServeError {
     Checks(#[from] crate::check::webhook::WebhookError),
     #[error("approval notifications: {0}")]
     Notify(#[from] crate::approvals::notify::message::NotifyError),
+    /// The audit chain no longer matches its checkpoint: serve refuses to extend it.
+    #[error(transparent)]
+    Audit(#[from] crate::audit::ChainError),
 }
 
 /// Seams for tests: where names are resolved and how sockets are dialed.
@@ -221,6 +224,7 @@ impl Ostiary {
             store::open(&db_path)?,
             state.audit_key.expose().as_bytes().to_vec(),
             state.path(files::AUDIT_HEAD),
+            &metrics,
         )?;
         let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
             .map_err(crate::session::SessionError::from)?;
@@ -335,8 +339,8 @@ impl Ostiary {
         Ok(Self { shared, writer })
     }
 
-    /// The admin token (from the state directory, or `OSTIARY_ADMIN_TOKEN` if the caller
-    /// replaced it in config loading).
+    /// What the request path shares (the admin token among it: `OSTIARY_ADMIN_TOKEN`, or
+    /// the state directory's).
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
@@ -401,7 +405,9 @@ impl Ostiary {
         }
         // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
         self.shared.guardrails.save().await;
-        self.shared.audit.flush().await;
+        // Everything queued is written (retried for a grace period if the trail is
+        // unavailable, then logged), and the writer stops: a restart's writer is the only one.
+        self.shared.audit.close().await;
         let Ostiary { shared, writer } = self;
         drop(shared);
         // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.

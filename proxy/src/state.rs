@@ -2,8 +2,12 @@
 //!
 //! Created at first start: the CA that signs intercepted leaf certificates, the admin token
 //! of the control API, the Ed25519 key that signs session tokens, the key that seals the
-//! audit chain, the key that signs approval links, and the SQLite database. Secret files are written `0600`; nothing here is
-//! ever logged.
+//! audit chain, the key that signs approval links, and the SQLite database. Secret files are
+//! written `0600`; nothing here is ever logged.
+//!
+//! The admin token may come from the environment instead (`OSTIARY_ADMIN_TOKEN`, DESIGN §8),
+//! so a deployment can inject it from a secret store: then `admin.token` is neither read
+//! nor written, and a value too weak to be a credential stops the start.
 
 use std::fmt;
 use std::fs;
@@ -24,6 +28,46 @@ pub enum StateError {
     },
     #[error("generating {what}: {message}")]
     Generate { what: &'static str, message: String },
+    /// The value itself is never part of the message.
+    #[error("{ADMIN_TOKEN_ENV} is {0}; set it to a random token of at least {MIN_ADMIN_TOKEN_LEN} visible ASCII characters (e.g. `openssl rand -hex 32`), or unset it to use the state directory's admin.token")]
+    AdminToken(&'static str),
+}
+
+/// The environment variable holding the admin token, for `serve` and the CLI alike.
+pub const ADMIN_TOKEN_ENV: &str = "OSTIARY_ADMIN_TOKEN";
+
+/// Shortest admin token taken from the environment: 128 bits as hex. (The generated one
+/// is 256 bits.)
+pub const MIN_ADMIN_TOKEN_LEN: usize = 32;
+
+/// The admin token from `OSTIARY_ADMIN_TOKEN`, if it is set; refused when it is empty,
+/// short, or not something an `Authorization: Bearer` header can carry.
+pub fn admin_token_from_env() -> Result<Option<SecretString>, StateError> {
+    std::env::var_os(ADMIN_TOKEN_ENV)
+        .map(|value| admin_token_from(&value))
+        .transpose()
+}
+
+/// Check a configured admin token (see [`admin_token_from_env`]).
+pub fn admin_token_from(value: &std::ffi::OsStr) -> Result<SecretString, StateError> {
+    let text = value
+        .to_str()
+        .ok_or(StateError::AdminToken("not valid UTF-8"))?;
+    if text.is_empty() {
+        return Err(StateError::AdminToken("set but empty"));
+    }
+    // Whitespace (a stray newline from a secret file), controls or non-ASCII would be
+    // trimmed, mangled or refused on the way through a header: the token would not be the
+    // one the operator holds.
+    if !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(StateError::AdminToken(
+            "not all visible ASCII (it has whitespace, control or non-ASCII characters)",
+        ));
+    }
+    if text.len() < MIN_ADMIN_TOKEN_LEN {
+        return Err(StateError::AdminToken("too short"));
+    }
+    Ok(SecretString(text.to_owned()))
 }
 
 /// A secret string whose `Debug` never prints it.
@@ -76,11 +120,27 @@ pub mod files {
 }
 
 impl StateDir {
-    /// Open the state directory, creating whatever is missing.
+    /// Open the state directory, creating whatever is missing; the admin token is
+    /// `OSTIARY_ADMIN_TOKEN` when that is set ([`admin_token_from_env`]).
     pub fn open_or_create(dir: &Path) -> Result<Self, StateError> {
+        Self::open_with(dir, admin_token_from_env()?)
+    }
+
+    /// Like [`StateDir::open_or_create`], with the admin token given (`None`: the state
+    /// directory's `admin.token`, created if missing). A given token leaves that file alone.
+    pub fn open_with(dir: &Path, admin_token: Option<SecretString>) -> Result<Self, StateError> {
         fs::create_dir_all(dir).map_err(|source| io_err(dir, source))?;
         let (ca_cert_pem, ca_key_pem) = ensure_ca(dir)?;
-        let admin_token = ensure_secret(dir, files::ADMIN_TOKEN, || random_hex(32))?;
+        let admin_token = match admin_token {
+            Some(given) => {
+                tracing::info!(
+                    "admin token from {ADMIN_TOKEN_ENV}; {} is not used",
+                    dir.join(files::ADMIN_TOKEN).display()
+                );
+                given.0
+            }
+            None => ensure_secret(dir, files::ADMIN_TOKEN, || random_hex(32))?,
+        };
         let audit_key = ensure_secret(dir, files::AUDIT_KEY, || random_hex(32))?;
         let approvals_key = ensure_secret(dir, files::APPROVALS_KEY, || random_hex(32))?;
         let (signing_key_pem, verify_key_pem) = ensure_signing_key(dir)?;
@@ -220,5 +280,50 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o077, 0, "CA key must not be group/world readable");
         assert_eq!(format!("{:?}", first.admin_token), "***");
+    }
+
+    #[test]
+    fn a_given_admin_token_leaves_the_file_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let token = "t0ken-from-a-secret-store-0123456789abcdef";
+        let given = admin_token_from(std::ffi::OsStr::new(token)).unwrap();
+        let state = StateDir::open_with(tmp.path(), Some(given)).unwrap();
+        assert_eq!(state.admin_token.expose(), token);
+        assert!(!tmp.path().join(files::ADMIN_TOKEN).exists(), "not written");
+        // An existing file is not read either.
+        fs::write(tmp.path().join(files::ADMIN_TOKEN), "from-the-file").unwrap();
+        let given = admin_token_from(std::ffi::OsStr::new(token)).unwrap();
+        let state = StateDir::open_with(tmp.path(), Some(given)).unwrap();
+        assert_eq!(state.admin_token.expose(), token);
+        // Without one, the file is the token.
+        let state = StateDir::open_with(tmp.path(), None).unwrap();
+        assert_eq!(state.admin_token.expose(), "from-the-file");
+    }
+
+    #[test]
+    fn weak_admin_tokens_are_refused_without_echoing_them() {
+        use std::os::unix::ffi::OsStrExt;
+        for (value, why) in [
+            (&b""[..], "empty"),
+            (b"short-but-not-empty", "too short"),
+            (&[b'a'; 31][..], "too short"),
+            (b"0123456789abcdef0123456789abcdef\n", "visible ASCII"),
+            (b"0123456789abcdef 0123456789abcdef", "visible ASCII"),
+            (b"0123456789abcdef0123456789abcdef\xff", "UTF-8"),
+            (
+                "0123456789abcdef0123456789abcdefé".as_bytes(),
+                "visible ASCII",
+            ),
+        ] {
+            let err = admin_token_from(std::ffi::OsStr::from_bytes(value)).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(why), "{value:?}: {text}");
+            assert!(text.contains("OSTIARY_ADMIN_TOKEN"), "{text}");
+            if value.len() > 8 {
+                let shown = String::from_utf8_lossy(&value[..8]).into_owned();
+                assert!(!text.contains(&shown), "the value is echoed: {text}");
+            }
+        }
+        assert!(admin_token_from(std::ffi::OsStr::new(&"a".repeat(32))).is_ok());
     }
 }

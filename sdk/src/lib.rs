@@ -36,6 +36,10 @@ pub struct NewSession {
     pub max_calls: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_cost: Option<f64>,
+    /// Requests the session may have held for approval at once (the proxy's `[sessions]`
+    /// default when absent; a child's at most its parent's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pending_approvals: Option<u32>,
 }
 
 /// A created session.

@@ -4,7 +4,8 @@
 usage: mcp_server.py PORT CERT_CHAIN_PEM KEY_PEM [--json] [--stateless]
 
 Serves https://<any name>:PORT/mcp on 127.0.0.1 with the tools `read_file`, `write_file` and
-`delete_file`, which act on an in-memory dict (nothing touches the disk). DNS-rebinding
+`delete_file`, which act on an in-memory dict (nothing touches the disk), the resource
+`file:///notes.txt` and the prompt `summarize`. DNS-rebinding
 protection is off: the test reaches it under a made-up name through the proxy. Prints
 "ready" once listening is about to start; exits 4 if the port is taken, so the caller can
 pick another. `--json` answers POSTs with `application/json` instead of SSE; `--stateless`
@@ -52,6 +53,16 @@ def main():
         """Delete a file."""
         files.pop(path, None)
         return "deleted"
+
+    @server.resource("file:///notes.txt")
+    def notes() -> str:
+        """The notes, as a resource."""
+        return files.get("/notes.txt", "")
+
+    @server.prompt()
+    def summarize(topic: str) -> str:
+        """A prompt."""
+        return f"Summarize {topic}."
 
     app = server.streamable_http_app(
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),

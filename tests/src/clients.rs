@@ -176,3 +176,80 @@ where
         },
     }
 }
+
+/// A Python TLS server from `tests/clients/` (`SCRIPT PORT CERT_CHAIN_PEM KEY_PEM [ARGS]`),
+/// serving a certificate of the test CA for `names`, on a free port, killed on drop. The
+/// script exits 4 when the port was taken meanwhile; another one is tried then.
+#[derive(Debug)]
+pub struct PyTlsServer {
+    pub port: u16,
+    /// Holds the certificate, the key and whatever the script writes there.
+    pub dir: tempfile::TempDir,
+    _child: tokio::process::Child,
+}
+
+impl PyTlsServer {
+    /// Start `script` with the extra arguments `args(dir)` and wait until it accepts
+    /// connections (30 s at most).
+    pub async fn start(
+        ca: &crate::pki::TestCa,
+        names: &[&str],
+        script: &str,
+        args: impl Fn(&Path) -> Vec<std::ffi::OsString>,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (chain, key) = ca.issue(names);
+        let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert_path, chain).unwrap();
+        std::fs::write(&key_path, key).unwrap();
+        for _ in 0..5 {
+            // Servers such as uvicorn would not tell a port 0 they were given: take a free
+            // one and hand it over.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let mut cmd = Command::new(python_bin());
+            cmd.arg(client_script(script))
+                .arg(port.to_string())
+                .arg(&cert_path)
+                .arg(&key_path)
+                .args(args(dir.path()))
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true);
+            for name in SCRUBBED_ENV {
+                cmd.env_remove(name);
+            }
+            let mut child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {script}: {e}"));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    assert_eq!(status.code(), Some(4), "{script} failed: {status}");
+                    break; // the port was taken: try another
+                }
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+                {
+                    return Self {
+                        port,
+                        dir,
+                        _child: child,
+                    };
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{script} did not listen within 30s"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        panic!("no free port for {script} after 5 tries");
+    }
+}

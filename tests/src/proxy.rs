@@ -17,13 +17,15 @@ use ostiary_sdk::{ControlClient, NewSession, Session};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-/// A policy that permits every inspected request and every tunnel (for tests about
-/// plumbing rather than policy).
+/// A policy that permits every inspected request, every MCP message and every tunnel (for
+/// tests about plumbing rather than policy).
 pub const ALLOW_ALL: &str = r#"
 @id("allow-all-http")
 permit (principal, action == Ostiary::Action::"http", resource);
 @id("allow-all-connect")
 permit (principal, action == Ostiary::Action::"connect", resource);
+@id("allow-all-mcp")
+permit (principal, action == Ostiary::Action::"mcp", resource);
 "#;
 
 /// How to start a test proxy.
@@ -49,6 +51,9 @@ pub struct ProxySpec {
     pub watch_interval: Option<String>,
     /// Resolver and dialer seams.
     pub options: Options,
+    /// The state directory (default: `state` in the proxy's own temporary directory), for
+    /// tests that put it on a filesystem of their own or reuse it across proxies.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for ProxySpec {
@@ -64,6 +69,7 @@ impl Default for ProxySpec {
             tunnel: Vec::new(),
             watch_interval: None,
             options: Options::default(),
+            state_dir: None,
         }
     }
 }
@@ -154,7 +160,11 @@ tunnel = {tunnel}
 
 {extra}
 "#,
-            state = dir.path().join("state").display(),
+            state = spec
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| dir.path().join("state"))
+                .display(),
             policy = policy_dir.display(),
             ports = toml_list(&ports, false),
             allow = toml_list(&allow_private, true),

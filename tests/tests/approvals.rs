@@ -483,6 +483,7 @@ async fn metrics(proxy: &TestProxy) -> String {
         .build()
         .unwrap()
         .get(format!("http://{}/metrics", proxy.control_addr))
+        .bearer_auth(&proxy.admin_token)
         .send()
         .await
         .unwrap()

@@ -38,10 +38,19 @@ use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::{ControlClient, NewSession, Session};
 use serde_json::Value;
 
+/// The session holds hundreds of requests at once on purpose: its cap of pending
+/// approvals is raised and the watchdog's burst-of-holds rule is off (both are
+/// `approvals_bounds.rs`'s to test).
 const APPROVALS_TOML: &str = r#"
 [approvals]
 approvers = ["alice@example.com"]
 tick = "200ms"
+
+[sessions]
+max_pending_approvals = 1000
+
+[sessions.watchdog]
+holds = 0
 "#;
 
 /// How late the slow upstream route answers (it applies the effect at once).

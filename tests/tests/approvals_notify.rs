@@ -22,9 +22,10 @@ use serde_json::Value;
 use support::{refund_body, Rig};
 
 /// A rig whose Slack webhook is `receiver` and whose callbacks are signed with `secret`;
-/// Slack user U123 is alice.
+/// Slack user U123 is alice; the channel is the approvers' own (`slack_links = "shared"`,
+/// opted in: the default posts no approver-bound link, see `approvals_bounds.rs`).
 async fn slack_rig(receiver: &SlackReceiver, secret: &str) -> Rig {
-    slack_rig_with(receiver, secret, "").await
+    slack_rig_with(receiver, secret, "slack_links = \"shared\"").await
 }
 
 async fn slack_rig_with(receiver: &SlackReceiver, secret: &str, extra: &str) -> Rig {
@@ -37,7 +38,7 @@ async fn slack_rig_with(receiver: &SlackReceiver, secret: &str, extra: &str) -> 
          slack_webhook_env = \"{webhook_env}\"\n\
          slack_signing_secret_env = \"{secret_env}\"\n\
          slack_users = {{ \"U123\" = \"{ALICE}\" }}\n\
-         tick = \"50ms\"\n{extra}"
+         tick = \"50ms\"\ndigest_window = \"0s\"\n{extra}"
     ))
     .await
 }

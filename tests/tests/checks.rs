@@ -171,7 +171,10 @@ impl Rig {
     }
 
     async fn metrics(&self) -> String {
-        reqwest::get(format!("http://{}/metrics", self.proxy.control_addr))
+        reqwest::Client::new()
+            .get(format!("http://{}/metrics", self.proxy.control_addr))
+            .bearer_auth(&self.proxy.admin_token)
+            .send()
             .await
             .unwrap()
             .text()

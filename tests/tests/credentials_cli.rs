@@ -49,8 +49,9 @@ async fn the_canary_never_reaches_the_log_audit_or_agent() {
         r#"
 U=https://api.example.test:{port}
 echo "PLACEHOLDER=$GITHUB_TOKEN"
-curl -q -sS -i "$U/reflect" -H "X-Api-Key: $GITHUB_TOKEN" -H "Authorization: Bearer mine"
-curl -q -sS -i "$U/reflect?mode=gzip&t=$GITHUB_TOKEN"
+curl -q -sS -i "$U/reflect" -H "Authorization: Bearer $GITHUB_TOKEN"
+curl -q -sS -i "$U/reflect?mode=gzip" -H "Authorization: Bearer mine"
+curl -q -sS -i "$U/reflect?t=$GITHUB_TOKEN"
 curl -q -sS -i "$U/reflect?mode=sse"
 curl -q -sS -i "$U/reflect?mode=error"
 curl -q -sS -i -L "$U/reflect?mode=redirect"
@@ -115,7 +116,11 @@ exit 0
             .all(|s| s.header("authorization") == Some(&format!("Bearer {CANARY}"))),
         "{at_bound:#?}"
     );
-    assert_eq!(at_bound[0].header("x-api-key"), Some(CANARY));
+    // The placeholder outside its injection point (`?t=`) was refused, never forwarded.
+    assert!(
+        at_bound.iter().all(|s| !s.path.contains("ostiary")),
+        "{at_bound:#?}"
+    );
 
     // The audit, as the operator reads it.
     let audit = ostiary(&["--config", &config_arg, "audit", "query"]).await;

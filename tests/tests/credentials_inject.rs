@@ -8,9 +8,11 @@
 //!   auth, query parameter), the agent's own `Authorization`/`Cookie`/parameter never reach
 //!   it, and an unbound host gets the agent's headers untouched and nothing injected; the
 //!   audit record names the credential, never its value;
-//! - placeholders from `POST /v1/sessions` are swapped towards their hosts and refused
-//!   (403 `placeholder_exfiltration`, audited) anywhere else, however they are hidden
-//!   (headers, query, path, basic auth, cookies, MCP and tool-call bodies);
+//! - placeholders from `POST /v1/sessions` are overwritten by the credential at their
+//!   binding's injection point and refused (403 `placeholder_exfiltration`, audited)
+//!   towards any other host, however they are hidden (headers, query, path, basic auth,
+//!   cookies, MCP and tool-call bodies); misplaced ones towards the bound host are
+//!   `placeholders_binding.rs`;
 //! - plain http and WebSocket upgrades to a bound host are refused; broker failures are
 //!   503 with nothing sent; the per-session cache honours the TTL and teardown.
 //!
@@ -175,21 +177,22 @@ async fn placeholders_are_exported_and_swapped_towards_their_host() {
         "the session's environment carries the placeholder"
     );
 
-    let path = "/reflect?token=ostiary:github&enc=ostiary%3Agithub";
+    // At its binding's injection point (here `Authorization`), the placeholder is
+    // overwritten by the credential; anywhere else it is refused (placeholders_binding.rs).
     let reply = rig
-        .get(BOUND, path, &[("x-api-key", "ostiary:github")])
+        .get(
+            BOUND,
+            "/reflect",
+            &[("authorization", "Bearer ostiary:github")],
+        )
         .await;
     assert_status(&reply, StatusCode::OK);
     let seen = rig.only_seen_at(BOUND);
-    assert_eq!(seen.header("x-api-key"), Some(CANARY), "{seen:#?}");
-    for name in ["token", "enc"] {
-        assert_eq!(
-            query_values(&seen.path, name),
-            vec![CANARY],
-            "{}",
-            seen.path
-        );
-    }
+    assert_eq!(
+        seen.header("authorization"),
+        Some(bearer(CANARY).as_str()),
+        "{seen:#?}"
+    );
     let text = seen_text(&seen);
     assert!(!text.contains("ostiary:"), "{text}");
     assert_clean(&reply);
@@ -468,7 +471,8 @@ async fn cached_credentials_last_until_their_ttl_and_die_with_the_session() {
     // The scrubber follows the rotation.
     assert_clean_of(&reply, &[ROTATED, CANARY]);
 
-    // Teardown: an open tunnel and a new CONNECT are both refused.
+    // Teardown: an open tunnel is closed (a request racing the close is refused) and a new
+    // CONNECT is refused.
     let mut open = rig.h1(BOUND).await;
     rig.proxy
         .control()
@@ -476,10 +480,9 @@ async fn cached_credentials_last_until_their_ttl_and_die_with_the_session() {
         .await
         .expect("session deleted");
     let before = rig.seen_at(BOUND).len();
-    let reply = raw::send_h1(&mut open, rig.request("GET", BOUND, "/echo", &[]))
-        .await
-        .unwrap();
-    raw::assert_ostiary_error(&reply, 407, "unauthenticated");
+    if let Ok(reply) = raw::send_h1(&mut open, rig.request("GET", BOUND, "/echo", &[])).await {
+        raw::assert_ostiary_error(&reply, 407, "unauthenticated");
+    }
     let (_, connect) = raw::connect(
         rig.proxy.proxy_addr,
         &format!("{BOUND}:{}", rig.upstream.port()),
@@ -602,27 +605,44 @@ async fn a_placeholder_deep_in_a_streamed_body_is_stopped_before_it_leaves() {
                 .is_some_and(|t| t.contains("placeholder"))),
         "no deny record of the attempt"
     );
-    // Control: the same body to the bound host passes whole (the placeholder is
-    // worthless there, and a streamed body is not rewritten).
+    // The same body to the bound host is refused too (no binding injects into a body);
+    // control: without the placeholder it passes whole.
     let url = rig.url("https", BOUND, "/upload");
-    let out = curl(
-        &[
-            "-sS",
-            "-X",
-            "POST",
-            "--data-binary",
-            &upload,
-            "-w",
-            "\n%{http_code}",
-            &url,
-        ],
-        &borrow(&env),
-    )
-    .await;
+    let post = |upload: String| {
+        let url = url.clone();
+        let env = env.clone();
+        async move {
+            curl(
+                &[
+                    "-sS",
+                    "-X",
+                    "POST",
+                    "--data-binary",
+                    &upload,
+                    "-w",
+                    "\n%{http_code}",
+                    &url,
+                ],
+                &borrow(&env),
+            )
+            .await
+        }
+    };
+    let out = post(upload).await;
+    assert!(out.stdout.trim_end().ends_with("403"), "{out}");
+    let clean = dir.path().join("clean.bin");
+    std::fs::write(&clean, &data[..offset]).unwrap();
+    let out = post(format!("@{}", clean.display())).await;
     assert!(out.stdout.trim_end().ends_with("200"), "{out}");
-    let seen = rig.only_seen_at(BOUND);
+    let seen = rig.seen_at(BOUND);
     assert!(
-        seen.body_complete && seen.body_len as usize == data.len(),
+        seen.iter().all(|s| (s.body_len as usize) <= offset
+            && (!s.body_complete || s.body_len as usize == offset)),
+        "the placeholder reached the bound host: {seen:#?}"
+    );
+    assert_eq!(
+        seen.iter().filter(|s| s.body_complete).count(),
+        1,
         "{seen:#?}"
     );
 }

@@ -400,7 +400,8 @@ async fn the_canary_is_in_no_audit_record_metric_or_error_body() {
         "/reflect?mode=compress",
         "/reflect?mode=redirect",
     ] {
-        let placeholder = [("x-api-key", "ostiary:github")];
+        // The SDK's placeholder, at its binding's injection point.
+        let placeholder = [("authorization", "Bearer ostiary:github")];
         replies.push(rig.get(BOUND, path, &placeholder).await);
     }
     for (host, path) in [
@@ -425,7 +426,7 @@ async fn the_canary_is_in_no_audit_record_metric_or_error_body() {
     assert!(rig
         .seen_at(BOUND)
         .iter()
-        .all(|s| s.header("x-api-key") == Some(CANARY)));
+        .all(|s| s.header("authorization") == Some(bearer(CANARY).as_str())));
 
     // Audit, through the API...
     let records = rig.proxy.audit().await;

@@ -172,6 +172,7 @@ inject = {{ mtls = true }}
     async fn metrics(&self) -> String {
         reqwest::Client::new()
             .get(format!("http://{}/metrics", self.proxy.control_addr))
+            .bearer_auth(&self.proxy.admin_token)
             .send()
             .await
             .expect("metrics answer")

@@ -697,3 +697,77 @@ forbid (principal, action, resource == Ostiary::Host::"evil.test");
         dialer.dials()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv4_inside_nat64_local_use_isatap_and_teredo_addresses_is_judged_without_a_dial() {
+    let (stub, dialer, options) = seams();
+    // Name → the address its (stub) DNS answers → the reason the guard must give.
+    let cases = [
+        // RFC 8215 local-use prefix, the /96 layout and the /64 and /56 ones (whose /96
+        // reading, 8.0.0.0 and 0.0.0.0, would hide the private address).
+        ("nat64-local.test", "64:ff9b:1::a00:1", "private"),
+        ("nat64-metadata.test", "64:ff9b:1::a9fe:a9fe", "link_local"),
+        ("nat64-layout64.test", "64:ff9b:1:0:a:0:800:0", "private"),
+        ("nat64-layout56.test", "64:ff9b:1:c0:a8:101::", "private"),
+        // ISATAP interface ids carry the IPv4 address a host's ISATAP interface delivers to.
+        ("isatap.test", "2606:4700:1:2:0:5efe:a00:1", "private"),
+        (
+            "isatap-global.test",
+            "2606:4700:1:2:200:5efe:a9fe:a9fe",
+            "link_local",
+        ),
+        // Teredo (client 10.0.0.1, XOR-obfuscated) and IPv4-compatible are refused whole.
+        (
+            "teredo.test",
+            "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+            "teredo",
+        ),
+        ("compat.test", "::a00:1", "ipv4_compatible"),
+    ];
+    for (name, address, _) in cases {
+        stub.answer(name, vec![vec![ip(address)]]);
+    }
+    stub.answer("nat64-public.test", vec![vec![ip("64:ff9b:1::808:808")]]);
+    let (proxy, session) = started(ProxySpec {
+        policies: ALLOW_ALL.into(),
+        options,
+        ..Default::default()
+    })
+    .await;
+    let same_ip = |body: &serde_json::Value, want: &str| {
+        body["address"]
+            .as_str()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            == Some(ip(want))
+    };
+    for (name, address, reason) in cases {
+        let reply = connect_as(&proxy, &session, &format!("{name}:443")).await;
+        let (body, _) = assert_refused(&proxy, &reply, 403, "destination_blocked").await;
+        assert!(same_ip(&body, address), "CONNECT {name}: {body}");
+        assert_eq!(body["reason"], reason, "CONNECT {name}: {body}");
+        let reply = get_as(&proxy, &session, &format!("http://{name}/"), "").await;
+        let (body, _) = assert_refused(&proxy, &reply, 403, "destination_blocked").await;
+        assert!(same_ip(&body, address), "GET {name}: {body}");
+        assert_eq!(body["reason"], reason, "GET {name}: {body}");
+    }
+    // The same addresses as IP literals.
+    for literal in [
+        "[64:ff9b:1::a00:1]",
+        "[64:ff9b:1:0:a:0:800:0]",
+        "[2606:4700:1:2:0:5efe:a00:1]",
+    ] {
+        let reply = get_as(&proxy, &session, &format!("http://{literal}/"), "").await;
+        let (body, _) = assert_refused(&proxy, &reply, 403, "destination_blocked").await;
+        assert_eq!(body["reason"], "private", "{literal}: {body}");
+    }
+    assert!(dialer.dials().is_empty(), "{:?}", dialer.dials());
+
+    // A public IPv4 behind the local-use prefix is let through to the dialer (which, being
+    // the recording one, refuses anything but loopback: nothing leaves the machine).
+    let reply = get_as(&proxy, &session, "http://nat64-public.test/", "").await;
+    assert_eq!(reply.status, 502, "{reply}");
+    assert_eq!(
+        dialer.dials(),
+        vec!["[64:ff9b:1::808:808]:80".parse::<SocketAddr>().unwrap()]
+    );
+}

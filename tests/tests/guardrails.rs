@@ -143,7 +143,10 @@ repeat_max = 0
     // Writes are another tier with no rate limit.
     let (s, _, _) = rig.write(&r, "r5").await;
     assert_eq!(s, 201);
-    let metrics = reqwest::get(rig.control_url("/metrics"))
+    let metrics = reqwest::Client::new()
+        .get(rig.control_url("/metrics"))
+        .bearer_auth(&rig.proxy.admin_token)
+        .send()
         .await
         .unwrap()
         .text()
@@ -353,59 +356,51 @@ repeat_max = 0
         .agent(json!({"agent": "root", "max_calls": 10}), None)
         .await
         .unwrap();
+    // A child names no agent: it runs as its parent's (another name needs a spawn permit).
     let child = rig
-        .agent(json!({"agent": "child", "max_calls": 4}), Some(&root))
+        .agent(json!({"max_calls": 4}), Some(&root))
         .await
         .unwrap();
+    assert_eq!(child.body["agent"], "root");
     assert_eq!(child.body["depth"], 1);
     assert_eq!(child.body["parent"], root.id.as_str());
     assert_eq!(child.body["tenant"], root.body["tenant"]);
     assert_eq!(child.body["limits"]["max_calls"], 4);
     // Depth: a grandchild is depth 2 (the maximum), its child is refused.
     let grandchild = rig
-        .agent(json!({"agent": "gc", "max_calls": 1}), Some(&child))
+        .agent(json!({"max_calls": 1}), Some(&child))
         .await
         .unwrap();
     assert_eq!(grandchild.body["depth"], 2);
-    let (s, b) = rig
-        .agent(json!({"agent": "ggc"}), Some(&grandchild))
-        .await
-        .err()
-        .unwrap();
+    let (s, b) = rig.agent(json!({}), Some(&grandchild)).await.err().unwrap();
     assert_eq!((s, b["limit"].clone()), (429, json!("depth")), "{b}");
     assert_eq!((b["used"].clone(), b["max"].clone()), (json!(3), json!(2)));
     // Budget: the root has 10 - 4 = 6 left; a child asking 7 is refused.
     let (s, b) = rig
-        .agent(json!({"agent": "big", "max_calls": 7}), Some(&root))
+        .agent(json!({"max_calls": 7}), Some(&root))
         .await
         .err()
         .unwrap();
     assert_eq!((s, b["limit"].clone()), (429, json!("calls")), "{b}");
     assert_eq!(b["max"], 6);
     // Fan-out: a second child fits, a third does not.
-    let second = rig
-        .agent(json!({"agent": "c2"}), Some(&root))
-        .await
-        .unwrap();
+    let second = rig.agent(json!({}), Some(&root)).await.unwrap();
     assert_eq!(second.body["limits"]["max_calls"], 3, "half of the 6 left");
     let (s, b) = rig
-        .agent(json!({"agent": "c3", "max_calls": 1}), Some(&root))
+        .agent(json!({"max_calls": 1}), Some(&root))
         .await
         .err()
         .unwrap();
     assert_eq!((s, b["limit"].clone()), (429, json!("children")), "{b}");
     // A child may not pick another tenant, nor name another parent.
     let (s, _) = rig
-        .agent(
-            json!({"agent": "x", "tenant": "other", "max_calls": 1}),
-            Some(&child),
-        )
+        .agent(json!({"tenant": "other", "max_calls": 1}), Some(&child))
         .await
         .err()
         .unwrap();
     assert_eq!(s, 400);
     let (s, _) = rig
-        .agent(json!({"agent": "x", "parent": second.id}), Some(&child))
+        .agent(json!({"parent": second.id}), Some(&child))
         .await
         .err()
         .unwrap();
@@ -425,11 +420,7 @@ repeat_max = 0
         client: reqwest::Client::new(),
         body: Value::Null,
     };
-    let (s, b) = rig
-        .agent(json!({"agent": "f"}), Some(&forged))
-        .await
-        .err()
-        .unwrap();
+    let (s, b) = rig.agent(json!({}), Some(&forged)).await.err().unwrap();
     assert_eq!(
         (s, b["error"].clone()),
         (401, json!("unauthenticated")),
@@ -439,28 +430,18 @@ repeat_max = 0
         token: "not-a-token".into(),
         ..forged
     };
-    let (s, _) = rig
-        .agent(json!({"agent": "f"}), Some(&garbage))
-        .await
-        .err()
-        .unwrap();
+    let (s, _) = rig.agent(json!({}), Some(&garbage)).await.err().unwrap();
     assert_eq!(s, 401);
     // Unknown fields are refused, not ignored.
     let (s, _) = rig
-        .agent(
-            json!({"agent": "f", "max_calls": 1, "depth": 0}),
-            Some(&second),
-        )
+        .agent(json!({"max_calls": 1, "depth": 0}), Some(&second))
         .await
         .err()
         .unwrap();
     assert_eq!(s, 400);
     // An operator may create a child on a session's behalf by naming it.
     let by_admin = rig
-        .agent(
-            json!({"agent": "op-child", "parent": second.id, "max_calls": 1}),
-            None,
-        )
+        .agent(json!({"parent": second.id, "max_calls": 1}), None)
         .await
         .unwrap();
     assert_eq!(by_admin.body["depth"], 2);
@@ -474,11 +455,7 @@ repeat_max = 0
         assert_eq!(s, 407, "{} still works", agent.id);
     }
     // A torn-down session's token creates nothing.
-    let (s, _) = rig
-        .agent(json!({"agent": "late"}), Some(&child))
-        .await
-        .err()
-        .unwrap();
+    let (s, _) = rig.agent(json!({}), Some(&child)).await.err().unwrap();
     assert_eq!(s, 401);
     // Idempotent: a second DELETE is a 404, nothing else happens.
     let (s, _) = rig.session_call(reqwest::Method::DELETE, &root, "").await;

@@ -505,11 +505,12 @@ inject = {{ basic = {{}} }}
     );
     let (parent_user, parent_password) = basic_pair(&upstream.seen()[0]);
 
-    // The parent spawns a child with its own token, as an agent framework would.
+    // The parent spawns a child with its own token, as an agent framework would (the child
+    // runs as the parent's agent: naming no agent needs no spawn permit).
     let answer = reqwest::Client::new()
         .post(format!("http://{}/v1/sessions", proxy.control_addr))
         .bearer_auth(&parent.token)
-        .json(&json!({"agent": "worker"}))
+        .json(&json!({}))
         .send()
         .await?;
     assert_eq!(answer.status().as_u16(), 201);

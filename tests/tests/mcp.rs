@@ -4,25 +4,30 @@
 //! refused calls come back as JSON-RPC errors (HTTP 200) carrying the DESIGN §5 body;
 //! `tools/list` answers are filtered to what the session may call.
 
+#[path = "support/mcp.rs"]
+mod support;
+
 use std::net::TcpListener;
-use std::process::Stdio;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::Full;
-use ostiary_e2e::clients::{client_script, python, python_bin, SCRUBBED_ENV};
-use ostiary_e2e::pki::TestCa;
-use ostiary_e2e::proxy::{ProxySpec, TestProxy};
+use ostiary_e2e::clients::{client_script, python};
 use ostiary_e2e::raw::{self, Reply};
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
-
-const HOST: &str = "mcp.example.test";
+use support::{call, Rig, HOST};
 
 const POLICIES: &str = r#"
+// Every message but `tools/call` is decided as `Action::"mcp"`: the session plumbing, as
+// the shipped library permits it; the SSE stream and the session's end are plain http.
 @id("mcp-plumbing")
-permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test");
+permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"mcp.example.test")
+when {
+  ["initialize", "ping", "tools/list"].contains(context.method) ||
+  context.method like "notifications/*"
+};
+
+@id("mcp-stream")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test")
+when { ["GET", "DELETE"].contains(context.method) };
 
 @id("read-ok")
 permit (principal, action in Ostiary::Action::"tier:read", resource);
@@ -39,166 +44,9 @@ forbid (principal, action in Ostiary::Action::"tier:irreversible", resource)
 unless { context.approval.granted };
 "#;
 
-fn tools_toml(port: u16) -> String {
-    let url = format!("https://{HOST}:{port}/mcp");
-    format!(
-        r#"
-[[tool]]
-name = "files.read"
-tier = "read"
-match = {{ mcp = "{url}", tool = "read_file" }}
-
-[[tool]]
-name = "files.write"
-tier = "write"
-match = {{ mcp = "{url}", tool = "write_file" }}
-args_schema = {{ type = "object", properties = {{ path = {{ type = "string", pattern = "^/[a-z]+[.]txt$" }}, content = {{ type = "string" }} }} }}
-cost = 0.5
-
-[[tool]]
-name = "files.delete"
-tier = "irreversible"
-match = {{ mcp = "{url}", tool = "delete_file" }}
-"#
-    )
-}
-
-/// The SDK's MCP server on a port of its own, killed on drop.
-struct McpServer {
-    port: u16,
-    _child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl McpServer {
-    /// Start `mcp_server.py` with `flags`, on a free port (retrying on a port conflict), and
-    /// wait until it accepts connections.
-    async fn start(ca: &TestCa, flags: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (chain, key) = ca.issue(&[HOST]);
-        let cert_path = dir.path().join("cert.pem");
-        let key_path = dir.path().join("key.pem");
-        std::fs::write(&cert_path, chain).unwrap();
-        std::fs::write(&key_path, key).unwrap();
-        for _ in 0..5 {
-            // uvicorn's port 0 would not tell us the port; take a free one and hand it over.
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let mut cmd = Command::new(python_bin());
-            cmd.arg(client_script("mcp_server.py"))
-                .arg(port.to_string())
-                .arg(&cert_path)
-                .arg(&key_path)
-                .args(flags)
-                .env("PYTHONDONTWRITEBYTECODE", "1")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true);
-            for name in SCRUBBED_ENV {
-                cmd.env_remove(name);
-            }
-            let mut child = cmd.spawn().expect("starting mcp_server.py");
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(Some(status)) = child.try_wait() {
-                    assert_eq!(status.code(), Some(4), "mcp_server.py failed: {status}");
-                    break; // port taken: try another
-                }
-                if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-                {
-                    return Self {
-                        port,
-                        _child: child,
-                        _dir: dir,
-                    };
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "mcp_server.py did not listen within 30s"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        panic!("no free port for mcp_server.py after 5 tries");
-    }
-
-    fn url(&self) -> String {
-        format!("https://{HOST}:{}/mcp", self.port)
-    }
-}
-
-struct Rig {
-    server: McpServer,
-    proxy: TestProxy,
-    token: String,
-    env: Vec<(String, String)>,
-}
-
-impl Rig {
-    async fn start(flags: &[&str]) -> Self {
-        Self::start_with(flags, POLICIES, "").await
-    }
-
-    /// With other policies and extra config (`[tiers.*]`, `[checks.*]`).
-    async fn start_with(flags: &[&str], policies: &str, extra_toml: &str) -> Self {
-        let ca = TestCa::new();
-        let server = McpServer::start(&ca, flags).await;
-        let proxy = TestProxy::start(ProxySpec {
-            policies: policies.into(),
-            tools_toml: Some(tools_toml(server.port)),
-            names: vec![HOST.into()],
-            ports: vec![server.port],
-            upstream_ca_pem: Some(ca.ca_pem()),
-            extra_toml: extra_toml.into(),
-            ..Default::default()
-        })
-        .await;
-        let session = proxy.session("agent-1").await;
-        let env = proxy.client_env(&session);
-        Self {
-            server,
-            proxy,
-            token: session.token.clone(),
-            env,
-        }
-    }
-
-    /// POST `body` to the endpoint through an intercepted tunnel, as a raw JSON-RPC client.
-    async fn post(&self, body: impl Into<Bytes>) -> Reply {
-        let tls = raw::intercepted(
-            &self.proxy,
-            &self.token,
-            HOST,
-            self.server.port,
-            &[b"http/1.1"],
-        )
-        .await;
-        let mut sender = raw::h1(tls).await;
-        let req = Request::post("/mcp")
-            .header("host", format!("{HOST}:{}", self.server.port))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-06-18")
-            .body(Full::new(body.into()))
-            .unwrap();
-        raw::send_h1(&mut sender, req).await.expect("exchange")
-    }
-}
-
-fn call(id: u64, tool: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-           "params": {"name": tool, "arguments": {"path": "/notes.txt"}}})
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_client_sees_decisions_per_call_and_a_filtered_list() {
-    let rig = Rig::start(&[]).await;
+    let rig = Rig::start(&[], POLICIES).await;
     let env: Vec<(&str, &str)> = rig
         .env
         .iter()
@@ -277,7 +125,7 @@ async fn the_sdk_client_sees_decisions_per_call_and_a_filtered_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_json_rpc_is_decided_per_call_and_bounded() {
-    let rig = Rig::start(&["--json", "--stateless"]).await;
+    let rig = Rig::start(&["--json", "--stateless"], POLICIES).await;
 
     // A batch with one allowed and one denied call: the allowed one is executed, the denied
     // one answered by the proxy, both in one array with their own ids.
@@ -401,7 +249,7 @@ async fn raw_json_rpc_is_decided_per_call_and_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_answers_carry_the_refusals_and_filtered_lists() {
-    let rig = Rig::start(&["--stateless"]).await;
+    let rig = Rig::start(&["--stateless"], POLICIES).await;
     // The SDK's server takes no batches (MCP 2025-06-18 dropped them): the one allowed call
     // left is forwarded on its own and the answer comes back as a stream.
     let batch = json!([call(1, "read_file"), call(2, "write_file")]);
@@ -459,7 +307,7 @@ fn sse_messages(reply: &Reply) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_escalated_call_is_held_then_collected_by_the_sdk_client_once_approved() {
     // Stateless: the held call is executed later, outside the MCP session that sent it.
-    let rig = Rig::start(&["--stateless"]).await;
+    let rig = Rig::start(&["--stateless"], POLICIES).await;
     let env: Vec<(&str, &str)> = rig
         .env
         .iter()
@@ -546,8 +394,18 @@ async fn an_escalated_call_is_held_then_collected_by_the_sdk_client_once_approve
 
 /// Writes allowed, so that what the checks keep from the server can be seen there.
 const WRITES_ALLOWED: &str = r#"
+// Every message but `tools/call` is decided as `Action::"mcp"`: the session plumbing, as
+// the shipped library permits it; the SSE stream and the session's end are plain http.
 @id("mcp-plumbing")
-permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test");
+permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"mcp.example.test")
+when {
+  ["initialize", "ping", "tools/list"].contains(context.method) ||
+  context.method like "notifications/*"
+};
+
+@id("mcp-stream")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"mcp.example.test")
+when { ["GET", "DELETE"].contains(context.method) };
 
 @id("files-ok")
 permit (principal, action in [Ostiary::Action::"tier:read", Ostiary::Action::"tier:write"], resource);

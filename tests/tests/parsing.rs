@@ -491,15 +491,17 @@ async fn last_http_record(proxy: &TestProxy) -> ostiary::audit::AuditRecord {
         .expect("an http audit record")
 }
 
-const CONFUSING_PATHS: &[&str] = &[
-    "/a;x=1",
-    "//double",
-    "/a%2fb",
-    "/a%2Fb",
-    "/%61dmin",
-    "/ADMIN",
-    "/.well-known/x",
-    "/a..b",
+/// Paths as sent, and as decided and forwarded: only RFC 3986's equivalences are applied
+/// (escape hex uppercased; `/%61dmin` is `/admin` — see the test after the next).
+const CONFUSING_PATHS: &[(&str, &str)] = &[
+    ("/a;x=1", "/a;x=1"),
+    ("//double", "//double"),
+    ("/a%2fb", "/a%2Fb"),
+    ("/a%2Fb", "/a%2Fb"),
+    ("/ADMIN", "/ADMIN"),
+    ("/.well-known/x", "/.well-known/x"),
+    ("/a..b", "/a..b"),
+    ("/%7Ex", "/~x"),
 ];
 
 /// Dot-segments are refused outright: upstreams resolve them differently, so a path rule
@@ -513,8 +515,13 @@ const DOT_SEGMENT_PATHS: &[&str] = &[
 ];
 
 /// Asserts, for one forwarded request, that the path the policy saw (audit) is the path the
-/// upstream received, byte for byte, and that both are the path sent.
-async fn assert_same_path(proxy: &TestProxy, upstream: &Upstream, sent: &str, reply: &Reply) {
+/// upstream received, byte for byte, and that both are `decided`.
+async fn assert_same_path(
+    proxy: &TestProxy,
+    upstream: &Upstream,
+    (sent, decided): (&str, &str),
+    reply: &Reply,
+) {
     assert_ne!(
         reply.status, 403,
         "{sent} was not expected to be denied:\n{reply}"
@@ -524,8 +531,8 @@ async fn assert_same_path(proxy: &TestProxy, upstream: &Upstream, sent: &str, re
     let last = seen
         .last()
         .unwrap_or_else(|| panic!("{sent} was not forwarded"));
-    assert_eq!(record.path.as_deref(), Some(sent), "policy saw");
-    assert_eq!(last.path_only(), sent, "upstream received");
+    assert_eq!(record.path.as_deref(), Some(decided), "policy saw");
+    assert_eq!(last.path_only(), decided, "upstream received");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,18 +540,18 @@ async fn the_policy_sees_exactly_the_path_the_upstream_receives() {
     let fx = fixture(NO_ADMIN).await;
     // Inside a tunnel, raw h1 so that no client library rewrites the path.
     let mut wire = Wire::new(fx.tunnel(&[b"http/1.1"]).await);
-    for &path in CONFUSING_PATHS {
+    for &(path, decided) in CONFUSING_PATHS {
         wire.send(format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", fx.authority()).as_bytes())
             .await
             .unwrap();
         let reply = wire.response().await.unwrap();
-        assert_same_path(&fx.proxy, &fx.tls, path, &reply).await;
+        assert_same_path(&fx.proxy, &fx.tls, (path, decided), &reply).await;
     }
     // In absolute form on the plain listener.
-    for &path in CONFUSING_PATHS {
+    for &(path, decided) in CONFUSING_PATHS {
         let url = format!("http://api.example.test:{}{path}", fx.plain.port());
         let reply = absolute_get(&fx.proxy, &url, &auth_line(&fx.session.token)).await;
-        assert_same_path(&fx.proxy, &fx.plain, path, &reply).await;
+        assert_same_path(&fx.proxy, &fx.plain, (path, decided), &reply).await;
     }
 }
 
@@ -572,37 +579,61 @@ async fn dot_segments_are_refused_and_never_forwarded() {
     assert!(fx.tls.seen().is_empty() && fx.plain.seen().is_empty());
 }
 
-/// The path is never decoded: `/%61dmin` is not `/admin` to the policy, and the upstream
-/// receives `/%61dmin` verbatim (an upstream that decodes it serves its own `/admin`; a
-/// forbid on a path prefix is only as strong as that upstream's own path handling).
+/// An escaped unreserved character is that character (RFC 3986 §6.2.2.2): `/%61dmin` is
+/// `/admin` to the policy and to the upstream, which receives the normalised path, so a
+/// forbid on a path prefix cannot be walked around by spelling. Other escapes stay escapes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_percent_encoded_path_is_not_decoded_before_the_policy_or_the_upstream() {
+async fn encoded_unreserved_characters_are_the_characters_to_policy_and_upstream() {
     let fx = fixture(NO_ADMIN).await;
     let mut sender = h1(fx.tunnel(&[b"http/1.1"]).await).await;
     let host = fx.authority();
-    for path in ["/admin", "/admin/users", "/adminx"] {
+    // `%61` is `a` (RFC 3986 §6.2.2.2): every spelling of /admin is /admin to the policy.
+    for (path, seen_as) in [
+        ("/admin", "/admin"),
+        ("/admin/users", "/admin/users"),
+        ("/adminx", "/adminx"),
+        ("/%61dmin", "/admin"),
+        ("/%61%64%6D%69%6e", "/admin"),
+        ("/%41dmin/../x", ""),
+    ] {
         let reply = send_h1(&mut sender, request("GET", path, Some(&host)))
             .await
             .unwrap();
+        if seen_as.is_empty() {
+            assert_refused(&fx.proxy, &reply, 400, "bad_request").await;
+            continue;
+        }
         let (body, record) = assert_refused(&fx.proxy, &reply, 403, "denied").await;
-        assert_eq!(body["policies"], serde_json::json!(["no-admin"]));
-        assert_eq!(record.path.as_deref(), Some(path));
+        assert_eq!(body["policies"], serde_json::json!(["no-admin"]), "{path}");
+        assert_eq!(record.path.as_deref(), Some(seen_as), "{path}");
     }
     assert!(fx.tls.seen().is_empty());
-    let reply = send_h1(&mut sender, request("GET", "/%61dmin", Some(&host)))
-        .await
-        .unwrap();
-    assert_eq!(
-        reply.status, 404,
-        "forwarded; the test upstream has no such route:\n{reply}"
-    );
-    assert_eq!(
-        last_http_record(&fx.proxy).await.path.as_deref(),
-        Some("/%61dmin")
-    );
-    let seen = fx.tls.seen();
-    assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].path, "/%61dmin", "received verbatim, not decoded");
+    // Escapes of anything else stay escapes (hex uppercased, the same URI), and the
+    // upstream receives exactly the path the policy decided on.
+    for (path, normal) in [
+        ("/a%2fb", "/a%2Fb"),
+        ("/%7euser", "/~user"),
+        ("/x%20y", "/x%20y"),
+    ] {
+        let before = fx.tls.seen().len();
+        let reply = send_h1(&mut sender, request("GET", path, Some(&host)))
+            .await
+            .unwrap();
+        assert_eq!(
+            reply.status, 404,
+            "forwarded; no such route upstream:\n{reply}"
+        );
+        assert_eq!(
+            last_http_record(&fx.proxy).await.path.as_deref(),
+            Some(normal)
+        );
+        let seen = fx.tls.seen();
+        assert_eq!(seen.len(), before + 1);
+        assert_eq!(
+            seen[before].path, normal,
+            "the upstream got the decided path"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ async fn start(policies: &str, watch_interval: Option<&str>) -> Fixture {
         policies: policies.into(),
         ports: vec![upstream.port()],
         watch_interval: watch_interval.map(str::to_owned),
+        // Scraped without the admin token by `metric` (the control tests cover the token).
+        extra_toml: "[control]\npublic_metrics = true\n".into(),
         ..Default::default()
     })
     .await;
@@ -290,7 +292,8 @@ async fn sighup_reloads_ostiary_serve() {
         &config,
         format!(
             "[listen]\nproxy = \"{proxy_addr}\"\ncontrol = \"{control_addr}\"\n\
-             [state]\ndir = \"{}\"\n[policy]\ndir = \"{}\"\nwatch_interval = \"0s\"\n",
+             [state]\ndir = \"{}\"\n[policy]\ndir = \"{}\"\nwatch_interval = \"0s\"\n\
+             [control]\npublic_metrics = true\n",
             dir.path().join("state").display(),
             policies.display(),
         ),

@@ -8,8 +8,10 @@
 //! allows. The shipped library carries its own cases (`policies/library/tests/`), and a test
 //! of this crate runs them, so the library and its tests cannot drift apart.
 //!
-//! A case is an `http` request, a `connect`, or a `tool` call of a tool in the policy set's
-//! catalog. A tool case gives what the proxy would observe — the arguments, the session so far,
+//! A case is an `http` request, a `connect`, an `mcp` message (a JSON-RPC method other than
+//! `tools/call`), a `spawn` of a child session under another agent name, or a `tool` call of
+//! a tool in the policy set's catalog. Every case may give `session` (what the session did
+//! so far and where it sits in the spawn tree), as every action's context carries it. A tool case gives what the proxy would observe — the arguments, the session so far,
 //! an approval — and takes the rest from the catalog exactly as the proxy does: the call's
 //! `impact.records` from the tool's extractor and its `impact.cost` from the tool's cost, so a
 //! case cannot claim an impact the proxy would never compute ([`tool_call`], which
@@ -101,6 +103,10 @@ impl fmt::Display for Expect {
 pub enum CaseAction {
     Http,
     Connect,
+    /// A JSON-RPC message other than `tools/call` (`method`) to an MCP endpoint (`server`).
+    Mcp,
+    /// A child session under the agent name `child`.
+    Spawn,
     /// A call of the catalog tool named by the case's `tool`.
     Tool,
 }
@@ -112,18 +118,21 @@ impl TryFrom<String> for CaseAction {
         match value.as_str() {
             "http" => Ok(CaseAction::Http),
             "connect" => Ok(CaseAction::Connect),
+            "mcp" => Ok(CaseAction::Mcp),
+            "spawn" => Ok(CaseAction::Spawn),
             "tool" => Ok(CaseAction::Tool),
             other => Err(format!(
-                "unknown action {other:?}: expected \"http\", \"connect\" or \"tool\" \
+                "unknown action {other:?}: expected \"http\", \"connect\", \"mcp\", \"spawn\" or \"tool\" \
                  (a tool call is `action = \"tool\"` with the catalog name in `tool = \"...\"`)"
             )),
         }
     }
 }
 
-/// `session = { calls = 3, cost = 0.5, depth = 0 }` of a tool case: what the session did
-/// before this call. Absent fields are 0, as for a session's first call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+/// `session = { calls = 3, cost = 0.5, depth = 1, parent_agent = "planner" }` of a case: what
+/// the session did before this request, and where it sits in the spawn tree. Absent fields
+/// are 0 or empty, as for a root session's first request.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaseSession {
     #[serde(default)]
@@ -134,11 +143,17 @@ pub struct CaseSession {
     pub cost: f64,
     #[serde(default)]
     pub depth: i64,
+    /// The parent session's agent; empty for a root session.
+    #[serde(default)]
+    pub parent_agent: String,
+    /// The sandbox profile; empty for none.
+    #[serde(default)]
+    pub profile: String,
 }
 
 impl CaseSession {
     /// `context.session`, or why these numbers cannot be a session's.
-    fn state(&self) -> Result<SessionState, String> {
+    pub fn state(&self) -> Result<SessionState, String> {
         if self.calls < 0 || self.depth < 0 {
             return Err("session.calls and session.depth must not be negative".into());
         }
@@ -149,10 +164,18 @@ impl CaseSession {
                 self.cost
             ));
         }
+        if self.depth == 0 && !self.parent_agent.is_empty() {
+            return Err(
+                "session.parent_agent is set but session.depth is 0: a child is at depth 1 or more"
+                    .into(),
+            );
+        }
         Ok(SessionState {
             calls: self.calls,
             cost_micros: cost_to_micros(self.cost),
             depth: self.depth,
+            parent_agent: self.parent_agent.clone(),
+            profile: self.profile.clone(),
         })
     }
 }
@@ -170,8 +193,12 @@ pub struct Case {
     /// http and connect: required. Not for tool cases: their resource is the tool, and the
     /// host serving it comes from the catalog.
     pub host: Option<String>,
-    /// http only; default `GET`.
+    /// http: the HTTP method, default `GET`; mcp, required: the JSON-RPC method.
     pub method: Option<String>,
+    /// mcp only; default `https://<host>/mcp`: the endpoint's URL.
+    pub server: Option<String>,
+    /// spawn only, required: the agent name the child asks for.
+    pub child: Option<String>,
     /// http only; default `https`.
     pub scheme: Option<String>,
     /// http and connect; default 443 (80 for an http case with `scheme = "http"`).
@@ -187,7 +214,7 @@ pub struct Case {
     /// tool only; default `{}`: the arguments as the agent sends them (for a REST tool, the
     /// path parameters, query and body merged, as the proxy merges them).
     pub args: Option<Map<String, Value>>,
-    /// tool only; default all 0.
+    /// Every action; default all 0 and empty (a root session's first request).
     pub session: Option<CaseSession>,
     /// tool only: a human approved this call (`context.approval.granted`, `approver`).
     pub approved_by: Option<String>,
@@ -219,19 +246,24 @@ impl Case {
         let tool_only = [
             ("tool", self.tool.is_some()),
             ("args", self.args.is_some()),
-            ("session", self.session.is_some()),
             ("approved_by", self.approved_by.is_some()),
         ];
         let http_only = [
-            ("method", self.method.is_some()),
             ("scheme", self.scheme.is_some()),
             ("path", self.path.is_some()),
             ("query", self.query.is_some()),
         ];
+        let given = |fields: &[(&'static str, bool)]| first_given(fields);
         if self.action != CaseAction::Tool {
-            if let Some(field) = first_given(&tool_only) {
+            if let Some(field) = given(&tool_only) {
                 return Err(format!("`{field}` applies to tool cases only"));
             }
+        }
+        if self.action != CaseAction::Mcp && self.server.is_some() {
+            return Err("`server` applies to mcp cases only".into());
+        }
+        if self.action != CaseAction::Spawn && self.child.is_some() {
+            return Err("`child` applies to spawn cases only".into());
         }
         let (host, action) = match self.action {
             CaseAction::Http => {
@@ -252,7 +284,8 @@ impl Case {
             }
             CaseAction::Connect => {
                 let host = self.host()?;
-                if let Some(field) = first_given(&http_only) {
+                if let Some(field) = given(&http_only).or(self.method.is_some().then_some("method"))
+                {
                     return Err(format!("`{field}` applies to http cases only"));
                 }
                 let action = Action::Connect {
@@ -261,12 +294,58 @@ impl Case {
                 };
                 (host, action)
             }
-            CaseAction::Tool => self.tool_call(catalog, &http_only)?,
+            CaseAction::Mcp => {
+                let host = self.host()?;
+                let not_for_mcp = [("port", self.port.is_some()), ("sni", self.sni.is_some())];
+                if let Some(field) = given(&http_only).or_else(|| given(&not_for_mcp)) {
+                    return Err(format!(
+                        "`{field}` does not apply to mcp cases: an mcp case is `host`, `method` \
+                         (the JSON-RPC method) and optionally `server`"
+                    ));
+                }
+                let method = self
+                    .method
+                    .clone()
+                    .ok_or("`method` (the JSON-RPC method) is required for mcp cases")?;
+                let server = self
+                    .server
+                    .clone()
+                    .unwrap_or_else(|| format!("https://{host}/mcp"));
+                (host, Action::Mcp { method, server })
+            }
+            CaseAction::Spawn => {
+                let not_for_spawn = [
+                    ("host", self.host.is_some()),
+                    ("method", self.method.is_some()),
+                    ("port", self.port.is_some()),
+                    ("sni", self.sni.is_some()),
+                ];
+                if let Some(field) = given(&http_only).or_else(|| given(&not_for_spawn)) {
+                    return Err(format!(
+                        "`{field}` does not apply to spawn cases: a spawn case is `agent` (the \
+                         parent's), `child` and `session`"
+                    ));
+                }
+                let child = self
+                    .child
+                    .clone()
+                    .ok_or("`child` (the agent name asked for) is required for spawn cases")?;
+                if child.is_empty() {
+                    return Err("`child` is empty".into());
+                }
+                (String::new(), Action::Spawn { child })
+            }
+            CaseAction::Tool => {
+                let mut http_only = http_only.to_vec();
+                http_only.push(("method", self.method.is_some()));
+                self.tool_call(catalog, &http_only)?
+            }
         };
         Ok(AccessRequest {
             agent: self.agent.clone(),
             tenant: self.tenant.clone(),
             host,
+            session: self.session.clone().unwrap_or_default().state()?,
             action,
         })
     }
@@ -306,21 +385,19 @@ impl Case {
             catalog,
             name,
             self.args.clone().unwrap_or_default(),
-            self.session.unwrap_or_default(),
             self.approved_by.as_deref(),
         )
     }
 }
 
 /// The host and action of a call of catalog tool `name`: what the proxy would build for it,
-/// given what it observed (the arguments, the session so far, an approval). Shared by tool
+/// given what it observed (the arguments, an approval). Shared by tool
 /// cases and `ostiary policy explain --tool`, so the two cannot build different requests for
 /// the same call.
 pub fn tool_call(
     catalog: &Catalog,
     name: &str,
     args: Map<String, Value>,
-    session: CaseSession,
     approved_by: Option<&str>,
 ) -> Result<(String, Action), String> {
     let Some(tool) = catalog.get(name) else {
@@ -332,7 +409,6 @@ pub fn tool_call(
         Some("") => return Err("`approved_by` is empty: name the approver".into()),
         other => other.map(str::to_owned),
     };
-    let session = session.state()?;
     let args = Value::Object(args);
     let action = Action::Tool {
         name: name.to_owned(),
@@ -340,7 +416,6 @@ pub fn tool_call(
         // pointer, is no counted records.
         impact_records: tool.impact_records(&args).unwrap_or(0),
         cost_micros: tool.cost_micros(),
-        session,
         approval,
         args,
     };

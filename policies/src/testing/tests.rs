@@ -270,7 +270,7 @@ fn a_tool_case_is_the_call_the_proxy_would_decide() {
         action = "tool"
         tool = "pay.bulk_refund"
         args = { ids = ["a", "b", "c"], note = { nested = 1.5 } }
-        session = { calls = 7, cost = 0.5, depth = 2 }
+        session = { calls = 7, cost = 0.5, depth = 2, parent_agent = "planner" }
         approved_by = "alice@example.com"
         expect = "allow""#,
     )
@@ -288,12 +288,17 @@ fn a_tool_case_is_the_call_the_proxy_would_decide() {
             args: serde_json::json!({ "ids": ["a", "b", "c"], "note": { "nested": 1.5 } }),
             impact_records: 3,
             cost_micros: 250_000,
-            session: SessionState {
-                calls: 7,
-                cost_micros: 500_000,
-                depth: 2,
-            },
             approval: Some("alice@example.com".into()),
+        }
+    );
+    assert_eq!(
+        request.session,
+        SessionState {
+            calls: 7,
+            cost_micros: 500_000,
+            depth: 2,
+            parent_agent: "planner".into(),
+            profile: String::new(),
         }
     );
 }
@@ -312,10 +317,10 @@ fn a_tool_case_defaults_to_a_first_unapproved_call_without_arguments() {
             args: serde_json::json!({}),
             impact_records: 0,
             cost_micros: 0,
-            session: SessionState::default(),
             approval: None,
         }
     );
+    assert_eq!(request.session, SessionState::default());
     // Without a usable value at the extractor's pointer, no records are counted.
     let request = one_tool_case(
         "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"pay.bulk_refund\"\nargs = { ids = \"x\" }\nexpect = \"deny\"\n",
@@ -439,6 +444,34 @@ fn bad_tool_cases_are_errors_with_file_and_line() {
             "action = \"tool\"\ntool = \"files.delete\"\nsession = { calls = -1 }\n",
             "must not be negative",
         ),
+        (
+            "action = \"mcp\"\nhost = \"files.example\"\n",
+            "`method` (the JSON-RPC method) is required",
+        ),
+        (
+            "action = \"mcp\"\nhost = \"files.example\"\nmethod = \"ping\"\npath = \"/mcp\"\n",
+            "`path` does not apply to mcp cases",
+        ),
+        (
+            "action = \"http\"\nhost = \"h\"\nserver = \"https://h/mcp\"\n",
+            "`server` applies to mcp cases only",
+        ),
+        (
+            "action = \"spawn\"\n",
+            "`child` (the agent name asked for) is required",
+        ),
+        (
+            "action = \"spawn\"\nchild = \"b\"\nhost = \"h\"\n",
+            "`host` does not apply to spawn cases",
+        ),
+        (
+            "action = \"http\"\nhost = \"h\"\nchild = \"b\"\n",
+            "`child` applies to spawn cases only",
+        ),
+        (
+            "action = \"spawn\"\nchild = \"b\"\nsession = { parent_agent = \"a\" }\n",
+            "session.depth is 0",
+        ),
     ];
     for (body, message) in cases {
         let err = case_error(body);
@@ -474,4 +507,95 @@ fn tool_case_fields_are_checked_by_shape() {
         matches!(err, TestError::Parse { line: Some(6), .. }),
         "{err}"
     );
+}
+
+#[test]
+fn mcp_and_spawn_cases_decide_with_their_own_context() {
+    let engine = PolicyEngine::with_catalog(
+        &[PolicySource {
+            name: "t.cedar".into(),
+            text: r#"
+            @id("mcp-plumbing")
+            permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"files.example")
+            when { ["initialize", "ping"].contains(context.method) && context.server == "https://files.example/mcp" };
+            @id("planner-spawns-reviewer")
+            permit (principal == Ostiary::Agent::"planner", action == Ostiary::Action::"spawn", resource == Ostiary::Agent::"reviewer")
+            when { context.session.depth < 2 };
+            @id("children-read-only")
+            forbid (principal, action == Ostiary::Action::"http", resource)
+            when { context.session.parent_agent != "" && context.method != "GET" };
+            @id("http")
+            permit (principal, action == Ostiary::Action::"http", resource);
+            "#
+            .into(),
+        }],
+        tools(),
+    )
+    .unwrap();
+    let text = r#"
+        [[case]]
+        name = "ping"
+        action = "mcp"
+        host = "files.example"
+        method = "ping"
+        expect = "allow"
+
+        [[case]]
+        name = "resources/read needs a permit"
+        action = "mcp"
+        host = "files.example"
+        method = "resources/read"
+        expect = "deny"
+
+        [[case]]
+        name = "another server"
+        action = "mcp"
+        host = "files.example"
+        method = "ping"
+        server = "https://files.example/other"
+        expect = "deny"
+
+        [[case]]
+        name = "planner spawns a reviewer"
+        agent = "planner"
+        action = "spawn"
+        child = "reviewer"
+        expect = "allow"
+
+        [[case]]
+        name = "not too deep"
+        agent = "planner"
+        action = "spawn"
+        child = "reviewer"
+        session = { depth = 2, parent_agent = "root" }
+        expect = "deny"
+
+        [[case]]
+        name = "nobody else"
+        agent = "reader"
+        action = "spawn"
+        child = "reviewer"
+        expect = "deny"
+
+        [[case]]
+        name = "a child may only read"
+        action = "http"
+        host = "h.example"
+        method = "POST"
+        session = { depth = 1, parent_agent = "planner" }
+        expect = "deny"
+        policies = ["children-read-only"]
+
+        [[case]]
+        name = "a root may write"
+        action = "http"
+        host = "h.example"
+        method = "POST"
+        expect = "allow"
+    "#;
+    let cases = parse_file("t.toml", text, engine.catalog()).unwrap();
+    for (case, request) in &cases {
+        let result = run_case(&engine, "t.toml", case, request);
+        assert!(result.passed(), "{}: {:?}", case.name, result.failure);
+    }
 }

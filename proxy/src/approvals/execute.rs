@@ -221,27 +221,29 @@ async fn attempt(
             )))
         }
     };
-    let (tool_name, args, mcp_id) = match recognise::route(engine.catalog(), &target) {
+    let (tool_name, args, mcp_id) = match recognise::route(engine.catalog(), &target)? {
         Some(route) => {
             same_tool(route.tool.name())?;
             let tool_name = route.tool.name().to_owned();
             let call = route.read(&mut req, &target, limit).await?;
-            let args = serde_json::to_vec(&call.args).ok();
+            // The body as sent: the arguments also hold the query, which is no body.
+            let args = Some(call.body.to_vec());
             evaluate::decide(
                 &engine,
                 &shared.metrics,
                 &principal,
+                &shared.guardrails.session_state(&principal),
                 &target.host,
-                call.action(Some(approver), shared.guardrails.session_state(&principal)),
+                call.action(Some(approver)),
             )?;
             (tool_name, args, None)
         }
         None => {
-            let endpoint = mcp::endpoint(engine.catalog(), &target).ok_or_else(|| {
+            let endpoint = mcp::endpoint(engine.catalog(), &target)?.ok_or_else(|| {
                 Refusal::Refused("the request is no longer recognised as a catalogued tool".into())
             })?;
             let bytes = recognise::read_body(&mut req, limit).await?;
-            let exchange = mcp::parse(&bytes)?;
+            let exchange = mcp::parse(req.headers(), &bytes)?;
             let (id, name, args) = exchange
                 .single_call()
                 .ok_or_else(|| Refusal::Failed("the held MCP body is not one tools/call".into()))?;
@@ -250,12 +252,13 @@ async fn attempt(
             })?;
             same_tool(tool.name())?;
             let tool_name = tool.name().to_owned();
+            let session = shared.guardrails.session_state(&principal);
             let asker = mcp::Asker {
                 engine: &engine,
                 metrics: &shared.metrics,
                 principal: &principal,
                 target: &target,
-                session: shared.guardrails.session_state(&principal),
+                session: &session,
             };
             match asker.call(&endpoint, name, args.clone(), Some(approver))? {
                 Verdict::Allow { .. } => {}
@@ -265,13 +268,13 @@ async fn attempt(
                     ))
                 }
             }
-            let args = serde_json::to_vec(args).ok();
             let id = id.cloned();
+            let args = Some(bytes.to_vec());
             *req.body_mut() = body::full(bytes);
             (tool_name, args, Some(id.unwrap_or(serde_json::Value::Null)))
         }
     };
-    let found = shared.credentials.placeholders(
+    shared.credentials.placeholders(
         req.headers(),
         req.uri(),
         args.as_deref(),
@@ -292,7 +295,6 @@ async fn attempt(
                 tool: Some(&tool_name),
                 upgrade: false,
             },
-            &found,
             &shared.metrics,
         )
         .await?;
@@ -321,6 +323,8 @@ async fn attempt(
     parts
         .headers
         .insert(HeaderName::from_static(IDEMPOTENCY_KEY), key);
+    // Not executed while its record cannot be written (`failed`, like an upstream failure).
+    shared.audit.ensure_writable()?;
     let response = shared
         .upstreams
         .send(
@@ -340,7 +344,7 @@ async fn attempt(
     };
     let kept = keep(response, shared.config.approvals.max_response_bytes).await?;
     Ok(match mcp_id {
-        Some(id) => mcp_answer(kept, &id),
+        Some(id) => mcp_answer(kept, &id, injected.scrubber.as_ref()),
         None => kept,
     })
 }
@@ -348,37 +352,75 @@ async fn attempt(
 /// An MCP call's answer as one JSON-RPC message: the server may have answered with an SSE
 /// stream (progress notifications, then the response); the agent collecting it later gets
 /// the response to its call as `application/json`. Anything else is kept as it came.
-fn mcp_answer(kept: StoredResponse, id: &serde_json::Value) -> StoredResponse {
-    let sse = kept
+///
+/// The message is decoded and written anew (the retry that collects it puts its own id in
+/// it the same way), and serialising turns escapes back into characters (`\u002B` into
+/// `+`): what is stored is scrubbed again as written, with the execution's `scrubber`. A
+/// JSON answer is stored in that same canonical form, so that the collecting retry's
+/// rewrite changes nothing but the id.
+fn mcp_answer(
+    kept: StoredResponse,
+    id: &serde_json::Value,
+    scrubber: Option<&scrub::Scrubber>,
+) -> StoredResponse {
+    let media = kept
         .headers
         .iter()
-        .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.starts_with("text/event-stream"));
-    if !sse || kept.status != 200 {
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.to_ascii_lowercase());
+    let sse = media
+        .as_deref()
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let json = media
+        .as_deref()
+        .is_some_and(|v| v.starts_with("application/json"));
+    if kept.status != 200 || kept.truncated || !(sse || json) {
         return kept;
     }
-    let text = String::from_utf8_lossy(&kept.body).replace("\r\n", "\n");
-    let answer = text
-        .split("\n\n")
-        .map(|event| {
-            event
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(str::trim_start)
-                .collect::<Vec<_>>()
-                .join("\n")
+    let answer = if sse {
+        let text = String::from_utf8_lossy(&kept.body).replace("\r\n", "\n");
+        text.split("\n\n")
+            .map(|event| {
+                event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim_start)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .filter_map(|data| serde_json::from_str::<serde_json::Value>(&data).ok())
+            .find(|m| {
+                m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some())
+            })
+    } else {
+        serde_json::from_slice::<serde_json::Value>(&kept.body)
+            .ok()
+            .filter(serde_json::Value::is_object)
+    };
+    let Some(message) = answer else {
+        return kept;
+    };
+    let written = message.to_string();
+    let body = match scrubber {
+        Some(scrubber) => scrubber.scrub_text(written),
+        None => written,
+    };
+    let mut headers: Vec<(String, String)> = kept
+        .headers
+        .into_iter()
+        .filter(|(n, _)| {
+            !n.eq_ignore_ascii_case("content-type") && !n.eq_ignore_ascii_case("content-length")
         })
-        .filter_map(|data| serde_json::from_str::<serde_json::Value>(&data).ok())
-        .find(|m| {
-            m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some())
-        });
-    match answer {
-        Some(message) => StoredResponse {
-            status: 200,
-            headers: vec![("content-type".into(), "application/json".into())],
-            body: message.to_string().into_bytes(),
-            truncated: false,
-        },
-        None => kept,
+        .collect();
+    if sse {
+        headers.clear();
+    }
+    headers.push(("content-type".into(), "application/json".into()));
+    StoredResponse {
+        status: 200,
+        headers,
+        body: body.into_bytes(),
+        truncated: false,
     }
 }
 

@@ -3,7 +3,9 @@
 //! notifications for approvers).
 //!
 //! Who may decide lives here, in one function ([`ApprovalQueue::may_decide`]), whatever the
-//! channel: a listed approver, and never the agent whose request it is.
+//! channel: a listed approver, and never the agent whose request it is. So does how many
+//! holds a session may have pending ([`ApprovalQueue::cap_for`], enforced by
+//! [`ApprovalQueue::hold_bounded`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -13,7 +15,7 @@ use tokio::sync::watch;
 use super::link::{LinkClaims, LinkError, LinkSigner};
 use super::model::{Approval, Channel, Verdict};
 use super::notify::Notifier;
-use super::store::{ApprovalStore, DecideError, QueueCounts};
+use super::store::{Admission, ApprovalStore, DecideError, Hold, QueueCounts};
 use crate::audit::{AuditGuard, AuditSink};
 use crate::config;
 use crate::metrics::Metrics;
@@ -87,6 +89,102 @@ impl ApprovalQueue {
         self.metrics.approval_transition("held");
         self.bump();
         Ok(approval)
+    }
+
+    /// Hold an agent's request, bounded: joined to the session's pending approval of the
+    /// same request (`fingerprint`) if there is one, refused if the session or one of its
+    /// ancestors is at its cap of pending holds (`default_max` for a session with none
+    /// stored), else stored with its first notifications owed — all in one transaction.
+    pub async fn hold_bounded(
+        &self,
+        approval: Approval,
+        fingerprint: String,
+        default_max: u32,
+    ) -> Result<Admission, StoreError> {
+        let notify = self.notifier.recipients(&self.config);
+        let stored = approval.clone();
+        let admission = self
+            .store
+            .call(move |s| {
+                s.hold_bounded(
+                    Hold {
+                        approval: &stored,
+                        fingerprint: &fingerprint,
+                        default_max,
+                        notify: &notify,
+                    },
+                    now_ms(),
+                )
+            })
+            .await?;
+        match &admission {
+            Admission::Held => {
+                self.metrics.approval_transition("held");
+                self.bump();
+            }
+            Admission::Joined(existing) => self.record(
+                existing,
+                "joined",
+                "escalate",
+                None,
+                format!(
+                    "request {} of the same session is the same request (method, URL, body): \
+                     it joins this approval, nobody is notified again",
+                    approval.request_id
+                ),
+                None,
+            ),
+            Admission::Full(_) => {}
+        }
+        Ok(admission)
+    }
+
+    /// The cap of pending holds for a new session: what it asks for (at most
+    /// [`config::PENDING_APPROVALS_CEILING`], and for a child at most its parent's), else
+    /// its parent's, else `default`. The reason is for a `400 bad_request`.
+    pub async fn cap_for(
+        &self,
+        asked: Option<u32>,
+        parent: Option<&str>,
+        default: u32,
+    ) -> Result<u32, CapRefused> {
+        if let Some(n) = asked.filter(|n| *n > config::PENDING_APPROVALS_CEILING) {
+            return Err(CapRefused::Invalid(format!(
+                "max_pending_approvals = {n} exceeds {}",
+                config::PENDING_APPROVALS_CEILING
+            )));
+        }
+        let Some(parent) = parent else {
+            return Ok(asked.unwrap_or(default));
+        };
+        let owned = parent.to_owned();
+        let parents = self
+            .store
+            .call(move |s| s.cap(&owned))
+            .await?
+            .unwrap_or(default);
+        match asked {
+            None => Ok(parents),
+            Some(n) if n <= parents => Ok(n),
+            Some(n) => Err(CapRefused::Invalid(format!(
+                "max_pending_approvals = {n} exceeds the parent session's {parents}: a child \
+                 never holds more than its parent may"
+            ))),
+        }
+    }
+
+    /// Store a new session's cap (after [`Self::cap_for`]), with its parent, whose cap its
+    /// holds count against too.
+    pub async fn set_cap(
+        &self,
+        session: &str,
+        parent: Option<&str>,
+        max: u32,
+    ) -> Result<(), StoreError> {
+        let (session, parent) = (session.to_owned(), parent.map(str::to_owned));
+        self.store
+            .call(move |s| s.set_cap(&session, parent.as_deref(), max))
+            .await
     }
 
     /// May `approver` decide `approval`? Every channel asks this before deciding.
@@ -299,4 +397,14 @@ impl ApprovalQueue {
             .set(counts.failing_deliveries);
         Ok(counts)
     }
+}
+
+/// Why a session's `max_pending_approvals` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CapRefused {
+    /// Over the ceiling, or over the parent's cap: the creator's mistake (400).
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }

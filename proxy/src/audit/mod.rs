@@ -1,14 +1,25 @@
 //! The audit trail: one record for every decision, written from a guard so that allow,
 //! deny, error and cancellation (the agent hung up, the task was dropped) all leave a trace.
+//! It fails closed: while records cannot be written, nothing is forwarded.
 //!
 //! - [`record`] — what a record holds; names policies and lease ids, never secrets.
-//! - [`writer`] — a dedicated thread appending records to SQLite, sealing each one into an
-//!   HMAC chain.
+//! - [`writer`] — a dedicated thread appending records to SQLite in batches, sealing each one
+//!   into an HMAC chain, retrying (never dropping) what it could not write.
+//! - [`health`] — whether records can be written: the request path's check, `/readyz`, and
+//!   the `ostiary_audit_*` metrics.
+//! - [`chain`] — seals, the sealed head checkpoint, and the start-up check that refuses a
+//!   chain that no longer matches it.
 //! - [`verify`] — recomputing the chain (`ostiary audit verify`) and queries.
+//! - [`anchor`] — `ostiary audit reanchor`, the operator's acknowledged way past a mismatch.
 
+pub mod anchor;
+pub mod chain;
+pub mod health;
 pub mod record;
 pub mod verify;
 pub mod writer;
 
+pub use chain::ChainError;
+pub use health::{Limits, Status};
 pub use record::{AuditGuard, AuditRecord};
 pub use writer::{AuditSink, AuditWriter};

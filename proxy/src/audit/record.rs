@@ -24,10 +24,12 @@ pub struct AuditRecord {
     pub agent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
-    /// `http`, `connect`, `tunnel`, `tls`, `session`, `policy`, `approval` (a transition of
-    /// the approval queue), or `mcp_call` (one
-    /// `tools/call` of a JSON-RPC batch, under the request id of the `http` record that
-    /// carried it).
+    /// `http`, `connect`, `tunnel`, `tls`, `stream` (a WebSocket or tunnel relay the proxy
+    /// cut: teardown, expiry, a byte budget), `session`, `spawn` (a refused or renamed child
+    /// session), `policy`, `approval` (a transition of the approval queue), `audit` (the
+    /// trail's own: an outage, a re-anchor), `mcp_call` (one `tools/call` of a JSON-RPC
+    /// batch, under the request id of the `http` record that carried it) or `mcp_message`
+    /// (any other message of such a batch, decided as `Action::"mcp"`).
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
@@ -94,6 +96,27 @@ pub struct AuditRecord {
     /// A session's totals, on the record of its end.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub totals: Option<crate::guardrails::meter::Usage>,
+    /// What an operator acknowledged with `ostiary audit reanchor` (kind `audit`, decision
+    /// `reanchor`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reanchor: Option<Reanchor>,
+    /// The JSON-RPC method of an MCP message decided as `Action::"mcp"` (on its
+    /// `mcp_message` record in a batch, or on the request's own record for a lone one).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rpc_method: Option<String>,
+}
+
+/// A chain that no longer matched its checkpoint, acknowledged by an operator: the record
+/// that says so is sealed into the chain, so the loss stays on record.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reanchor {
+    /// The last record the checkpoint named, when its seal could be trusted.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub checkpoint_seq: Option<i64>,
+    /// The last record found in the database (0: none).
+    pub chain_seq: i64,
+    /// What start-up found wrong.
+    pub problem: String,
 }
 
 impl AuditRecord {

@@ -2,11 +2,12 @@
 
 use std::path::Path;
 
-use rusqlite::{params_from_iter, types::Value as SqlValue, Connection};
+use rusqlite::{params_from_iter, types::Value as SqlValue, Connection, OptionalExtension};
 use subtle::ConstantTimeEq;
 
+use super::chain::{self, Head, GENESIS};
 use super::record::AuditRecord;
-use super::writer::{seal, GENESIS};
+use super::writer::seal;
 use crate::store::StoreError;
 
 /// What verification found.
@@ -16,6 +17,8 @@ pub struct VerifyReport {
     pub records: i64,
     /// Problems, in chain order; empty when the chain is intact.
     pub problems: Vec<String>,
+    /// What an operator acknowledged (`ostiary audit reanchor`): said, but not a failure.
+    pub notes: Vec<String>,
 }
 
 impl VerifyReport {
@@ -32,6 +35,7 @@ pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyR
     )?;
     let mut rows = stmt.query([])?;
     let mut problems = Vec::new();
+    let mut notes = Vec::new();
     let (mut expected_seq, mut prev) = (1i64, GENESIS.to_owned());
     let mut records = 0;
     while let Some(row) = rows.next()? {
@@ -43,23 +47,49 @@ pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyR
         let stored_prev: String = row.get(5)?;
         let hash: String = row.get(6)?;
         records += 1;
-        if seq != expected_seq {
-            problems.push(format!(
-                "record {seq}: expected sequence {expected_seq} (records deleted or inserted)"
+        let sealed = bool::from(
+            seal(key, &stored_prev, seq, &json)
+                .as_bytes()
+                .ct_eq(hash.as_bytes()),
+        );
+        let parsed = serde_json::from_str::<AuditRecord>(&json);
+        let reanchor = match (&parsed, sealed) {
+            (Ok(r), true) => r.reanchor.as_ref().map(|a| (a, r.reason.as_deref())),
+            _ => None,
+        };
+        if let Some((anchor, reason)) = reanchor {
+            notes.push(format!(
+                "record {seq}: re-anchored by an operator ({}): {}",
+                reason.unwrap_or("no reason given"),
+                anchor.problem
             ));
+        }
+        if seq != expected_seq {
+            match reanchor {
+                // The gap a re-anchor declared (it numbers on past the checkpoint's last
+                // record, so a number is never reused).
+                Some((anchor, _)) if anchor.chain_seq == expected_seq - 1 && seq > expected_seq => {
+                    notes.push(format!(
+                        "records {expected_seq} to {} are missing: acknowledged by the re-anchor at record {seq}",
+                        seq - 1
+                    ))
+                }
+                _ => problems.push(format!(
+                    "record {seq}: expected sequence {expected_seq} (records deleted or inserted)"
+                )),
+            }
         }
         if stored_prev != prev {
             problems.push(format!(
                 "record {seq}: does not link to the record before it"
             ));
         }
-        let computed = seal(key, &stored_prev, seq, &json);
-        if !bool::from(computed.as_bytes().ct_eq(hash.as_bytes())) {
+        if !sealed {
             problems.push(format!(
                 "record {seq}: content does not match its seal (edited)"
             ));
         }
-        match serde_json::from_str::<AuditRecord>(&json) {
+        match parsed {
             Ok(r) if r.ts_ms == ts_ms && r.session == session && r.decision == decision => {}
             Ok(_) => problems.push(format!(
                 "record {seq}: indexed columns differ from the record (edited)"
@@ -70,26 +100,67 @@ pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyR
         prev = hash;
     }
     let last_seq = expected_seq - 1;
-    match std::fs::read_to_string(head_path) {
-        Ok(head) => {
-            let mut parts = head.split_whitespace();
-            let head_seq: i64 = parts.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
-            let head_hash = parts.next().unwrap_or("");
-            if head_seq > last_seq {
-                problems.push(format!(
-                    "the chain ends at record {last_seq} but record {head_seq} was written (newest records deleted)"
-                ));
-            } else if head_seq == last_seq && head_hash != prev {
-                problems.push(format!("record {last_seq}: differs from the checkpointed head"));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && records == 0 => {}
-        Err(e) => problems.push(format!(
-            "head checkpoint {} unreadable ({e}); deletion of the newest records cannot be ruled out",
-            head_path.display()
-        )),
+    if let Some(problem) = head_problem(conn, key, head_path, records, last_seq, &prev)? {
+        problems.push(problem);
     }
-    Ok(VerifyReport { records, problems })
+    Ok(VerifyReport {
+        records,
+        problems,
+        notes,
+    })
+}
+
+/// What is wrong between the chain (ending at `last_seq` with hash `last_hash`) and its
+/// checkpoint, if anything.
+fn head_problem(
+    conn: &Connection,
+    key: &[u8],
+    head_path: &Path,
+    records: i64,
+    last_seq: i64,
+    last_hash: &str,
+) -> Result<Option<String>, StoreError> {
+    let path = head_path.display();
+    let head = match chain::read_head(key, head_path) {
+        Ok(head) => head,
+        Err(e) => {
+            return Ok(Some(format!(
+                "head checkpoint {path} unreadable ({e}); deletion of the newest records cannot be ruled out"
+            )))
+        }
+    };
+    let tip = match head {
+        Head::Missing if records == 0 => return Ok(None),
+        Head::Missing => {
+            return Ok(Some(format!(
+                "head checkpoint {path} is missing; deletion of the newest records cannot be ruled out"
+            )))
+        }
+        Head::Unsealed(why) => {
+            return Ok(Some(format!(
+                "head checkpoint {path} cannot be trusted ({why}); deletion of the newest records cannot be ruled out"
+            )))
+        }
+        Head::Sealed(tip) => tip,
+    };
+    if tip.seq > last_seq {
+        return Ok(Some(format!(
+            "the chain ends at record {last_seq} but record {} was written (newest records deleted, or the database replaced by an older copy)",
+            tip.seq
+        )));
+    }
+    let stored = if tip.seq == last_seq {
+        Some(last_hash.to_owned())
+    } else if tip.seq == 0 {
+        Some(GENESIS.to_owned())
+    } else {
+        conn.query_row("SELECT hash FROM audit WHERE seq = ?1", [tip.seq], |r| {
+            r.get::<_, String>(0)
+        })
+        .optional()?
+    };
+    Ok((stored.as_deref() != Some(tip.hash.as_str()))
+        .then(|| format!("record {}: differs from the checkpointed head", tip.seq)))
 }
 
 /// Filters of `ostiary audit query` and `GET /v1/audit`.

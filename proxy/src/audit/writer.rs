@@ -3,35 +3,47 @@
 //! Each record is sealed as `hash = HMAC-SHA256(audit key, prev ‖ seq ‖ record)`, where
 //! `prev` is the previous record's hash. Editing, inserting or deleting a row breaks the
 //! chain; without the key (kept in the state directory, never in the database) the chain
-//! cannot be recomputed. After every batch the head (last seq and hash) is written to a file
-//! beside the database, so that deleting the newest rows is detected too.
+//! cannot be recomputed. After every batch the head is checkpointed ([`super::chain`]) so
+//! that deleting the newest rows is detected too, at the next start-up and by `verify`.
+//!
+//! The request path never waits for a disk write: records go to an in-memory queue, and
+//! the writer takes whatever is queued (up to [`Limits::batch`] records) as soon as its
+//! previous commit ends, with no gathering delay. It fails closed: the first commit or
+//! checkpoint that fails (disk full, I/O error, the database locked past
+//! [`Limits::lock_timeout`]) marks the trail unavailable ([`super::health`]), and the
+//! request path forwards nothing until the writer has written its whole backlog again.
+//! Queued records are kept and retried with backoff, never dropped; since each retry
+//! re-seals the same records with the same sequence numbers, the chain has no gap when
+//! writing resumes.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
-use rusqlite::{params, Connection, OptionalExtension};
-use sha2::Sha256;
-use tokio::sync::{mpsc, oneshot};
+use rusqlite::{params, Connection, TransactionBehavior};
+use tokio::sync::oneshot;
 
+use super::chain::{self, ChainError, Tip};
+pub use super::chain::{seal, GENESIS};
+use super::health::{Health, Limits, Status};
 use super::record::AuditRecord;
-use crate::store::StoreError;
-
-/// Hash of the (virtual) record before the first one.
-pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-
-/// Largest number of records written in one transaction.
-const BATCH: usize = 512;
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
 
 enum Command {
     Record(Box<AuditRecord>),
-    Flush(oneshot::Sender<()>),
+    Flush(oneshot::Sender<bool>),
+    Close(oneshot::Sender<usize>),
 }
 
 /// Cheap handle to send records to the writer; never blocks the request path.
 #[derive(Debug, Clone)]
 pub struct AuditSink {
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::Sender<Command>,
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Command {
@@ -39,53 +51,137 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Record(r) => f.debug_tuple("Record").field(&r.request_id).finish(),
             Command::Flush(_) => f.write_str("Flush"),
+            Command::Close(_) => f.write_str("Close"),
         }
     }
 }
 
+/// The `error` of a request refused because its record could not be written.
+const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
+
 impl AuditSink {
-    /// Queue one record. If the writer is gone the record is logged as lost, loudly.
+    /// Queue one record. Once the queue is full, the refusal of a request refused for that
+    /// very reason is counted rather than queued (memory stays bounded during an outage);
+    /// every other record is queued. If the writer has stopped, the record is logged.
     pub fn send(&self, record: AuditRecord) {
+        let foldable = record.error.as_deref() == Some(AUDIT_UNAVAILABLE);
+        if !self.health.admit(foldable) {
+            return;
+        }
         if let Err(e) = self.tx.send(Command::Record(Box::new(record))) {
+            self.health.unadmit();
             if let Command::Record(r) = e.0 {
-                tracing::error!(request_id = %r.request_id, "audit writer stopped; record lost");
+                log_unwritten(&r, "the audit writer has stopped");
             }
         }
     }
 
-    /// Wait until every record sent before this call is committed.
-    pub async fn flush(&self) {
+    /// Wait until every record sent before this call is committed and checkpointed: `true`
+    /// then, `false` at once if the trail is unavailable (nobody waits out an outage).
+    pub async fn flush(&self) -> bool {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Command::Flush(tx)).is_ok() {
-            let _ = rx.await;
+        if self.tx.send(Command::Flush(tx)).is_err() {
+            return false;
         }
+        rx.await.unwrap_or(false)
+    }
+
+    /// The request path's check before it decides or forwards anything: `503
+    /// audit_unavailable` unless records can be written.
+    pub fn ensure_writable(&self) -> Result<(), ProxyError> {
+        match self.health.unavailable() {
+            None => Ok(()),
+            Some(reason) => Err(ProxyError::AuditUnavailable { reason }),
+        }
+    }
+
+    /// The trail's state, for `/readyz`.
+    pub fn status(&self) -> Status {
+        self.health.status()
+    }
+
+    /// Write everything queued (retrying for [`Limits::shutdown_grace`] if writes fail),
+    /// then stop the writer. Returns how many records could not be written; each of those
+    /// was logged, as the only trace left of it.
+    pub async fn close(&self) -> usize {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Close(tx)).is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
     }
 }
 
-/// The writer thread's handle; dropping every sink and joining drains the queue.
+fn log_unwritten(record: &AuditRecord, why: &str) {
+    // A record holds no secrets (record.rs), so the log may carry it whole.
+    let json = serde_json::to_string(record).unwrap_or_default();
+    tracing::error!(record = %json, why, "audit record not written; this log line is its only trace");
+}
+
+/// The writer thread's handle; dropping every sink (or [`AuditSink::close`]) and joining
+/// drains the queue.
 #[derive(Debug)]
 pub struct AuditWriter {
     thread: Option<thread::JoinHandle<()>>,
 }
 
 impl AuditWriter {
-    /// Start the writer on `conn`, sealing with `key`, checkpointing the head to `head_path`.
+    /// Start the writer on `conn`, sealing with `key`, checkpointing the head to
+    /// `head_path`. Refuses a chain that no longer matches its checkpoint ([`ChainError`]).
     pub fn start(
         conn: Connection,
         key: Vec<u8>,
         head_path: PathBuf,
-    ) -> Result<(Self, AuditSink), StoreError> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut chain = Chain::load(conn, key, head_path)?;
+        metrics: &Metrics,
+    ) -> Result<(Self, AuditSink), ChainError> {
+        Self::start_with(conn, key, head_path, metrics, Limits::default())
+    }
+
+    /// [`AuditWriter::start`] with other bounds.
+    pub fn start_with(
+        conn: Connection,
+        key: Vec<u8>,
+        head_path: PathBuf,
+        metrics: &Metrics,
+        limits: Limits,
+    ) -> Result<(Self, AuditSink), ChainError> {
+        conn.busy_timeout(limits.lock_timeout)?;
+        // Durable before the checkpoint names it: with `NORMAL`, a power cut could lose
+        // commits the head already names, and the next start would see a truncation.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let tip = chain::check_tip(&conn, &key, &head_path)?;
+        // The anchor line: a log kept off this machine can later show a rollback of both
+        // the database and its checkpoint, which nothing on this machine can.
+        tracing::info!(seq = tip.seq, hash = %tip.hash, "audit chain head");
+        let health = Arc::new(Health::new(limits, tip.seq, metrics));
+        let mut writer = Writer {
+            conn,
+            key,
+            head_path,
+            tip,
+            head_dirty: true,
+            health: health.clone(),
+            pending: VecDeque::new(),
+            waiters: Vec::new(),
+            received: 0,
+            written: 0,
+            retry: Retry::default(),
+            outage: None,
+        };
+        // A checkpoint behind the chain (a crash between commit and checkpoint) is caught
+        // up, and a new chain gets its first one; a failure here starts the proxy with the
+        // trail unavailable rather than not at all.
+        writer.write_once();
+        let (tx, rx) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("ostiary-audit".into())
-            .spawn(move || chain.run(rx))
-            .map_err(|e| StoreError::Task(e.to_string()))?;
+            .spawn(move || writer.run(&rx))
+            .map_err(|e| ChainError::Store(crate::store::StoreError::Task(e.to_string())))?;
         Ok((
             Self {
                 thread: Some(thread),
             },
-            AuditSink { tx },
+            AuditSink { tx, health },
         ))
     }
 
@@ -97,104 +193,345 @@ impl AuditWriter {
     }
 }
 
-struct Chain {
-    conn: Connection,
-    key: Vec<u8>,
-    head_path: PathBuf,
-    seq: i64,
-    prev: String,
+/// Why a batch or a checkpoint could not be written; the text is what `/readyz`, the
+/// log and the outage's record say.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("serialising a record: {0}")]
+    Serialise(#[from] serde_json::Error),
+    #[error("writing the head checkpoint: {0}")]
+    Checkpoint(std::io::Error),
+    #[error(
+        "the chain was changed by another writer (it should end at record {expected}, it ends \
+         at record {found}); restart to have it checked"
+    )]
+    Changed { expected: i64, found: i64 },
 }
 
-impl Chain {
-    fn load(conn: Connection, key: Vec<u8>, head_path: PathBuf) -> Result<Self, StoreError> {
-        let last: Option<(i64, String)> = conn
-            .query_row(
-                "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()?;
-        let (seq, prev) = last.unwrap_or((0, GENESIS.to_owned()));
-        Ok(Self {
-            conn,
-            key,
-            head_path,
-            seq,
-            prev,
+/// When the next attempt after a failure is due.
+#[derive(Debug, Default)]
+struct Retry {
+    next: Option<Instant>,
+    delay: Duration,
+}
+
+impl Retry {
+    fn wait(&self) -> Duration {
+        self.next.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
         })
     }
 
-    fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
-        let mut batch = Vec::with_capacity(BATCH);
-        let mut waiters = Vec::new();
-        while let Some(first) = rx.blocking_recv() {
-            let mut next = Some(first);
-            while let Some(cmd) = next.take() {
-                match cmd {
-                    Command::Record(r) => batch.push(*r),
-                    Command::Flush(w) => waiters.push(w),
-                }
-                if batch.len() < BATCH {
-                    next = rx.try_recv().ok();
-                }
-            }
-            if let Err(e) = self.append(&batch) {
-                // The chain is the product's record of truth: say so loudly, keep running.
-                tracing::error!(error = %e, lost = batch.len(), "audit batch could not be written");
-            }
-            batch.clear();
-            for w in waiters.drain(..) {
-                let _ = w.send(());
-            }
-        }
+    fn back_off(&mut self, limits: &Limits) {
+        self.delay = (self.delay * 2).clamp(limits.retry_min, limits.retry_max);
+        self.next = Some(Instant::now() + self.delay);
     }
 
-    fn append(&mut self, batch: &[AuditRecord]) -> Result<(), StoreError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let (mut seq, mut prev) = (self.seq, self.prev.clone());
-        let tx = self.conn.transaction()?;
-        {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?;
-            for record in batch {
-                seq += 1;
-                let json = serde_json::to_string(record)
-                    .map_err(|e| StoreError::Task(format!("serialising audit record: {e}")))?;
-                let hash = seal(&self.key, &prev, seq, &json);
-                insert.execute(params![
-                    seq,
-                    record.ts_ms,
-                    record.session,
-                    record.decision,
-                    json,
-                    prev,
-                    hash
-                ])?;
-                prev = hash;
-            }
-        }
-        tx.commit()?;
-        self.seq = seq;
-        self.prev = prev;
-        // Best effort: a missing head only weakens tail-deletion detection, and verify says so.
-        if let Err(e) = std::fs::write(&self.head_path, format!("{} {}\n", self.seq, self.prev)) {
-            tracing::warn!(error = %e, "could not checkpoint the audit head");
-        }
-        Ok(())
+    fn reset(&mut self) {
+        *self = Self::default();
     }
 }
 
-/// The seal of one record.
-pub fn seal(key: &[u8], prev: &str, seq: i64, record_json: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
-    mac.update(prev.as_bytes());
-    mac.update(b"\n");
-    mac.update(seq.to_string().as_bytes());
-    mac.update(b"\n");
-    mac.update(record_json.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+/// Since when, and why, records cannot be written.
+#[derive(Debug)]
+struct Outage {
+    since: Instant,
+    since_ms: i64,
+    reason: String,
+}
+
+struct Writer {
+    conn: Connection,
+    key: Vec<u8>,
+    head_path: PathBuf,
+    /// The last committed record.
+    tip: Tip,
+    /// `tip` is committed but not yet checkpointed.
+    head_dirty: bool,
+    health: Arc<Health>,
+    pending: VecDeque<AuditRecord>,
+    /// Flushes and the count of records received before each.
+    waiters: Vec<(u64, oneshot::Sender<bool>)>,
+    received: u64,
+    written: u64,
+    retry: Retry,
+    outage: Option<Outage>,
+}
+
+/// A shutdown in progress: its deadline and who waits for it.
+struct Closing {
+    deadline: Instant,
+    waiters: Vec<oneshot::Sender<usize>>,
+}
+
+impl Writer {
+    fn busy(&self) -> bool {
+        !self.pending.is_empty() || self.head_dirty
+    }
+
+    fn run(mut self, rx: &mpsc::Receiver<Command>) {
+        let mut closing: Option<Closing> = None;
+        loop {
+            let open = self.collect(rx, &mut closing);
+            // Before writing: a flush whose records are already written is answered even if
+            // the next write fails.
+            self.answer_flushes();
+            if !open && closing.is_none() {
+                closing = Some(Closing {
+                    deadline: Instant::now() + self.health.limits.shutdown_grace,
+                    waiters: Vec::new(),
+                });
+            }
+            if self.busy() && self.retry.wait().is_zero() {
+                self.write_once();
+            }
+            self.answer_flushes();
+            let Some(c) = &closing else { continue };
+            if !self.busy() || Instant::now() >= c.deadline {
+                break;
+            }
+        }
+        let unwritten = self.abandon();
+        for (_, w) in self.waiters.drain(..) {
+            let _ = w.send(false);
+        }
+        for w in closing.map(|c| c.waiters).unwrap_or_default() {
+            let _ = w.send(unwritten);
+        }
+    }
+
+    /// Take what is queued: block while idle, else wait at most until the next retry (or
+    /// the shutdown deadline). `false` once every sink is gone.
+    fn collect(&mut self, rx: &mpsc::Receiver<Command>, closing: &mut Option<Closing>) -> bool {
+        let first = if !self.busy() && closing.is_none() {
+            match rx.recv() {
+                Ok(cmd) => cmd,
+                Err(_) => return false,
+            }
+        } else {
+            let mut wait = self.retry.wait();
+            if let Some(c) = closing {
+                wait = wait.min(c.deadline.saturating_duration_since(Instant::now()));
+            }
+            match rx.recv_timeout(wait) {
+                Ok(cmd) => cmd,
+                Err(RecvTimeoutError::Timeout) => return true,
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Nothing more can arrive: wait out the backoff here rather than spin.
+                    thread::sleep(wait);
+                    return false;
+                }
+            }
+        };
+        self.take(first, closing);
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => self.take(cmd, closing),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn take(&mut self, cmd: Command, closing: &mut Option<Closing>) {
+        match cmd {
+            Command::Record(r) => {
+                self.pending.push_back(*r);
+                self.received += 1;
+            }
+            Command::Flush(w) if self.health.is_failing() => {
+                let _ = w.send(false);
+            }
+            Command::Flush(w) => self.waiters.push((self.received, w)),
+            Command::Close(w) => closing
+                .get_or_insert_with(|| Closing {
+                    deadline: Instant::now() + self.health.limits.shutdown_grace,
+                    waiters: Vec::new(),
+                })
+                .waiters
+                .push(w),
+        }
+    }
+
+    /// Flushes whose records are all written (a failure answers the rest, in `fail`).
+    fn answer_flushes(&mut self) {
+        let written = self.written;
+        let (done, waiting) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition::<Vec<_>, _>(|(target, _)| *target <= written);
+        self.waiters = waiting;
+        for (_, w) in done {
+            let _ = w.send(true);
+        }
+    }
+
+    /// One batch (and its checkpoint), or one retry of a failed one.
+    fn write_once(&mut self) {
+        self.health.begin_write();
+        let result = self.write_batch();
+        self.health.end_write();
+        match result {
+            Ok(()) => {
+                self.retry.reset();
+                self.after_success();
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn write_batch(&mut self) -> Result<(), WriteError> {
+        if self.head_dirty {
+            self.checkpoint()?;
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let n = self.pending.len().min(self.health.limits.batch);
+        let records = &self.pending.make_contiguous()[..n];
+        self.tip = append(&mut self.conn, &self.key, &self.tip, records)?;
+        self.pending.drain(..n);
+        self.written += n as u64;
+        self.health.dequeued(n);
+        self.head_dirty = true;
+        self.checkpoint()
+    }
+
+    fn checkpoint(&mut self) -> Result<(), WriteError> {
+        chain::write_head(&self.key, &self.head_path, &self.tip).map_err(WriteError::Checkpoint)?;
+        self.head_dirty = false;
+        self.health.committed(self.tip.seq);
+        Ok(())
+    }
+
+    fn fail(&mut self, e: WriteError) {
+        let reason = e.to_string();
+        if self.health.failed(reason.clone()) {
+            tracing::error!(
+                error = %reason,
+                queued = self.pending.len(),
+                "audit records cannot be written: nothing is forwarded (503 audit_unavailable) \
+                 until they can; queued records are kept and retried"
+            );
+            self.outage = Some(Outage {
+                since: Instant::now(),
+                since_ms: crate::store::now_ms(),
+                reason,
+            });
+        } else {
+            tracing::debug!(error = %reason, "audit write retry failed");
+        }
+        self.retry.back_off(&self.health.limits);
+        // Nobody waits out an outage: flushes are answered `false` now.
+        for (_, w) in self.waiters.drain(..) {
+            let _ = w.send(false);
+        }
+    }
+
+    /// After a successful write: the end of an outage once the backlog is written, and a
+    /// record of what could not be recorded one by one meanwhile.
+    fn after_success(&mut self) {
+        if self.busy() {
+            return;
+        }
+        if self.health.is_failing() && self.health.recovered() {
+            if let Some(outage) = self.outage.take() {
+                let lasted = outage.since.elapsed().as_millis();
+                tracing::warn!(
+                    after_ms = lasted as u64,
+                    "audit records can be written again; forwarding resumes"
+                );
+                self.push_own(format!(
+                    "audit records could not be written for {lasted} ms from {} ({}); nothing \
+                     was forwarded meanwhile",
+                    outage.since_ms, outage.reason
+                ));
+            }
+        }
+        if self.health.unavailable().is_none() {
+            let folded = self.health.take_folded();
+            if folded > 0 {
+                self.push_own(format!(
+                    "{folded} requests were refused (audit_unavailable) while the audit queue \
+                     was full; they are counted here rather than recorded one by one"
+                ));
+            }
+        }
+    }
+
+    /// A record of the trail's own (kind `audit`), queued like any other.
+    fn push_own(&mut self, reason: String) {
+        self.health.admit(false);
+        self.received += 1;
+        self.pending.push_back(AuditRecord {
+            ts_ms: crate::store::now_ms(),
+            request_id: crate::ids::request_id(),
+            kind: "audit".into(),
+            decision: "error".into(),
+            error: Some(AUDIT_UNAVAILABLE.into()),
+            reason: Some(reason),
+            ..Default::default()
+        });
+    }
+
+    /// At shutdown, what could not be written is logged, the only trace left of it.
+    fn abandon(&mut self) -> usize {
+        let n = self.pending.len();
+        if n > 0 {
+            tracing::error!(
+                unwritten = n,
+                "audit records could not be written before shutdown; each is logged below"
+            );
+        }
+        for record in self.pending.drain(..) {
+            log_unwritten(&record, "the audit trail was unavailable at shutdown");
+        }
+        self.health.dequeued(n);
+        n
+    }
+}
+
+/// Append `records` after `tip` in one transaction; the new tip.
+fn append(
+    conn: &mut Connection,
+    key: &[u8],
+    tip: &Tip,
+    records: &[AuditRecord],
+) -> Result<Tip, WriteError> {
+    // Immediate: the check below and the inserts happen under one write lock.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // The chain must still end where this writer left it: a second writer on the same
+    // database, or rows deleted while running, would otherwise fork or gap the chain.
+    let last = chain::last_row(&tx)?.unwrap_or_else(Tip::genesis);
+    if last != *tip {
+        return Err(WriteError::Changed {
+            expected: tip.seq,
+            found: last.seq,
+        });
+    }
+    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?;
+        for record in records {
+            seq += 1;
+            let json = serde_json::to_string(record)?;
+            let hash = seal(key, &prev, seq, &json);
+            insert.execute(params![
+                seq,
+                record.ts_ms,
+                record.session,
+                record.decision,
+                json,
+                prev,
+                hash
+            ])?;
+            prev = hash;
+        }
+    }
+    tx.commit()?;
+    Ok(Tip { seq, hash: prev })
 }

@@ -140,8 +140,17 @@ pub enum AuditCommand {
         #[arg(long)]
         limit: Option<u32>,
     },
-    /// Recompute the chain; exit 1 if anything was altered, inserted or deleted.
+    /// Recompute the chain; exit 1 if anything was altered, inserted or deleted (the newest
+    /// records included: the head checkpoint must match).
     Verify,
+    /// Acknowledge a chain that no longer matches its checkpoint (which `serve` refuses to
+    /// extend): seal a record saying so, with your reason, onto the chain as it stands. Run
+    /// `audit verify` first, with the proxy stopped.
+    Reanchor {
+        /// Why (who looked, what was found); recorded in the chain.
+        #[arg(long)]
+        reason: String,
+    },
     /// What charged tool calls cost, grouped (default: by tool), most expensive first.
     Cost {
         /// Only this session and the sessions spawned from it, at any depth.
@@ -186,7 +195,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "default")]
     pub tenant: String,
     /// Destination host; canonicalised as the proxy does before policies see it.
-    #[arg(long, required_unless_present = "tool")]
+    #[arg(long, required_unless_present_any = ["tool", "spawn"])]
     pub host: Option<String>,
     /// HTTP method (default GET).
     #[arg(long)]
@@ -209,6 +218,20 @@ pub struct ExplainArgs {
     /// TLS server name of the tunnel (default: the host).
     #[arg(long, requires = "connect")]
     pub sni: Option<String>,
+    /// Decide a JSON-RPC message with this method (`resources/read`) to the MCP endpoint
+    /// `--server` on `--host` (`Action::"mcp"`) instead of an HTTP request.
+    #[arg(long, conflicts_with_all = ["method", "path", "query", "port", "scheme", "connect", "sni"])]
+    pub mcp: Option<String>,
+    /// The MCP endpoint's URL (default `https://<host>/mcp`).
+    #[arg(long, requires = "mcp")]
+    pub server: Option<String>,
+    /// Decide whether `--agent` may spawn a child session under this agent name
+    /// (`Action::"spawn"`).
+    #[arg(
+        long,
+        conflicts_with_all = ["host", "method", "path", "query", "port", "scheme", "connect", "sni", "mcp", "tool"]
+    )]
+    pub spawn: Option<String>,
     /// Decide a call of this catalog tool (`github.create_issue`) instead of an HTTP request;
     /// the host serving it and its impact come from the catalog, as in a policy test case.
     #[arg(
@@ -220,11 +243,17 @@ pub struct ExplainArgs {
     #[arg(long, requires = "tool")]
     pub args: Option<String>,
     /// Calls the session made before this one (default 0).
-    #[arg(long, requires = "tool")]
+    #[arg(long)]
     pub session_calls: Option<i64>,
-    /// Cost the session spent before this call, in the catalog's units (default 0).
-    #[arg(long, requires = "tool")]
+    /// Cost the session spent before this request, in the catalog's units (default 0).
+    #[arg(long)]
     pub session_cost: Option<f64>,
+    /// Spawn depth of the session (default 0: a root session).
+    #[arg(long)]
+    pub session_depth: Option<i64>,
+    /// The agent of the session's parent (default none: a root session).
+    #[arg(long)]
+    pub parent_agent: Option<String>,
     /// A human approved this call (`context.approval`).
     #[arg(long, requires = "tool")]
     pub approved_by: Option<String>,
@@ -347,9 +376,10 @@ async fn shutdown_signal() {
 }
 
 fn control_client(config: &Config) -> Result<ControlClient, CliError> {
-    let token = match std::env::var("OSTIARY_ADMIN_TOKEN") {
-        Ok(t) if !t.is_empty() => t,
-        _ => state::read_admin_token(&config.state.dir)?
+    // The same token, checked the same way, as `serve` takes.
+    let token = match state::admin_token_from_env()? {
+        Some(t) => t.expose().to_owned(),
+        None => state::read_admin_token(&config.state.dir)?
             .expose()
             .to_owned(),
     };
@@ -383,7 +413,7 @@ async fn session_new(config: &Config, args: SessionArgs) -> Result<ExitCode, Cli
             tenant: args.tenant,
             ttl: args.ttl,
             max_calls: args.max_calls,
-            max_cost: None,
+            ..Default::default()
         })
         .await?;
     if args.json {
@@ -455,8 +485,10 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             db.display()
         )));
     }
-    let conn = crate::store::open_read_only(&db)?;
+    // Read-only for all but `reanchor`, which writes.
+    let read_only = || crate::store::open_read_only(&db);
     match cmd {
+        AuditCommand::Reanchor { reason } => reanchor(config, &db, &reason),
         AuditCommand::Query {
             session,
             decision,
@@ -470,7 +502,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
                 })?),
             };
             let records = verify::query(
-                &conn,
+                &read_only()?,
                 &Query {
                     session,
                     decision,
@@ -487,7 +519,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             // Everything: a session's descendants are found only through the records of
             // the whole chain, so no SQL filter can narrow this down first.
             let all = verify::query(
-                &conn,
+                &read_only()?,
                 &Query {
                     limit: Some(u32::MAX),
                     ..Default::default()
@@ -506,18 +538,52 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
         }
         AuditCommand::Verify => {
             let key = read_audit_key(&config.state.dir)?;
-            let report = verify::verify(&conn, &key, &config.state.dir.join(files::AUDIT_HEAD))?;
+            let report = verify::verify(
+                &read_only()?,
+                &key,
+                &config.state.dir.join(files::AUDIT_HEAD),
+            )?;
             if report.ok() {
                 println!("ok: {} records, chain intact", report.records);
-                Ok(ExitCode::SUCCESS)
             } else {
                 println!("FAILED: {} records checked", report.records);
                 for p in &report.problems {
                     println!("  {p}");
                 }
-                Ok(ExitCode::FAILURE)
             }
+            for note in &report.notes {
+                println!("  note: {note}");
+            }
+            Ok(if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
+    }
+}
+
+/// `audit reanchor`: exit 0 once the acknowledgement is sealed onto the chain; 1 when the
+/// chain matches its checkpoint (nothing to acknowledge).
+fn reanchor(config: &Config, db: &Path, reason: &str) -> Result<ExitCode, CliError> {
+    use crate::audit::anchor::{self, ReanchorError};
+    let key = read_audit_key(&config.state.dir)?;
+    let mut conn = crate::store::open(db)?;
+    let head = config.state.dir.join(files::AUDIT_HEAD);
+    match anchor::reanchor(&mut conn, &key, &head, reason) {
+        Ok(done) => {
+            println!(
+                "re-anchored: record {} acknowledges: {}",
+                done.seq, done.problem
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ ReanchorError::Intact { .. }) => {
+            println!("{e}");
+            Ok(ExitCode::FAILURE)
+        }
+        Err(ReanchorError::NoReason) => Err(CliError::Usage(ReanchorError::NoReason.to_string())),
+        Err(e) => Err(CliError::Usage(format!("re-anchoring failed: {e}"))),
     }
 }
 
@@ -560,30 +626,33 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
     use ostiary_policies::{AccessRequest, Action};
 
     let (engine, _) = policy_engine(config, args.dir)?;
-    let (host, action) = match args.tool {
-        Some(name) => {
+    // As a policy test case's `session`: defaults are a root session's first request.
+    let session = ostiary_policies::testing::CaseSession {
+        calls: args.session_calls.unwrap_or(0),
+        cost: args.session_cost.unwrap_or(0.0),
+        depth: args.session_depth.unwrap_or(0),
+        parent_agent: args.parent_agent.clone().unwrap_or_default(),
+        profile: String::new(),
+    }
+    .state()
+    .map_err(CliError::Usage)?;
+    let (host, action) = match (args.tool, args.spawn) {
+        (Some(name), _) => {
             let call_args = match args.args.as_deref() {
                 None => serde_json::Map::new(),
                 Some(text) => serde_json::from_str(text)
                     .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
             };
-            let session = ostiary_policies::testing::CaseSession {
-                calls: args.session_calls.unwrap_or(0),
-                cost: args.session_cost.unwrap_or(0.0),
-                // No flag gives a depth: an agent acting for a human directly, as a
-                // test case that does not give one.
-                depth: 0,
-            };
             ostiary_policies::testing::tool_call(
                 engine.catalog(),
                 &name,
                 call_args,
-                session,
                 args.approved_by.as_deref(),
             )
             .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?
         }
-        None => {
+        (None, Some(child)) => (String::new(), Action::Spawn { child }),
+        (None, None) => {
             // clap requires --host unless --tool is given.
             let raw = args
                 .host
@@ -593,7 +662,12 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
             let host = crate::egress::address::normalize_host(&raw)
                 .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
                 .to_string();
-            let action = if args.connect {
+            let action = if let Some(method) = args.mcp {
+                Action::Mcp {
+                    method,
+                    server: args.server.unwrap_or_else(|| format!("https://{host}/mcp")),
+                }
+            } else if args.connect {
                 Action::Connect {
                     port: args.port.unwrap_or(443),
                     sni: args.sni.unwrap_or_else(|| host.clone()),
@@ -616,6 +690,7 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
         agent: args.agent,
         tenant: args.tenant,
         host,
+        session,
         action,
     });
     if args.json {

@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod control;
 mod sessions;
 mod tiers;
 
-pub use sessions::{Sessions, Watchdog, LIMIT_NAMES};
+pub use control::Control;
+pub use sessions::{Sessions, Watchdog, LIMIT_NAMES, PENDING_APPROVALS_CEILING};
 pub use tiers::{tier_name, OnBudget, Rate, Tier, TierToml, Tiers, CHECK_NAMES};
 
 /// Why a config could not be loaded.
@@ -52,6 +54,8 @@ pub struct Config {
     pub tiers: Tiers,
     /// Settings of individual checks (the external `webhook`, extra DLP values).
     pub checks: Checks,
+    /// The control API's own settings (who may read `/metrics`).
+    pub control: Control,
 }
 
 /// Where the two listeners bind.
@@ -191,11 +195,18 @@ pub struct Approvals {
     pub slack_signing_secret_env: String,
     /// Slack user id → approver name (one of `approvers`): who a Slack button click is.
     pub slack_users: BTreeMap<String, String>,
-    /// Whether Slack messages carry a "Review as <approver>" link button per approver. A
-    /// channel is shared: anyone who reads it can follow any of them. `false` leaves only
-    /// the interactive Approve/Deny buttons, whose clicks are bound to Slack identities
-    /// (`slack_users`, verified callbacks).
-    pub slack_links: bool,
+    /// Whether Slack messages carry a "Review as <approver>" link button per approver:
+    /// `"none"` (the default) or `"shared"`. A channel is shared, and a link is bound to one
+    /// approver: anyone who reads the channel could follow it and decide as that approver.
+    /// With `"none"` Slack carries only the interactive Approve/Deny buttons, whose clicks
+    /// are bound to Slack identities (`slack_users`, verified callbacks); approvers get
+    /// their own links by email.
+    pub slack_links: SlackLinks,
+    /// Notifications to one approver (one mailbox, the Slack channel) are rate-limited:
+    /// the first goes out at once, and the ones that come due within this window after it
+    /// are collected and sent as one digest when it ends. `0s`: every notification at once.
+    #[serde(deserialize_with = "duration")]
+    pub digest_window: Duration,
     /// Email over SMTP; absent: no email.
     pub smtp: Option<Smtp>,
     /// Largest request body held for approval; larger requests are refused (413).
@@ -226,7 +237,8 @@ impl Default for Approvals {
             slack_webhook_env: "OSTIARY_SLACK_WEBHOOK".to_owned(),
             slack_signing_secret_env: "OSTIARY_SLACK_SIGNING_SECRET".to_owned(),
             slack_users: BTreeMap::new(),
-            slack_links: true,
+            slack_links: SlackLinks::None,
+            digest_window: Duration::from_secs(60),
             smtp: None,
             max_body_bytes: 1024 * 1024,
             max_response_bytes: 1024 * 1024,
@@ -234,6 +246,41 @@ impl Default for Approvals {
             tick: Duration::from_secs(1),
             retry_initial: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `approvals.slack_links`: whether approver-bound review links go to the Slack channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlackLinks {
+    /// No approver-bound link in Slack: the channel cannot be used to act as an approver.
+    #[default]
+    None,
+    /// One "Review as <approver>" button per approver: only for a channel that nobody but
+    /// the approvers reads.
+    Shared,
+}
+
+impl<'de> Deserialize<'de> for SlackLinks {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // `true`/`false` were this field's type before; they stay accepted as the explicit
+        // choice they are.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Flag(false) => Ok(Self::None),
+            Raw::Flag(true) => Ok(Self::Shared),
+            Raw::Name(name) => match name.as_str() {
+                "none" => Ok(Self::None),
+                "shared" => Ok(Self::Shared),
+                other => Err(serde::de::Error::custom(format!(
+                    "slack_links = {other:?}: \"none\" or \"shared\""
+                ))),
+            },
         }
     }
 }
@@ -362,6 +409,7 @@ impl Config {
         if self.egress.ports.contains(&0) {
             return Err(ConfigError::Invalid("egress.ports contains 0".into()));
         }
+        self.sessions.validate().map_err(ConfigError::Invalid)?;
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),

@@ -1,6 +1,6 @@
 //! `[sessions]`: lifetimes, spawn bounds, the hard limits every session gets unless its
-//! creator names its own, what reaching one does, teardown's grace, and the loop
-//! watchdog's settings.
+//! creator names its own (the cap on requests held for approval among them), what reaching
+//! one does, teardown's grace, and the loop watchdog's settings.
 
 use std::time::Duration;
 
@@ -32,6 +32,12 @@ pub struct Sessions {
     pub max_bytes_sent: u64,
     /// Response bytes a session may receive (0: no limit).
     pub max_bytes_received: u64,
+    /// Requests a session may have held for approval at once (pending), when its creator
+    /// names no `max_pending_approvals`; one more is refused `429 limit_exceeded` with
+    /// `limit: "approvals"`. A child's holds count against its ancestors' caps too. `0`: no
+    /// request may be held at all (there is no "unlimited": every hold costs an approver's
+    /// attention and up to `approvals.max_body_bytes` of storage).
+    pub max_pending_approvals: u32,
     /// Limits that put the request before a human instead of answering `429`: `calls`,
     /// `cost`. An approver's yes runs the request and grants the session as much again.
     pub escalate_limits: Vec<String>,
@@ -58,6 +64,7 @@ impl Default for Sessions {
             max_cost: 0.0,
             max_bytes_sent: 0,
             max_bytes_received: 0,
+            max_pending_approvals: 5,
             escalate_limits: Vec::new(),
             grace: Duration::from_secs(5),
             idempotency_ttl: Duration::from_secs(24 * 3600),
@@ -69,6 +76,24 @@ impl Default for Sessions {
 
 /// The limits `escalate_limits` may name.
 pub const LIMIT_NAMES: &[&str] = &["calls", "cost"];
+
+/// The largest `max_pending_approvals` a config or a session may name: each pending hold
+/// may store `approvals.max_body_bytes` and asks a human for attention, so "practically
+/// unlimited" is not a setting.
+pub const PENDING_APPROVALS_CEILING: u32 = 1000;
+
+impl Sessions {
+    /// Checks of `[sessions]` that serde cannot express.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.max_pending_approvals > PENDING_APPROVALS_CEILING {
+            return Err(format!(
+                "sessions.max_pending_approvals = {} exceeds {PENDING_APPROVALS_CEILING}",
+                self.max_pending_approvals
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// `[sessions.watchdog]`: when a session looks like it is looping, it is paused for a
 /// human. The identical-call rule is per tier (`[tiers.*] repeat_max`, `repeat_window`).
@@ -88,6 +113,12 @@ pub struct Watchdog {
     pub tier_jumps: u32,
     #[serde(deserialize_with = "duration")]
     pub tier_jump_window: Duration,
+    /// Requests held for approval (or refused because the session's holds reached
+    /// `max_pending_approvals`) within `hold_window`: a session that keeps asking for a
+    /// human is as suspicious as one that keeps being refused.
+    pub holds: u32,
+    #[serde(deserialize_with = "duration")]
+    pub hold_window: Duration,
     /// Audit records of the session kept in the dead-letter snapshot.
     pub snapshot_records: u32,
 }
@@ -102,6 +133,8 @@ impl Default for Watchdog {
             baseline_calls: 20,
             tier_jumps: 3,
             tier_jump_window: Duration::from_secs(60),
+            holds: 10,
+            hold_window: Duration::from_secs(60),
             snapshot_records: 50,
         }
     }

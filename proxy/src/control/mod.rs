@@ -76,15 +76,11 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         (&Method::GET, ["healthz"]) => {
             return json_response(StatusCode::OK, &json!({"status": "ok"}), &request_id)
         }
-        (&Method::GET, ["metrics"]) => {
-            let mut response = Response::new(full(shared.metrics.encode()));
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            return response;
+        (&Method::GET, ["readyz"]) => return ready(&shared, &request_id),
+        // Metrics name agents, tenants, credentials and tools: admin only, unless the
+        // operator made them public for a scraper that cannot send a token.
+        (&Method::GET, ["metrics"]) if shared.config.control.public_metrics => {
+            return metrics(&shared)
         }
         // The approvers' own doors: a signed link and a signed Slack callback are their
         // credentials, not the admin token.
@@ -131,6 +127,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         return json_response(status, &body, &request_id);
     }
     let reply = match (req.method().clone(), segments.as_slice()) {
+        (Method::GET, ["metrics"]) => return metrics(&shared),
         (Method::POST, ["v1", "sessions"]) => sessions::create(&shared, req, None).await,
         (Method::GET, ["v1", "sessions", id]) => sessions::show(&shared, id),
         (Method::DELETE, ["v1", "sessions", id]) => {
@@ -177,6 +174,18 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         body["request_id"] = json!(request_id);
     }
     json_response(status, &body, &request_id)
+}
+
+/// `GET /metrics`: the Prometheus (OpenMetrics) text.
+fn metrics(shared: &Shared) -> Response<ProxyBody> {
+    let mut response = Response::new(full(shared.metrics.encode()));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    response
 }
 
 fn is_admin<B>(shared: &Shared, req: &Request<B>) -> bool {
@@ -331,4 +340,27 @@ pub fn parse_since(text: &str) -> Option<i64> {
     humantime::parse_duration(text)
         .ok()
         .map(|d| crate::store::now_ms() - d.as_millis() as i64)
+}
+
+/// `GET /readyz`: 200 while the proxy can serve, else 503 naming each component that cannot
+/// (today the audit trail: while its records cannot be written, nothing is forwarded).
+fn ready(shared: &Shared, request_id: &str) -> Response<ProxyBody> {
+    let audit = shared.audit.status();
+    let status = if audit.available {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if audit.available { "ready" } else { "unavailable" },
+        "components": {
+            "audit": {
+                "ok": audit.available,
+                "reason": audit.reason,
+                "queued": audit.queued,
+                "head_seq": audit.head_seq,
+            },
+        },
+    });
+    json_response(status, &body, request_id)
 }

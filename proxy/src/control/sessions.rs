@@ -12,10 +12,13 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use super::{problem, read_json, Reply};
+use crate::approvals::queue::CapRefused;
+use crate::audit::AuditGuard;
 use crate::guardrails::meter::Limits;
 use crate::lifecycle;
 use crate::server::Shared;
-use crate::session::{NewSession, Principal, SessionError};
+use crate::session::spawn::{self, ChildAgent};
+use crate::session::{limits, registry, NewSession, Principal, SessionError};
 
 /// The session a `Bearer` token on a control request stands for, if it is a session token.
 pub(super) fn bearer_session<B>(
@@ -38,6 +41,10 @@ pub(super) async fn create(
         Ok(n) => n,
         Err(reply) => return reply,
     };
+    // Every number first: a negative or absurd budget must not reach the carving below.
+    if let Err(e) = limits::check(&new) {
+        return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
+    }
     let parent = match (parent, new.parent.as_deref()) {
         (Some(p), Some(named)) if named != p.session_id => {
             return problem(
@@ -73,6 +80,36 @@ pub(super) async fn create(
             );
         }
     }
+    // spawn — who the child runs as, before anything is carved for it: its parent's agent,
+    // or another name only if policy permits the parent's agent to spawn it.
+    let child = match &parent {
+        Some(p) => match child_agent(shared, p, new.agent.as_deref()) {
+            Ok(child) => Some(child),
+            Err(reply) => return reply,
+        },
+        None => None,
+    };
+    // approvals — how many requests it may have held at once, never more than its parent;
+    // before the budget is carved, so a refused child carves nothing.
+    let max_pending_approvals = match shared
+        .approvals
+        .cap_for(
+            new.max_pending_approvals,
+            parent.as_ref().map(|p| p.session_id.as_str()),
+            shared.config.sessions.max_pending_approvals,
+        )
+        .await
+    {
+        Ok(n) => n,
+        Err(CapRefused::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, "bad_request", m),
+        Err(e) => {
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            )
+        }
+    };
     let named = Limits {
         max_calls: new.max_calls,
         max_cost_micros: new.max_cost.map(ostiary_policies::catalog::cost_to_micros),
@@ -89,7 +126,10 @@ pub(super) async fn create(
         },
         None => named.or(shared.guardrails.default_limits()),
     };
-    let created = shared.sessions.create(new, parent.as_deref()).await;
+    let created = shared
+        .sessions
+        .create(new, parent.as_deref().zip(child.as_ref()))
+        .await;
     let (principal, token) = match created {
         Ok(created) => created,
         Err(e) => {
@@ -113,15 +153,38 @@ pub(super) async fn create(
     shared
         .guardrails
         .open(&principal.session_id, limits, principal.parent.clone());
+    let parent_id = principal.parent.as_deref();
+    let capped = shared
+        .approvals
+        .set_cap(&principal.session_id, parent_id, max_pending_approvals)
+        .await;
+    if let Err(e) = capped {
+        // Unstored, its holds would not count against its ancestors' caps: fail closed.
+        let why = "its cap of pending approvals could not be stored";
+        let _ = lifecycle::teardown(shared, &principal.session_id, why).await;
+        return problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("storing the session's cap of pending approvals: {e}"),
+        );
+    }
     shared.audit_session_event(
         &principal.session_id,
         &principal.agent,
         &principal.tenant,
-        &match &principal.parent {
-            Some(p) => format!("session created (child of {p}, depth {})", principal.depth),
-            None => "session created".to_owned(),
+        &match (&principal.parent, &child) {
+            (Some(p), Some(c)) if c.renamed() => format!(
+                "session created (child of {p}, depth {}, as agent {:?} by spawn policies {})",
+                principal.depth,
+                c.name(),
+                c.policies().join(", ")
+            ),
+            (Some(p), _) => format!("session created (child of {p}, depth {})", principal.depth),
+            (None, _) => "session created".to_owned(),
         },
     );
+    let mut shown_limits = limits_json(&limits);
+    shown_limits["max_pending_approvals"] = json!(max_pending_approvals);
     Reply(
         StatusCode::CREATED,
         json!({
@@ -138,9 +201,45 @@ pub(super) async fn create(
                 shared,
                 principal.parent.is_some().then_some(principal.session_id.as_str()),
             ),
-            "limits": limits_json(&limits),
+            "limits": shown_limits,
         }),
     )
+}
+
+/// The agent a child of `parent` runs as (`asked` by its creator, or none), or the reply
+/// refusing it. A refused spawn is audited (kind `spawn`) under the parent's session.
+fn child_agent(
+    shared: &Shared,
+    parent: &Principal,
+    asked: Option<&str>,
+) -> Result<ChildAgent, Reply> {
+    if let Some(name) = asked {
+        if let Err(e) = registry::valid_name("agent", name) {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.to_string(),
+            ));
+        }
+    }
+    let engine = shared.policies.current();
+    let session = shared.guardrails.session_state(parent);
+    let resolved = spawn::resolve(&engine, &shared.metrics, parent, &session, asked);
+    if let Some(name) = asked.filter(|name| *name != parent.agent) {
+        let request_id = crate::ids::request_id();
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "spawn");
+        audit.update(|r| {
+            r.set_principal(parent);
+            r.reason = Some(format!("spawn a child session as agent {name:?}"));
+        });
+        audit.decided(resolved.as_ref().map(ChildAgent::policies));
+    }
+    resolved.map_err(|e| {
+        Reply(
+            crate::respond::status(&e),
+            crate::respond::error_body(&e, ""),
+        )
+    })
 }
 
 fn limit_reply(limit: String, used: Value, max: Value) -> Reply {

@@ -208,7 +208,8 @@ impl fmt::Display for BlockReason {
 }
 
 /// An address the guard refuses to dial. For IPv6 forms that lead to an IPv4 address
-/// (mapped, NAT64, 6to4), `reason` classifies that IPv4 address, which is in `embedded`.
+/// (mapped, NAT64, 6to4, ISATAP), `reason` classifies that IPv4 address, which is in
+/// `embedded`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("destination {addr} is blocked: {reason}{}", embedded_note(.embedded))]
 pub struct Blocked {
@@ -267,8 +268,8 @@ const V6_BLOCKED: &[(Ipv6Net, BlockReason)] = &[
 
 const V4_MAPPED: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96);
 const NAT64_WELL_KNOWN: Ipv6Net = v6([0x64, 0xff9b], 96);
-// RFC 8215 local-use prefix. Operators may embed the IPv4 address at several offsets inside it;
-// the /96 layout (last 32 bits) is the only one decoded here.
+// RFC 8215 local-use prefix. Inside it an operator's translator may use any RFC 6052 layout
+// (prefix /48, /56, /64 or /96), and which one cannot be known here: see `nat64_local`.
 const NAT64_LOCAL: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48);
 const SIX_TO_FOUR: Ipv6Net = v6([0x2002, 0], 16);
 // All globally routable unicast space IANA has allocated lies here; the rest is unassigned or
@@ -278,7 +279,64 @@ const GLOBAL_UNICAST: Ipv6Net = v6([0x2000, 0], 3);
 enum Class {
     Public,
     Blocked(BlockReason),
-    Embeds(Ipv4Addr),
+    /// Leads (or may lead, depending on a translator's layout) to each of these IPv4
+    /// addresses; every one of them must be allowed.
+    Embeds(Embedded),
+}
+
+/// Up to four IPv4 addresses one IPv6 address can stand for.
+#[derive(Default)]
+struct Embedded {
+    addrs: [Option<Ipv4Addr>; 4],
+}
+
+impl Embedded {
+    fn one(v4: Ipv4Addr) -> Self {
+        let mut e = Self::default();
+        e.push(v4);
+        e
+    }
+
+    fn push(&mut self, v4: Ipv4Addr) {
+        if let Some(slot) = self.addrs.iter_mut().find(|a| a.is_none()) {
+            *slot = Some(v4);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.addrs.iter().flatten().copied()
+    }
+}
+
+/// The IPv4 addresses an address in 64:ff9b:1::/48 may be translated to. RFC 6052 §2.2 puts
+/// the IPv4 address at a place set by the translator's prefix length, skipping bits 64–71
+/// (the "u" octet, zero); what follows it (the suffix) is zero as DNS64 writes it. Each
+/// layout whose u octet and suffix are zero is a reading a translator could make, and the
+/// /96 one (the last 32 bits) always is: the address is dialed only if every reading is.
+fn nat64_local(o: &[u8; 16]) -> Embedded {
+    let v4 = |a: u8, b: u8, c: u8, d: u8| Ipv4Addr::new(a, b, c, d);
+    let zero = |bytes: &[u8]| bytes.iter().all(|&b| b == 0);
+    let mut e = Embedded::default();
+    if o[8] == 0 {
+        if zero(&o[11..]) {
+            e.push(v4(o[6], o[7], o[9], o[10])); // /48
+        }
+        if zero(&o[12..]) {
+            e.push(v4(o[7], o[9], o[10], o[11])); // /56
+        }
+        if zero(&o[13..]) {
+            e.push(v4(o[9], o[10], o[11], o[12])); // /64
+        }
+    }
+    e.push(v4(o[12], o[13], o[14], o[15])); // /96
+    e
+}
+
+/// The IPv4 address in an ISATAP interface identifier (RFC 5214: `[0 or 2]00:5efe:a.b.c.d`,
+/// u/g bits aside): a host with an ISATAP interface delivers to it over IPv4.
+fn isatap(o: &[u8; 16]) -> Option<Ipv4Addr> {
+    ((o[8] & !0x03) == 0 && o[9..12] == [0x00, 0x5e, 0xfe])
+        .then(|| Ipv4Addr::new(o[12], o[13], o[14], o[15]))
 }
 
 fn classify_v4(ip: Ipv4Addr) -> Option<BlockReason> {
@@ -294,15 +352,20 @@ fn classify_v6(ip: Ipv6Addr) -> Class {
         Class::Blocked(BlockReason::Unspecified)
     } else if ip.is_loopback() {
         Class::Blocked(BlockReason::Loopback)
-    } else if V4_MAPPED.contains(&ip) || NAT64_WELL_KNOWN.contains(&ip) || NAT64_LOCAL.contains(&ip)
-    {
-        Class::Embeds(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+    } else if V4_MAPPED.contains(&ip) || NAT64_WELL_KNOWN.contains(&ip) {
+        Class::Embeds(Embedded::one(Ipv4Addr::new(o[12], o[13], o[14], o[15])))
+    } else if NAT64_LOCAL.contains(&ip) {
+        Class::Embeds(nat64_local(&o))
     } else if SIX_TO_FOUR.contains(&ip) {
-        Class::Embeds(Ipv4Addr::new(o[2], o[3], o[4], o[5]))
+        Class::Embeds(Embedded::one(Ipv4Addr::new(o[2], o[3], o[4], o[5])))
     } else if let Some(&(_, reason)) = V6_BLOCKED.iter().find(|(net, _)| net.contains(&ip)) {
+        // Teredo (2001::/32) among them: its client address is XOR-obfuscated in the last 32
+        // bits and its server's in bits 32–63; the whole prefix is refused, decoded or not.
         Class::Blocked(reason)
     } else if !GLOBAL_UNICAST.contains(&ip) {
         Class::Blocked(BlockReason::Reserved)
+    } else if let Some(v4) = isatap(&o) {
+        Class::Embeds(Embedded::one(v4))
     } else {
         Class::Public
     }
@@ -330,11 +393,16 @@ pub fn check_ip(ip: IpAddr, allow_private: &[IpNet]) -> Result<(), Blocked> {
     match class {
         Class::Public => Ok(()),
         Class::Blocked(reason) => blocked(reason, None),
-        Class::Embeds(inner) => match classify_v4(inner) {
-            None => Ok(()),
-            Some(_) if exempt(IpAddr::V4(inner)) => Ok(()),
-            Some(reason) => blocked(reason, Some(inner)),
-        },
+        Class::Embeds(inner) => {
+            for v4 in inner.iter() {
+                match classify_v4(v4) {
+                    None => {}
+                    Some(_) if exempt(IpAddr::V4(v4)) => {}
+                    Some(reason) => return blocked(reason, Some(v4)),
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -548,9 +616,49 @@ mod tests {
             64:ff9b::a00:1=private@10.0.0.1 64:ff9b::a9fe:a9fe=link_local@169.254.169.254
             64:ff9b::808:808=ok 64:ff9b::1:808:808=reserved
             64:ff9b:1::a00:1=private@10.0.0.1 64:ff9b:1::6440:1=cgnat@100.64.0.1
-            64:ff9b:1:ffff::808:808=ok 64:ff9b:2::808:808=reserved
+            64:ff9b:1::10.0.0.1=private@10.0.0.1 64:ff9b:1::a9fe:a9fe=link_local@169.254.169.254
+            64:ff9b:1::808:808=ok 64:ff9b:1:ffff::808:808=ok 64:ff9b:2::808:808=reserved
             2002:a00:1::1=private@10.0.0.1 2002:7f00:1::=loopback@127.0.0.1
             2002:c0a8:101::=private@192.168.1.1 2002:808:808::1=ok 2003::1=ok",
+        );
+    }
+
+    #[test]
+    fn nat64_local_use_is_read_at_every_layout_a_translator_could_use() {
+        // RFC 6052 §2.2 layouts inside 64:ff9b:1::/48 (u octet = byte 8, suffix zero).
+        checks(
+            &[],
+            "
+            64:ff9b:1:0:a:0:800:0=private@10.0.0.8
+            64:ff9b:1:0:7f:0:100:0=loopback@127.0.0.1
+            64:ff9b:1:0:8:808:800:0=ok
+            64:ff9b:1:c0:a8:101::=private@192.168.1.1
+            64:ff9b:1:a00:1:100::=private@10.0.1.1
+            64:ff9b:1:808:8:800::=unspecified@0.0.0.0
+            64:ff9b:1:0:ff0a:0:800:0=ok
+            64:ff9b:1::=unspecified@0.0.0.0",
+        );
+        // Exempting the embedded IPv4 exempts every reading that leads to it, no more.
+        checks(
+            &["10.0.0.8/32"],
+            "64:ff9b:1:0:a:0:800:0=ok 64:ff9b:1:0:a:0:900:0=private@10.0.0.9",
+        );
+    }
+
+    #[test]
+    fn teredo_isatap_and_ipv4_compatible_forms_never_reach_private_ipv4() {
+        checks(
+            &[],
+            "
+            2001:0:4136:e378:8000:63bf:f5ff:fffe=teredo
+            2001:0:a00:1:0:0:f5ff:fffe=teredo 2001:0:808:808::=teredo
+            ::10.0.0.1=ipv4_compatible ::8.8.8.8=ipv4_compatible ::169.254.169.254=ipv4_compatible
+            ::ffff:0:a00:1=reserved ::ffff:169.254.169.254=link_local@169.254.169.254
+            2606:4700:1:2:0:5efe:a00:1=private@10.0.0.1
+            2606:4700:1:2:200:5efe:c0a8:101=private@192.168.1.1
+            2606:4700:1:2:300:5efe:7f00:1=loopback@127.0.0.1
+            2606:4700:1:2:0:5efe:808:808=ok 2606:4700:1:2:400:5efe:a00:1=ok
+            2606:4700:1:2:0:5eff:a00:1=ok",
         );
     }
 

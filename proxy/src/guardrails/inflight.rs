@@ -1,9 +1,15 @@
-//! Requests in flight per session, so that teardown can let them finish — or cancel them
-//! once its grace period is over — before it revokes the credentials they may be using.
+//! Requests and byte streams in flight per session, so that teardown can let requests
+//! finish — or cancel them once its grace period is over — before it revokes the
+//! credentials they may be using, and end every stream the session still has open.
 //!
 //! Each request holds a [`Ticket`] from the moment its session is known until its answer
 //! (body included) has left; dropping it is the only way out, so a panicking or abandoned
 //! request cannot leave a session waiting for ever.
+//!
+//! Long-lived byte streams (WebSocket splices, `egress.tunnel` relays, intercepted TLS
+//! connections) hold a [`StreamTicket`] instead: teardown does not wait for them — they
+//! would never end by themselves — but ends them ([`InFlight::end_streams`]) as soon as the
+//! session is refused.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,10 +25,46 @@ struct Entry {
     idle: Arc<Notify>,
 }
 
-/// The in-flight count of every session with requests running.
+/// The open streams of one session.
+#[derive(Debug)]
+struct Streams {
+    count: usize,
+    /// Tells a ticket's drop which entry it counted into: once teardown ended a session's
+    /// streams, a stream opened later (it will find the session refused) counts afresh.
+    generation: u64,
+    end: CancellationToken,
+}
+
+/// The in-flight count of every session with requests running, and its open streams.
 #[derive(Debug, Default)]
 pub struct InFlight {
     sessions: Mutex<HashMap<String, Entry>>,
+    streams: Mutex<HashMap<String, Streams>>,
+    generations: std::sync::atomic::AtomicU64,
+}
+
+/// One long-lived byte stream of a session, open until dropped.
+#[derive(Debug)]
+pub struct StreamTicket {
+    owner: Arc<InFlight>,
+    session: String,
+    generation: u64,
+    /// Cancelled when the session's streams are ended (teardown, expiry).
+    pub ended: CancellationToken,
+}
+
+impl Drop for StreamTicket {
+    fn drop(&mut self) {
+        let mut streams = self.owner.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = streams.get_mut(&self.session) {
+            if entry.generation == self.generation {
+                entry.count -= 1;
+                if entry.count == 0 {
+                    streams.remove(&self.session);
+                }
+            }
+        }
+    }
 }
 
 /// One request of a session, in flight until dropped.
@@ -70,6 +112,54 @@ impl InFlight {
             owner: self.clone(),
             session: session.to_owned(),
             cancelled: entry.cancel.clone(),
+        }
+    }
+
+    /// Count one long-lived stream of `session` in. The caller checks that the session is
+    /// still live *after* this (teardown refuses the session before it ends its streams, so
+    /// one of the two always sees the other).
+    pub fn open_stream(self: &Arc<Self>, session: &str) -> StreamTicket {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = streams
+            .entry(session.to_owned())
+            .or_insert_with(|| Streams {
+                count: 0,
+                generation: self
+                    .generations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                end: CancellationToken::new(),
+            });
+        entry.count += 1;
+        StreamTicket {
+            owner: self.clone(),
+            session: session.to_owned(),
+            generation: entry.generation,
+            ended: entry.end.clone(),
+        }
+    }
+
+    /// Streams of `session` open now.
+    pub fn streams(&self, session: &str) -> usize {
+        self.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session)
+            .map_or(0, |e| e.count)
+    }
+
+    /// End every stream `session` has open; returns how many were.
+    pub fn end_streams(&self, session: &str) -> usize {
+        let ended = self
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+        match ended {
+            Some(entry) => {
+                entry.end.cancel();
+                entry.count
+            }
+            None => 0,
         }
     }
 
@@ -166,5 +256,28 @@ mod tests {
         // Another session is never touched.
         let other = inflight.enter("t");
         assert!(!other.cancelled.is_cancelled());
+    }
+
+    #[test]
+    fn ending_a_session_s_streams_cancels_them_and_only_them() {
+        let inflight = Arc::new(InFlight::default());
+        let a = inflight.open_stream("s");
+        let b = inflight.open_stream("s");
+        let other = inflight.open_stream("t");
+        assert_eq!(inflight.streams("s"), 2);
+        assert_eq!(inflight.end_streams("s"), 2);
+        assert!(a.ended.is_cancelled() && b.ended.is_cancelled());
+        assert!(!other.ended.is_cancelled());
+        assert_eq!(inflight.streams("s"), 0);
+        // A stream opened after the end counts afresh; the old tickets' drops leave it be.
+        let late = inflight.open_stream("s");
+        assert!(!late.ended.is_cancelled());
+        drop((a, b));
+        assert_eq!(inflight.streams("s"), 1);
+        drop(late);
+        assert_eq!(inflight.streams("s"), 0);
+        assert_eq!(inflight.end_streams("s"), 0);
+        drop(other);
+        assert_eq!(inflight.streams("t"), 0);
     }
 }

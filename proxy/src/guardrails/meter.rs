@@ -92,6 +92,10 @@ impl Account {
     }
 }
 
+/// The longest spawn chain followed when charging bytes (deeper than any `max_depth` a
+/// config may set is refused there; this only bounds a corrupt parent link).
+const MAX_CHAIN: usize = 64;
+
 fn cost_value(micros: i64) -> Value {
     json!(micros as f64 / 1_000_000.0)
 }
@@ -160,28 +164,51 @@ impl Meter {
     /// Refuse the session's next request when it already received or sent more bytes than
     /// allowed.
     pub fn check_bytes(&self, session: &str) -> Result<(), Box<LimitHit>> {
-        let Some(account) = self.account(session) else {
-            return Ok(());
-        };
-        let a = account.lock().unwrap_or_else(|e| e.into_inner());
-        for (limit, used, max) in [
-            ("bytes_sent", a.usage.bytes_sent, a.limits.max_bytes_sent),
-            (
-                "bytes_received",
-                a.usage.bytes_received,
-                a.limits.max_bytes_received,
-            ),
-        ] {
-            if let Some(max) = max.filter(|max| used >= *max) {
-                return Err(Box::new(LimitHit {
-                    limit: limit.into(),
-                    used: json!(used),
-                    max: json!(max),
-                    retry_after: None,
-                }));
+        // A child's bytes are its ancestors' bytes too (see `add_bytes`): a spent parent
+        // stops its children.
+        for account in self.chain(session) {
+            let a = account.lock().unwrap_or_else(|e| e.into_inner());
+            for (limit, used, max) in [
+                ("bytes_sent", a.usage.bytes_sent, a.limits.max_bytes_sent),
+                (
+                    "bytes_received",
+                    a.usage.bytes_received,
+                    a.limits.max_bytes_received,
+                ),
+            ] {
+                if let Some(max) = max.filter(|max| used >= *max) {
+                    return Err(Box::new(LimitHit {
+                        limit: limit.into(),
+                        used: json!(used),
+                        max: json!(max),
+                        retry_after: None,
+                    }));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The accounts of `session` and of each of its live ancestors, nearest first. Bounded
+    /// by the spawn depth; a cycle (which `create` cannot make) would stop at the bound.
+    fn chain(&self, session: &str) -> Vec<Arc<Mutex<Account>>> {
+        let mut out = Vec::new();
+        let mut next = Some(session.to_owned());
+        while let Some(id) = next.take() {
+            let Some(account) = self.account(&id) else {
+                break;
+            };
+            next = account
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .parent
+                .clone();
+            out.push(account);
+            if out.len() > MAX_CHAIN {
+                break;
+            }
+        }
+        out
     }
 
     /// Charge one tool call costing `cost_micros`, unless it would pass a limit.
@@ -248,11 +275,48 @@ impl Meter {
 
     /// Count bytes that flowed for the session.
     pub fn add_bytes(&self, session: &str, sent: u64, received: u64) {
-        if let Some(account) = self.account(session) {
+        // Charged up the spawn chain: bytes are not carved out of a parent (a child's
+        // traffic is counted where it flows), so a parent's byte budget bounds the bytes of
+        // all its descendants together — sixteen children cannot each spend it again.
+        for account in self.chain(session) {
             let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
             a.usage.bytes_sent += sent;
             a.usage.bytes_received += received;
         }
+    }
+
+    /// Charge up to `n` bytes a byte stream (a WebSocket splice, a tunnel relay) is about to
+    /// pass `direction`; returns how many of them fit the session's budget — all of them
+    /// when it has none. What fits is counted, so a stream cut at its budget leaves the
+    /// session at exactly its limit, and the gate refuses its next request.
+    pub fn admit_bytes(&self, session: &str, direction: super::counted::Direction, n: u64) -> u64 {
+        fn field(a: &mut Account, direction: super::counted::Direction) -> (Option<u64>, &mut u64) {
+            match direction {
+                super::counted::Direction::Sent => {
+                    (a.limits.max_bytes_sent, &mut a.usage.bytes_sent)
+                }
+                super::counted::Direction::Received => {
+                    (a.limits.max_bytes_received, &mut a.usage.bytes_received)
+                }
+            }
+        }
+        // What fits every account of the chain (see `add_bytes`), then charged to each. Each
+        // account is locked on its own, never two at once; concurrent streams of one tree can
+        // pass a budget by at most what they admit at the same moment.
+        let chain = self.chain(session);
+        let mut fits = n;
+        for account in &chain {
+            let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+            let (max, used) = field(&mut a, direction);
+            if let Some(max) = max {
+                fits = fits.min(max.saturating_sub(*used));
+            }
+        }
+        for account in &chain {
+            let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
+            *field(&mut a, direction).1 += fits;
+        }
+        fits
     }
 
     /// Carve a child's limits out of `parent`'s remaining budget. `asked` are the limits
@@ -288,9 +352,23 @@ impl Meter {
             }
             child.max_cost_micros = Some(want);
         }
-        // Bytes are not carved: the child's own traffic is counted where it flows.
-        child.max_bytes_sent = asked.max_bytes_sent.or(a.limits.max_bytes_sent);
-        child.max_bytes_received = asked.max_bytes_received.or(a.limits.max_bytes_received);
+        // Bytes are not carved: the child's traffic is counted where it flows, and charged
+        // to its ancestors too (`add_bytes`). What it may name is at most what the parent
+        // has left, so its own figures never claim more than the parent holds.
+        let clamp = |asked: Option<u64>, max: Option<u64>, used: u64| match max {
+            Some(max) => Some(asked.unwrap_or(max).min(max.saturating_sub(used))),
+            None => asked,
+        };
+        child.max_bytes_sent = clamp(
+            asked.max_bytes_sent,
+            a.limits.max_bytes_sent,
+            a.usage.bytes_sent,
+        );
+        child.max_bytes_received = clamp(
+            asked.max_bytes_received,
+            a.limits.max_bytes_received,
+            a.usage.bytes_received,
+        );
         if let Some(c) = child.max_calls.filter(|_| a.limits.max_calls.is_some()) {
             a.carved_calls += c;
         }
@@ -425,6 +503,43 @@ mod tests {
     }
 
     #[test]
+    fn a_childs_bytes_are_its_parents_bytes() {
+        use super::super::counted::Direction;
+        let m = meter_with(Limits {
+            max_bytes_received: Some(100),
+            ..Default::default()
+        });
+        // A child naming more than the parent has is given what the parent has.
+        let child = m
+            .carve(
+                "s",
+                Limits {
+                    max_bytes_received: Some(1_000_000),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(child.max_bytes_received, Some(100));
+        for c in ["c1", "c2"] {
+            m.open(
+                c,
+                Account {
+                    limits: child,
+                    parent: Some("s".into()),
+                    ..Default::default()
+                },
+            );
+        }
+        // Two children share the parent's 100 bytes; they cannot spend 100 each.
+        assert_eq!(m.admit_bytes("c1", Direction::Received, 70), 70);
+        assert_eq!(m.admit_bytes("c2", Direction::Received, 70), 30);
+        assert!(m.check_bytes("c2").is_err(), "the parent is spent");
+        assert!(m.check_bytes("s").is_err());
+        m.add_bytes("c1", 5, 0);
+        assert_eq!(m.usage("s").unwrap().bytes_sent, 5);
+    }
+
+    #[test]
     fn bytes_refuse_the_next_request_once_passed() {
         let m = meter_with(Limits {
             max_bytes_received: Some(100),
@@ -435,5 +550,24 @@ mod tests {
         m.add_bytes("s", 0, 1);
         let hit = m.check_bytes("s").unwrap_err();
         assert_eq!(hit.limit, "bytes_received");
+    }
+
+    #[test]
+    fn a_stream_is_admitted_up_to_its_budget_and_not_one_byte_more() {
+        use super::super::counted::Direction;
+        let m = meter_with(Limits {
+            max_bytes_received: Some(100),
+            ..Default::default()
+        });
+        assert_eq!(m.admit_bytes("s", Direction::Received, 60), 60);
+        assert_eq!(m.admit_bytes("s", Direction::Received, 60), 40);
+        assert_eq!(m.admit_bytes("s", Direction::Received, 1), 0);
+        assert_eq!(m.usage("s").unwrap().bytes_received, 100);
+        assert_eq!(m.check_bytes("s").unwrap_err().limit, "bytes_received");
+        // No limit that way: everything passes, and is counted.
+        assert_eq!(m.admit_bytes("s", Direction::Sent, 5000), 5000);
+        assert_eq!(m.usage("s").unwrap().bytes_sent, 5000);
+        // A session without an account (none was opened) is not the meter's to bound.
+        assert_eq!(m.admit_bytes("nobody", Direction::Sent, 7), 7);
     }
 }

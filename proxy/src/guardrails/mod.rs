@@ -70,6 +70,8 @@ impl Guardrails {
             baseline_calls: w.baseline_calls,
             tier_jumps: w.tier_jumps,
             tier_jump_window: w.tier_jump_window,
+            holds: w.holds,
+            hold_window: w.hold_window,
         });
         Ok(Self {
             meter,
@@ -160,13 +162,17 @@ impl Guardrails {
         Ok(())
     }
 
-    /// `context.session` for Cedar: what the session has used before this call.
+    /// `context.session` for Cedar: what the session has used before this request, and
+    /// where it sits in the spawn tree.
     pub fn session_state(&self, principal: &Principal) -> SessionState {
         let usage = self.meter.usage(&principal.session_id).unwrap_or_default();
         SessionState {
             calls: i64::try_from(usage.calls).unwrap_or(i64::MAX),
             cost_micros: usage.cost_micros,
             depth: i64::from(principal.depth),
+            parent_agent: principal.parent_agent.clone().unwrap_or_default(),
+            // Sandbox profiles are not there yet (issue 14): no session runs under one.
+            profile: String::new(),
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Seen {
     pub tier: &'static str,
     /// Refused by policy or a check; `None`: as the request's own outcome says.
     pub denied: Option<bool>,
+    /// Held for a human, or refused because the session's holds are at their cap
+    /// ([`counts_as_hold`]); `None`: as the request's own outcome says.
+    pub held: Option<bool>,
     /// A catalogued tool call. Only those count towards the identical-call rule: an agent
     /// polling one URL is not looping the way one calling one tool with the same
     /// arguments is.
@@ -58,6 +61,7 @@ impl Seen {
             args_hash: h.finish(),
             tier,
             denied,
+            held: None,
             tool,
         }
     }
@@ -101,6 +105,18 @@ pub fn counts_as_denial(err: &ProxyError) -> bool {
         )
 }
 
+/// Whether an outcome counts towards the watchdog's burst of holds: the request was put
+/// before a human (a new approval or one it joined), or would have been but the session's
+/// holds are at their cap. Asking for approvals over and over floods the approvers the way
+/// probing floods the denials.
+pub fn counts_as_hold(err: &ProxyError) -> bool {
+    match err {
+        ProxyError::ApprovalPending { .. } => true,
+        ProxyError::LimitExceeded(hit) => hit.limit == "approvals",
+        _ => false,
+    }
+}
+
 fn rank(tier: &str) -> u8 {
     match tier {
         "read" => 0,
@@ -112,8 +128,15 @@ fn rank(tier: &str) -> u8 {
 
 /// Feed the watchdog what one request decided; pause the session if it trips. A trip is
 /// rare, so the pause is written before this returns (and the tripping request is
-/// answered): whoever looks next finds the dead letter.
-pub async fn observe(shared: &Shared, principal: &Principal, calls: Vec<Seen>, refused: bool) {
+/// answered): whoever looks next finds the dead letter. `refused` and `held` are the
+/// request's own outcome, for calls that do not say theirs.
+pub async fn observe(
+    shared: &Shared,
+    principal: &Principal,
+    calls: Vec<Seen>,
+    refused: bool,
+    held: bool,
+) {
     let guardrails = &shared.guardrails;
     if !guardrails.settings().watchdog.enabled {
         return;
@@ -128,6 +151,7 @@ pub async fn observe(shared: &Shared, principal: &Principal, calls: Vec<Seen>, r
                 args_hash: seen.args_hash,
                 tier_rank: rank(seen.tier),
                 denied: seen.denied.unwrap_or(refused),
+                held: seen.held.unwrap_or(held),
                 repeat_max: if seen.tool {
                     tier.map_or(20, |t| t.repeat_max)
                 } else {

@@ -2,17 +2,15 @@
 //! run before the request is forwarded, because the body is not read before it is sent.
 //!
 //! Bodies the proxy reads whole (tool calls, MCP) are checked with the head, before policy
-//! ([`super::placeholders`]). Every other body towards a host streams through this guard:
+//! ([`super::placeholders`]). Every body towards any host also streams through this guard:
 //! one automaton over every configured placeholder (`ostiary:<name>`, also spelled
-//! `ostiary%3A<name>`, any case) scans each chunk together with the tail of the previous
-//! one, so a placeholder split across chunks is found. A chunk holding the placeholder of a
-//! credential not bound to the host is never passed on: the body ends with an error there,
-//! the upstream sees an incomplete request, and the agent gets the same 403
-//! `placeholder_exfiltration` as for a placeholder in a header.
-//!
-//! Placeholders of credentials bound to the host pass unchanged: they are worthless, and
-//! swapping a secret into a streamed body would change its length under a sent
-//! `Content-Length`.
+//! `ostiary%3A<name>` and `ostiary\u003a<name>`, any case) scans each chunk together with
+//! the tail of the previous one, so a placeholder split across chunks is found. No binding
+//! injects into a body, so a placeholder there is never where it belongs, whatever the
+//! host: the chunk holding one is never passed on, the body ends with an error there, the
+//! upstream sees an incomplete request, and the agent gets the same 403
+//! `placeholder_exfiltration` as for a misplaced placeholder in the head. (A bound upstream
+//! that stores bodies would otherwise be a place to leave it for a later lookup.)
 
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -50,7 +48,7 @@ impl BodyGuard {
         let mut patterns = Vec::new();
         let mut names = Vec::new();
         for binding in broker.bindings() {
-            for spelled in [PLACEHOLDER_PREFIX.to_owned(), "ostiary%3a".to_owned()] {
+            for spelled in [PLACEHOLDER_PREFIX, "ostiary%3a", "ostiary\\u003a"] {
                 patterns.push(format!("{spelled}{}", binding.name));
                 names.push(binding.name.clone());
             }
@@ -73,31 +71,16 @@ impl BodyGuard {
         }
     }
 
-    /// Wrap `body` going to `host`: `None` when no placeholder could be refused there (no
-    /// bindings, or every binding is bound to the host). The returned flag names the
-    /// credential once the guard trips.
-    pub fn wrap(
-        &self,
-        broker: &Broker,
-        host: &str,
-        body: ProxyBody,
-    ) -> Result<(ProxyBody, Tripped), ProxyBody> {
+    /// Wrap `body`: `Err` gives it back when no placeholder is configured. The returned
+    /// flag names the credential once the guard trips.
+    pub fn wrap(&self, body: ProxyBody) -> Result<(ProxyBody, Tripped), ProxyBody> {
         let Some(patterns) = &self.inner else {
             return Err(body);
         };
-        let refused: Vec<bool> = patterns
-            .names
-            .iter()
-            .map(|name| broker.binding(name).is_none_or(|b| !b.allows_host(host)))
-            .collect();
-        if !refused.contains(&true) {
-            return Err(body);
-        }
         let tripped: Tripped = Arc::new(OnceLock::new());
         let guarded = Guarded {
             source: body,
             patterns: patterns.clone(),
-            refused,
             tail: Vec::new(),
             tripped: tripped.clone(),
             done: false,
@@ -109,8 +92,6 @@ impl BodyGuard {
 struct Guarded {
     source: ProxyBody,
     patterns: Arc<Patterns>,
-    /// Per pattern: whether its credential is refused towards this host.
-    refused: Vec<bool>,
     /// The last bytes already passed on, to find placeholders split across chunks.
     tail: Vec<u8>,
     tripped: Tripped,
@@ -118,7 +99,7 @@ struct Guarded {
 }
 
 impl Guarded {
-    /// The refused credential whose placeholder `chunk` completes, if any.
+    /// The credential whose placeholder `chunk` completes, if any.
     fn scan(&mut self, chunk: &[u8]) -> Option<String> {
         let mut window = std::mem::take(&mut self.tail);
         let old = window.len();
@@ -126,8 +107,8 @@ impl Guarded {
         let mut hit = None;
         for m in self.patterns.automaton.find_overlapping_iter(&window) {
             // Matches ending inside the old tail were judged with the previous chunk (one
-            // ending at its very end was judged without knowing the next byte, and refused
-            // if its credential is: a rare false refusal beats a miss).
+            // ending at its very end was judged without knowing the next byte, and refused:
+            // a rare false refusal beats a miss).
             if m.end() <= old {
                 continue;
             }
@@ -135,7 +116,7 @@ impl Guarded {
             let continues = window
                 .get(m.end())
                 .is_some_and(|b| b.is_ascii_alphanumeric() || b"-_".contains(b));
-            if self.refused[index] && !continues {
+            if !continues {
                 hit = Some(self.patterns.names[index].clone());
                 break;
             }
@@ -211,10 +192,10 @@ mod tests {
     }
 
     /// What passed before the guard stopped the body, and whom it tripped on.
-    async fn run(host: &str, parts: &[&str]) -> (String, Option<String>) {
+    async fn run(parts: &[&str]) -> (String, Option<String>) {
         let b = broker();
         let guard = BodyGuard::new(&b);
-        let (mut guarded, tripped) = match guard.wrap(&b, host, chunked(parts)) {
+        let (mut guarded, tripped) = match guard.wrap(chunked(parts)) {
             Ok(wrapped) => wrapped,
             Err(_) => return (parts.concat(), None),
         };
@@ -233,7 +214,7 @@ mod tests {
         let text = "{\"token\": \"ostiary:github\", \"x\": 1}";
         for cut in 0..=text.len() {
             let (a, b) = text.split_at(cut);
-            let (passed, tripped) = run("evil.example", &[a, b, "tail"]).await;
+            let (passed, tripped) = run(&[a, b, "tail"]).await;
             assert_eq!(tripped.as_deref(), Some("github"), "cut at {cut}");
             assert!(!passed.contains("ostiary:github"), "cut at {cut}: {passed}");
         }
@@ -242,20 +223,42 @@ mod tests {
     #[tokio::test]
     async fn spellings_and_case_are_caught() {
         for body in ["a=OSTIARY%3Agithub&b=1", "Ostiary:Stripe "] {
-            let (_, tripped) = run("evil.example", &[body]).await;
+            let (_, tripped) = run(&[body]).await;
             assert!(tripped.is_some(), "{body}");
         }
     }
 
     #[tokio::test]
-    async fn bound_hosts_and_other_names_pass() {
-        let (passed, tripped) = run("api.github.com", &["ostiary:github"]).await;
-        assert_eq!((passed.as_str(), tripped), ("ostiary:github", None));
-        // Bound for github, not for stripe: the guard still runs for stripe.
-        let (_, tripped) = run("api.github.com", &["ostiary:stripe"]).await;
-        assert_eq!(tripped.as_deref(), Some("stripe"));
-        let (passed, tripped) = run("evil.example", &["ostiary:githubx ostiary:", "unknown"]).await;
+    async fn json_escaped_placeholders_are_caught() {
+        for body in [
+            r#"{"t":"ostiary\u003agithub"}"#,
+            r#"{"t":"OSTIARY\u003Astripe"}"#,
+        ] {
+            let (passed, tripped) = run(&[body]).await;
+            assert!(tripped.is_some(), "{body}");
+            assert!(passed.is_empty(), "{passed}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_configured_placeholder_is_refused_and_other_names_pass() {
+        // No host is passed: a body is no binding's injection point, so a placeholder
+        // there is refused towards its own host as much as towards any other.
+        for body in ["ostiary:github", "x ostiary:stripe@ses_1 y"] {
+            let (passed, tripped) = run(&[body]).await;
+            assert!(tripped.is_some(), "{body}");
+            assert!(passed.is_empty(), "{passed}");
+        }
+        let (passed, tripped) = run(&["ostiary:githubx ostiary:", "unknown"]).await;
         assert_eq!(tripped, None);
         assert_eq!(passed, "ostiary:githubx ostiary:unknown");
+    }
+
+    #[tokio::test]
+    async fn without_bindings_bodies_are_not_wrapped() {
+        let b = Broker::new(Vec::new(), None, None).unwrap();
+        assert!(BodyGuard::new(&b)
+            .wrap(chunked(&["ostiary:github"]))
+            .is_err());
     }
 }

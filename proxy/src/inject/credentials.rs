@@ -7,11 +7,20 @@
 //!    never goes to an unverified peer (plain http to a bound host is refused);
 //! 2. each binding's credential comes from the broker (cached per session; a failure is
 //!    `503 credential_unavailable` and nothing is forwarded);
-//! 3. placeholders of those credentials are swapped in headers and the query;
-//! 4. the agent's `Authorization`, `Cookie` and the bindings' own headers are removed — the
-//!    agent never chooses which secret is used — and the credentials are written;
-//! 5. the upstream is asked for identity encoding and a whole (not ranged) response, and a
-//!    [`Scrubber`] over every injected value is handed back for the response.
+//! 3. the agent's `Authorization`, `Cookie`, the bindings' own headers and the query
+//!    parameter of a query binding are removed — the agent never chooses which secret is
+//!    used — and the credentials are written there. That is also what becomes of a
+//!    placeholder at its injection point (`Authorization: Bearer ostiary:github`): it is
+//!    overwritten, never swapped in place; a placeholder anywhere else was refused before
+//!    policy ([`super::placeholders`]), so no secret lands where the agent put it.
+//!
+//! Every response of a session that holds secrets — towards a bound host or not — is
+//! scrubbed of all of them: an upstream that stored a secret (it logs the headers it
+//! receives) may hand it back through another route or another host, in the answer to a
+//! request that carried no credential. The [`Scrubber`] is built from everything the broker
+//! holds for the session, cached per session and rebuilt only when the broker's stamp of
+//! that set moves ([`Broker::holdings_stamp`]); a session that holds nothing pays one
+//! lookup. Its requests ask for identity encoding and whole (not ranged) responses.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,10 +46,10 @@ use prometheus_client::metrics::counter::Counter;
 #[derive(Debug)]
 pub struct Credentials {
     pub broker: Arc<Broker>,
-    /// One scrubber per set of several injected credentials (by the broker's credential
-    /// ids): building one compiles an automaton, which must not happen per request. A
-    /// single credential's scrubber is kept with the credential itself.
-    scrubbers: moka::sync::Cache<Vec<u64>, Scrubber>,
+    /// The response scrubber of each session that holds secrets, and the broker's stamp
+    /// of the set it was built from: building one compiles an automaton, which must not
+    /// happen per request.
+    sessions: moka::sync::Cache<String, SessionScrubber>,
     /// The `cached` outcome counter of each binding, made once: counting a cache hit must
     /// not allocate label strings on every request.
     cache_hits: HashMap<String, Counter>,
@@ -48,11 +57,22 @@ pub struct Credentials {
     body_guard: BodyGuard,
 }
 
+/// A session's scrubber, as cached.
+#[derive(Debug, Clone)]
+struct SessionScrubber {
+    /// [`Broker::holdings_stamp`] when it was built.
+    stamp: u64,
+    /// The credentials it covers ([`Held::id`]), to drop it with them at teardown.
+    ids: Arc<[u64]>,
+    scrubber: Scrubber,
+}
+
 /// What was injected into one request.
 #[derive(Debug, Default)]
 pub struct Injected {
     pub held: Vec<Arc<Held>>,
-    /// Redacts every injected value from the response; `None` when nothing was injected.
+    /// Redacts every secret the session holds (those injected here among them) from the
+    /// response; `None` when the session holds none.
     pub scrubber: Option<Scrubber>,
     /// The mTLS client certificate to present, if a binding asks for one.
     pub identity: Option<Arc<Held>>,
@@ -105,7 +125,8 @@ impl Credentials {
             body_guard: BodyGuard::new(&broker),
             broker,
             cache_hits,
-            scrubbers: moka::sync::Cache::builder()
+            // An entry that leaves early is rebuilt from the broker on the next request.
+            sessions: moka::sync::Cache::builder()
                 .max_capacity(10_000)
                 // Teardown drops the scrubbers of a session's credentials by predicate.
                 .support_invalidation_closures()
@@ -114,8 +135,9 @@ impl Credentials {
         }
     }
 
-    /// Placeholders in the request head, refused when headed for a host they are not
-    /// bound to. `body` is a body already read whole (tool calls, MCP), if any.
+    /// Placeholders in the request head (and `body`, a body already read whole: tool
+    /// calls, MCP), refused when headed for a host they are not bound to, when they stand
+    /// anywhere but their binding's injection point, or belong to another session.
     pub fn placeholders(
         &self,
         headers: &http::HeaderMap,
@@ -124,11 +146,11 @@ impl Credentials {
         host: &str,
         principal: &crate::session::Principal,
         metrics: &Metrics,
-    ) -> Result<Found, ProxyError> {
+    ) -> Result<(), ProxyError> {
         let mut found = Found::default();
         found.scan_head(&self.broker, headers, uri);
         if let Some(body) = body {
-            found.scan(&self.broker, body);
+            found.scan_body(&self.broker, body);
         }
         found
             .check_owner(&principal.session_id, principal.parent.is_some())
@@ -143,26 +165,36 @@ impl Credentials {
             if let ProxyError::PlaceholderExfiltration { credential, .. } = e {
                 metrics.placeholder_exfiltration(credential);
             }
-        })?;
-        Ok(found)
+        })
     }
 
-    /// Guard a streamed body going to `host` against placeholders of credentials not bound
-    /// to it; `Err` gives the body back unchanged when nothing could be refused there.
-    pub fn guard_body(
-        &self,
-        host: &str,
-        body: ProxyBody,
-    ) -> Result<(ProxyBody, Tripped), ProxyBody> {
-        self.body_guard.wrap(&self.broker, host, body)
+    /// Guard a streamed body against placeholders (none belongs in a body); `Err` gives
+    /// the body back unchanged when no placeholder is configured.
+    pub fn guard_body(&self, body: ProxyBody) -> Result<(ProxyBody, Tripped), ProxyBody> {
+        self.body_guard.wrap(body)
     }
 
-    /// Inject the credentials bound to the target's host into `parts` (see the module docs).
+    /// The refusal for a body guard that tripped on its way to `host` (counted), if it did.
+    pub fn tripped(&self, tripped: &Tripped, host: &str, metrics: &Metrics) -> Option<ProxyError> {
+        let credential = tripped.get()?;
+        metrics.placeholder_exfiltration(credential);
+        let binding = self.broker.binding(credential);
+        Some(ProxyError::PlaceholderExfiltration {
+            credential: credential.clone(),
+            host: host.to_owned(),
+            at: placeholders::Spot::Body.describe(),
+            point: binding
+                .filter(|b| b.allows_host(host))
+                .map(|b| placeholders::injection_point(b).unwrap_or_else(|| "nowhere".into())),
+        })
+    }
+
+    /// Inject the credentials bound to the target's host into `parts`, and hand back the
+    /// session's response scrubber (see the module docs).
     pub async fn apply(
         &self,
         parts: &mut Parts,
         request: Bound<'_>,
-        found: &Found,
         metrics: &Metrics,
     ) -> Result<Injected, ProxyError> {
         let Bound {
@@ -174,7 +206,14 @@ impl Credentials {
         let host = target.host.to_string();
         let bindings: Vec<_> = self.broker.for_host(&host).cloned().collect();
         let Some(first) = bindings.first() else {
-            return Ok(Injected::default());
+            let scrubber = self.session_scrubber(&principal.session_id, &[]).await;
+            if scrubber.is_some() {
+                protect_response(&mut parts.headers);
+            }
+            return Ok(Injected {
+                scrubber,
+                ..Injected::default()
+            });
         };
         if target.scheme != "https" {
             return Err(ProxyError::CredentialRefused {
@@ -228,13 +267,8 @@ impl Credentials {
             }
         }
 
-        // Placeholders first: some sit in headers removed below, and the rest must carry
-        // the secret, never the placeholder, upstream.
-        for held in &injected.held {
-            if found.names().contains(&held.binding.name) {
-                swap_placeholders(parts, held)?;
-            }
-        }
+        // A placeholder at a binding's injection point goes with the agent's value it sits
+        // in: the credential is written over it.
         parts.headers.remove(AUTHORIZATION);
         parts.headers.remove(COOKIE);
         for held in &injected.held {
@@ -248,25 +282,49 @@ impl Credentials {
                 injected.identity = Some(held.clone());
             }
         }
-        scrub::request_identity(&mut parts.headers);
-        // A partial response could start inside an echoed secret, and its rest would not
-        // match any pattern: credentialed requests get whole responses.
-        parts.headers.remove(RANGE);
-        parts.headers.remove(IF_RANGE);
-        injected.scrubber = Some(self.scrubber(&injected.held));
+        protect_response(&mut parts.headers);
+        let scrubber = self
+            .session_scrubber(&principal.session_id, &injected.held)
+            .await;
+        injected.scrubber = Some(scrubber.unwrap_or_else(|| build_scrubber(&injected.held)));
         Ok(injected)
     }
 
-    fn scrubber(&self, held: &[Arc<Held>]) -> Scrubber {
-        if let [one] = held {
-            let derived = one.derived.get_or_init(|| Arc::new(build_scrubber(held)));
-            if let Some(scrubber) = derived.downcast_ref::<Scrubber>() {
-                return scrubber.clone();
+    /// The scrubber over every secret the broker holds for `session` and those of `held`
+    /// (what this request injects); `None` when there are none. Rebuilt only when the
+    /// broker's stamp of the session's holdings moved, or `held` is not covered yet.
+    async fn session_scrubber(&self, session: &str, held: &[Arc<Held>]) -> Option<Scrubber> {
+        let stamp = self.broker.holdings_stamp(session);
+        if stamp == 0 && held.is_empty() {
+            return None;
+        }
+        if let Some(cached) = self.sessions.get(session) {
+            if cached.stamp == stamp && held.iter().all(|h| cached.ids.contains(&h.id)) {
+                return Some(cached.scrubber);
             }
         }
-        let mut key: Vec<u64> = held.iter().map(|h| h.id).collect();
-        key.sort_unstable();
-        self.scrubbers.get_with(key, || build_scrubber(held))
+        // Read with the stamp it was read at: a credential cached after it moves the stamp
+        // again, so the next request rebuilds rather than missing it.
+        let (stamp, mut all) = self.broker.holdings(session).await;
+        for h in held {
+            // This request's own, even if the broker let go of it meanwhile.
+            if !all.iter().any(|a| a.id == h.id) {
+                all.push(h.clone());
+            }
+        }
+        if all.is_empty() {
+            return None;
+        }
+        let scrubber = build_scrubber(&all);
+        self.sessions.insert(
+            session.to_owned(),
+            SessionScrubber {
+                stamp,
+                ids: all.iter().map(|h| h.id).collect(),
+                scrubber: scrubber.clone(),
+            },
+        );
+        Some(scrubber)
     }
 
     /// Drop what the proxy derived from a session's credentials (teardown).
@@ -276,13 +334,21 @@ impl Credentials {
         }
         let ids = ids.to_vec();
         if let Err(e) = self
-            .scrubbers
-            .invalidate_entries_if(move |key, _| key.iter().any(|id| ids.contains(id)))
+            .sessions
+            .invalidate_entries_if(move |_, cached| cached.ids.iter().any(|id| ids.contains(id)))
         {
             // Only a builder without invalidation closures fails here; they then idle out.
             tracing::warn!(error = %e, "scrubbers of ended credentials not dropped");
         }
     }
+}
+
+/// Ask for a response that can be scrubbed: identity-encoded, and whole — a partial
+/// response could start inside an echoed secret, and its rest would match no pattern.
+fn protect_response(headers: &mut http::HeaderMap) {
+    scrub::request_identity(headers);
+    headers.remove(RANGE);
+    headers.remove(IF_RANGE);
 }
 
 /// A scrubber over every value injected from `held`.
@@ -343,49 +409,6 @@ fn header_value(held: &Held, text: &str) -> Result<HeaderValue, ProxyError> {
     Ok(value)
 }
 
-fn swap_placeholders(parts: &mut Parts, held: &Held) -> Result<(), ProxyError> {
-    let Some(secret) = placeholder_value(held) else {
-        return Ok(());
-    };
-    let name = &held.binding.name;
-    let mut replaced: Vec<(HeaderName, HeaderValue)> = Vec::new();
-    let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
-    for header in names {
-        let values: Vec<HeaderValue> = parts.headers.get_all(&header).iter().cloned().collect();
-        let mut changed = false;
-        let mut new_values = Vec::with_capacity(values.len());
-        for value in values {
-            match value
-                .to_str()
-                .ok()
-                .and_then(|v| placeholders::swap(v, name, secret.expose()))
-            {
-                Some(text) => {
-                    changed = true;
-                    new_values.push(header_value(held, &text)?);
-                }
-                None => new_values.push(value),
-            }
-        }
-        if changed {
-            parts.headers.remove(&header);
-            replaced.extend(new_values.into_iter().map(|v| (header.clone(), v)));
-        }
-    }
-    for (header, value) in replaced {
-        parts.headers.append(header, value);
-    }
-    if let Some(pq) = parts.uri.path_and_query() {
-        let encoded = percent_encode(secret.expose());
-        let spelled = placeholders::unescape_colons(pq.as_str());
-        let swapped = placeholders::swap(&spelled, name, &encoded);
-        if let Some(new) = swapped {
-            set_path_and_query(parts, &new, held)?;
-        }
-    }
-    Ok(())
-}
-
 fn write(parts: &mut Parts, held: &Held) -> Result<(), ProxyError> {
     match &held.binding.inject {
         Injection::Header { name, template } => {
@@ -424,10 +447,7 @@ fn write(parts: &mut Parts, held: &Held) -> Result<(), ProxyError> {
             let mut kept: Vec<&str> = query
                 .split('&')
                 .filter(|pair| !pair.is_empty())
-                .filter(|pair| {
-                    let key = pair.split('=').next().unwrap_or_default();
-                    percent_decode_str(key) != *param
-                })
+                .filter(|pair| placeholders::query_param_name(pair) != param.as_str())
                 .collect();
             let ours = format!("{param}={}", percent_encode(secret.expose()));
             kept.push(&ours);
@@ -465,20 +485,141 @@ fn percent_encode(text: &str) -> String {
     out
 }
 
-fn percent_decode_str(text: &str) -> String {
-    url::form_urlencoded::parse(format!("{text}=").as_bytes())
-        .next()
-        .map(|(k, _)| k.into_owned())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::address::normalize_host;
+
+    struct Fixture {
+        credentials: Credentials,
+        metrics: Metrics,
+        _dir: tempfile::TempDir,
+    }
+
+    /// `one` on `one.example`, `two` on `two.example`; `none.example` is bound to nothing.
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secrets.toml");
+        std::fs::write(
+            &file,
+            "one = \"secret-one-0123\"\ntwo = \"secret-two-4567\"\n",
+        )
+        .unwrap();
+        let binding = |name: &str| {
+            toml::from_str(&format!(
+                "name = \"{name}\"\nsource = {{ file = \"{name}\" }}\nhosts = [\"{name}.example\"]\n\
+                 inject = {{ header = \"Authorization\", value = \"Bearer {{secret}}\" }}"
+            ))
+            .unwrap()
+        };
+        let broker = Broker::new(vec![binding("one"), binding("two")], Some(file), None).unwrap();
+        let metrics = Metrics::default();
+        Fixture {
+            credentials: Credentials::new(Arc::new(broker), &metrics),
+            metrics,
+            _dir: dir,
+        }
+    }
+
+    fn principal(session: &str) -> Principal {
+        Principal {
+            session_id: session.into(),
+            agent: "a".into(),
+            tenant: "default".into(),
+            depth: 0,
+            parent: None,
+            parent_agent: None,
+            expires_at: i64::MAX,
+        }
+    }
+
+    /// One request of `session` to `host`: what reached the upstream's head, and the scrubber.
+    async fn send(f: &Fixture, session: &str, host: &str) -> (http::HeaderMap, Option<Scrubber>) {
+        let target = Target {
+            scheme: "https",
+            host: normalize_host(host).unwrap(),
+            port: 443,
+            method: http::Method::GET,
+            path: "/".into(),
+            query: String::new(),
+        };
+        let req = http::Request::builder()
+            .uri(format!("https://{host}/"))
+            .header("accept-encoding", "gzip")
+            .header("range", "bytes=0-1")
+            .body(())
+            .unwrap();
+        let (mut parts, ()) = req.into_parts();
+        let principal = principal(session);
+        let bound = Bound {
+            target: &target,
+            principal: &principal,
+            tool: None,
+            upgrade: false,
+        };
+        let injected = f
+            .credentials
+            .apply(&mut parts, bound, &f.metrics)
+            .await
+            .unwrap();
+        (parts.headers, injected.scrubber)
+    }
+
+    fn scrubs(scrubber: &Scrubber, secret: &str) -> bool {
+        scrubber.scrub_bytes(secret.as_bytes()) != secret.as_bytes()
+    }
+
+    #[tokio::test]
+    async fn every_answer_of_a_session_is_scrubbed_of_all_it_holds() {
+        let f = fixture();
+        // Holding nothing: no scrubber, and the request passes as it came.
+        let (headers, scrubber) = send(&f, "s", "none.example").await;
+        assert!(scrubber.is_none());
+        assert_eq!(headers["accept-encoding"], "gzip");
+        assert!(headers.contains_key("range"));
+
+        let (_, scrubber) = send(&f, "s", "one.example").await;
+        assert!(scrubs(&scrubber.unwrap(), "secret-one-0123"));
+        let built = f.credentials.sessions.get("s").unwrap();
+        assert_eq!(built.stamp, f.credentials.broker.holdings_stamp("s"));
+
+        // To an unbound host: the session's scrubber, the one already built.
+        let (headers, scrubber) = send(&f, "s", "none.example").await;
+        assert!(scrubs(&scrubber.unwrap(), "secret-one-0123"));
+        assert_eq!(headers["accept-encoding"], "identity");
+        assert!(!headers.contains_key("range"));
+        let again = f.credentials.sessions.get("s").unwrap();
+        assert_eq!(
+            (again.stamp, &again.ids),
+            (built.stamp, &built.ids),
+            "not rebuilt"
+        );
+
+        // Another credential moves the stamp: rebuilt once, covering both.
+        let (_, scrubber) = send(&f, "s", "two.example").await;
+        let scrubber = scrubber.unwrap();
+        assert!(scrubs(&scrubber, "secret-one-0123") && scrubs(&scrubber, "secret-two-4567"));
+        let grown = f.credentials.sessions.get("s").unwrap();
+        assert_ne!(grown.stamp, built.stamp);
+        assert_eq!(grown.ids.len(), 2);
+        let (_, scrubber) = send(&f, "s", "none.example").await;
+        assert!(scrubs(&scrubber.unwrap(), "secret-two-4567"));
+
+        // Another session holds nothing of it.
+        let (_, scrubber) = send(&f, "other", "none.example").await;
+        assert!(scrubber.is_none());
+
+        // Teardown drops the session's scrubber with its credentials.
+        let report = f.credentials.broker.end_session("s").await;
+        f.credentials.forget(&report.dropped);
+        f.credentials.sessions.run_pending_tasks();
+        assert!(f.credentials.sessions.get("s").is_none());
+    }
 
     #[test]
     fn percent_encoding_is_strict() {
         assert_eq!(percent_encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
-        assert_eq!(percent_decode_str("api%5Fkey"), "api_key");
+        assert_eq!(placeholders::query_param_name("api%5Fkey=1"), "api_key");
+        assert_eq!(placeholders::query_param_name("api_key"), "api_key");
     }
 }

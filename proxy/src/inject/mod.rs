@@ -2,7 +2,10 @@
 //!
 //! Hop-by-hop headers and everything addressed to the proxy (`Proxy-Authorization`, the
 //! session token) are removed, `Host` is rebuilt from the checked target, and the request is
-//! pointed at the absolute upstream URI. Brokered credentials are then added by
+//! pointed at the absolute upstream URI. Headers that make an upstream route, authorise or
+//! log the request as something other than what was decided — method overrides, original or
+//! rewritten URLs, forwarding and client-address headers ([`is_routing_override`]) — are
+//! removed too: the agent never speaks for a hop it is not. Brokered credentials are then added by
 //! [`credentials`]; the agent never chooses what is injected, and the placeholders it was
 //! given ([`placeholders`]) only ever turn into secrets towards their own hosts.
 
@@ -28,6 +31,86 @@ const HOP_BY_HOP: [&str; 8] = [
     "trailer",
     "transfer-encoding",
 ];
+
+/// Agent-supplied headers that frameworks, gateways and load balancers read as *where the
+/// request really goes* or *who really sent it*: a method override (`POST` decided, `DELETE`
+/// run), an original or rewritten URL (`/public` decided, `/admin` routed), a forwarded host,
+/// scheme, prefix or client address (trusted as coming from a proxy in front). Exact names,
+/// compared after [`header_key`].
+const ROUTING_OVERRIDES: &[&str] = &[
+    // Method overrides (Rails, Symfony, Express method-override, Google APIs, OData).
+    "x-http-method",
+    "x-http-method-override",
+    "x-method-override",
+    "x-http-method-overwrite",
+    // URL rewrites (IIS, Symfony, nginx/Envoy originals).
+    "x-rewrite-url",
+    "x-override-url",
+    "x-accel-redirect",
+    // Forwarding (RFC 7239 and the de-facto family) and the client address.
+    "forwarded",
+    "x-forwarded",
+    "x-real-ip",
+    "x-client-ip",
+    "client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+    "x-remote-ip",
+    "x-remote-addr",
+    "x-originating-ip",
+    "x-proxyuser-ip",
+    "x-host",
+    "x-http-host-override",
+    "front-end-https",
+    "x-url-scheme",
+    "x-scheme",
+    // Next.js internal routing (CVE-2025-29927 skipped middleware by this header).
+    "x-middleware-subrequest",
+];
+
+/// Name prefixes of the same class: every `X-Forwarded-*` (`-for`, `-host`, `-proto`,
+/// `-prefix`, `-uri`, `-path`, `-port`, `-server`, `-ssl`, `-scheme`), `X-Original-*`
+/// (`-url`, `-uri`, `-host`, `-method`), `X-Upstream-*`, `X-Envoy-*` (Envoy trusts its own
+/// `x-envoy-original-path`, `-internal`, `-upstream-*`), `X-Middleware-*`, `X-Invoke-*`.
+const ROUTING_OVERRIDE_PREFIXES: &[&str] = &[
+    "x-forwarded-",
+    "x-original-",
+    "x-upstream-",
+    "x-envoy-",
+    "x-middleware-",
+    "x-invoke-",
+    "x-rewrite-",
+];
+
+/// A header name as the upstream's framework may see it: lowercase, with `_` read as `-`
+/// (CGI, WSGI, PHP and Rack all turn both into `HTTP_X_FORWARDED_FOR`).
+fn header_key(name: &HeaderName) -> String {
+    name.as_str().replace('_', "-")
+}
+
+/// Whether `name` is an agent-supplied routing or override header, which never reaches an
+/// upstream.
+pub fn is_routing_override(name: &HeaderName) -> bool {
+    let key = header_key(name);
+    ROUTING_OVERRIDES.contains(&key.as_str())
+        || ROUTING_OVERRIDE_PREFIXES
+            .iter()
+            .any(|prefix| key.starts_with(prefix))
+}
+
+/// Remove every routing or override header ([`is_routing_override`]).
+pub fn strip_routing_overrides(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| is_routing_override(name))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
 
 /// Remove hop-by-hop headers, including those named by `Connection`. `keep_upgrade` keeps
 /// `Connection: upgrade` and `Upgrade` for a WebSocket handshake.
@@ -70,6 +153,8 @@ pub fn prepare(
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers, upgrade);
+    // What was decided is what the upstream routes: no header of the agent's re-aims it.
+    strip_routing_overrides(&mut parts.headers);
     // The client sets Host (h1) or :authority (h2) from the URI: the checked target.
     parts.headers.remove(HOST);
     parts.uri = target.upstream_uri()?;
@@ -96,5 +181,60 @@ mod tests {
         assert!(h.get(CONNECTION).is_none());
         assert_eq!(h[TE], "trailers");
         assert_eq!(h["x-keep"], "1");
+    }
+
+    #[test]
+    fn routing_overrides_are_stripped_in_every_spelling() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "x-http-method-override",
+            "X-HTTP-Method",
+            "x-method-override",
+            "X-Original-URL",
+            "x-original-uri",
+            "X-Rewrite-URL",
+            "X-Forwarded-For",
+            "x-forwarded-host",
+            "X-Forwarded-Proto",
+            "x-forwarded-prefix",
+            "Forwarded",
+            "X-Real-IP",
+            "x-original-host",
+            "X-Host",
+            "X-Upstream-Host",
+            "x-envoy-original-path",
+            "X_Forwarded_For",
+            "x_http_method_override",
+            "X-Middleware-Subrequest",
+            "True-Client-IP",
+            "CF-Connecting-IP",
+        ] {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                "1".parse().unwrap(),
+            );
+        }
+        for keep in [
+            "x-request-id",
+            "x-forwarder",
+            "x-hosted-by",
+            "accept",
+            "x-originals",
+        ] {
+            h.insert(HeaderName::from_static(keep), "1".parse().unwrap());
+        }
+        strip_routing_overrides(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            [
+                "accept",
+                "x-forwarder",
+                "x-hosted-by",
+                "x-originals",
+                "x-request-id"
+            ]
+        );
     }
 }

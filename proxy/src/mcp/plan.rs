@@ -1,7 +1,8 @@
 //! Deciding an MCP [`Exchange`] call by call, in two steps with the checks between them.
 //!
-//! [`Exchange::decide`] asks Cedar about every `tools/call` (synchronously: no await while
-//! the policy set is held). The pipeline then runs the tier's checks of each call policy
+//! [`Exchange::decide`] asks Cedar about every message — each `tools/call` as its tool's
+//! action, every other message as `Action::"mcp"` — synchronously (no await while the policy
+//! set is held). The pipeline then runs the tier's checks of each call policy
 //! allowed or escalated ([`Decided::checkable`], [`Decided::checked`]) — a call failing
 //! them is refused like a denied one, a call a check escalates is held like one policy
 //! escalated — and only then does [`Decided::finish`] work out what is forwarded, which
@@ -37,6 +38,11 @@ pub struct Plan {
     pub tools: Vec<String>,
     /// Every `tools/call`, in order, with its decision: one `mcp_call` record each.
     pub calls: Vec<DecidedCall>,
+    /// Every other message, in order, with its decision (`Action::"mcp"`).
+    pub messages: Vec<DecidedMessage>,
+    /// The refusal of a notification (the first, if several): it has no id to answer, so
+    /// when nothing else is left to forward or answer, it is the request's refusal.
+    pub silenced: Option<ProxyError>,
     /// Calls policy or a check escalated, to be held for approval: their refusal (in
     /// `refused`) and decision (in `calls`) say `approval_required` until the pipeline
     /// holds them.
@@ -81,6 +87,19 @@ pub struct DecidedCall {
     passed: Option<Passed>,
 }
 
+/// One decided message other than `tools/call`: what its audit record needs.
+#[derive(Debug)]
+pub struct DecidedMessage {
+    /// The JSON-RPC id as JSON text; `None` for a notification.
+    pub rpc_id: Option<String>,
+    /// The JSON-RPC method (empty for a response to a server request).
+    pub method: String,
+    /// The determining policies of an allowed message, or why it was refused.
+    pub outcome: Result<Vec<String>, ProxyError>,
+    /// The id of a `tools/list` request, whose answer is filtered when it is forwarded.
+    list: Option<Value>,
+}
+
 /// A call policy allowed or escalated: what its checks and a hold need.
 #[derive(Debug)]
 struct Passed {
@@ -108,25 +127,26 @@ pub struct Checkable<'a> {
 #[derive(Debug)]
 pub struct Decided {
     batch: bool,
-    /// Each message with the index of its call in `calls`, if it is one.
+    /// Each message with the index of its decision in `calls` or `others`.
     messages: Vec<(Value, Slot)>,
     calls: Vec<DecidedCall>,
+    others: Vec<DecidedMessage>,
 }
 
 #[derive(Debug)]
 enum Slot {
     Call(usize),
-    List(Value),
-    Other,
+    Message(usize),
 }
 
 impl Exchange {
-    /// Ask Cedar about every `tools/call` on its own.
+    /// Ask Cedar about every message on its own.
     pub fn decide(self, endpoint: &Endpoint, asker: Asker<'_>) -> Result<Decided, ProxyError> {
         let mut decided = Decided {
             batch: self.batch,
             messages: Vec::with_capacity(self.messages.len()),
             calls: Vec::new(),
+            others: Vec::new(),
         };
         for (value, kind) in self.messages {
             let slot = match kind {
@@ -174,8 +194,31 @@ impl Exchange {
                     });
                     Slot::Call(decided.calls.len() - 1)
                 }
-                Kind::List { id } => Slot::List(id),
-                Kind::Other => Slot::Other,
+                Kind::Message { method, list } => {
+                    let outcome = match asker.message(endpoint, &method) {
+                        Ok(Verdict::Allow { policies, .. }) => Ok(policies),
+                        // `mcp` is never escalated (only tool calls are); no allow, no pass.
+                        Ok(Verdict::Escalate { policies, action }) => {
+                            Err(ProxyError::ApprovalRequired {
+                                policies,
+                                action: action.uid_text(),
+                                resource: format!(
+                                    "{}::Host::{:?}",
+                                    ostiary_policies::schema::NAMESPACE,
+                                    asker.target.host.to_string()
+                                ),
+                            })
+                        }
+                        Err(e) => Err(e),
+                    };
+                    decided.others.push(DecidedMessage {
+                        rpc_id: value.get("id").map(Value::to_string),
+                        method,
+                        outcome,
+                        list,
+                    });
+                    Slot::Message(decided.others.len() - 1)
+                }
             };
             decided.messages.push((value, slot));
         }
@@ -288,20 +331,39 @@ impl Decided {
             policies: Vec::new(),
             tools: Vec::new(),
             calls: Vec::new(),
+            messages: Vec::new(),
+            silenced: None,
             escalated: Vec::new(),
         };
         let mut calls = self.calls;
+        let mut others = self.others;
         let mut kept = Vec::with_capacity(self.messages.len());
         for (value, slot) in self.messages {
             let index = match slot {
                 Slot::Call(index) => index,
-                Slot::List(id) => {
-                    plan.listed.push(id);
-                    kept.push(value);
-                    continue;
-                }
-                Slot::Other => {
-                    kept.push(value);
+                Slot::Message(index) => {
+                    let message = &mut others[index];
+                    match &message.outcome {
+                        Ok(policies) => {
+                            plan.policies.extend(policies.iter().cloned());
+                            if let Some(id) = message.list.take() {
+                                plan.listed.push(id);
+                            }
+                            kept.push(value);
+                        }
+                        Err(error) => {
+                            plan.unchanged = false;
+                            match value.get("id").cloned() {
+                                Some(id) => plan.refused.push(McpRefusal {
+                                    id,
+                                    error: error.clone(),
+                                }),
+                                None => {
+                                    plan.silenced.get_or_insert_with(|| error.clone());
+                                }
+                            }
+                        }
+                    }
                     continue;
                 }
             };
@@ -318,6 +380,9 @@ impl Decided {
                 Err(error) => {
                     plan.unchanged = false;
                     let id = value.get("id").cloned();
+                    if id.is_none() {
+                        plan.silenced.get_or_insert_with(|| error.clone());
+                    }
                     let refusal = id.map(|id| {
                         plan.refused.push(McpRefusal {
                             id,
@@ -339,6 +404,7 @@ impl Decided {
             }
         }
         plan.calls = calls;
+        plan.messages = others;
         plan.forward = if plan.unchanged {
             Some(body)
         } else if kept.is_empty() {

@@ -16,6 +16,10 @@
 //!   unchanged: the refused calls were not executed, and the client learns of the failure
 //!   from the upstream's own answer.
 //!
+//! The upstream's answer reaches this module scrubbed, but what it rewrites is decoded
+//! and serialised anew (`\u002B` becomes `+`), so every rewritten answer is scrubbed once
+//! more as written, with the same [`Scrubber`].
+//!
 //! A listed tool stays when its call with empty arguments would be allowed or escalated
 //! (DESIGN §4: escalatable tools stay), or cannot be decided without arguments (its
 //! schema requires some): the list is a courtesy to the agent, every call is still decided
@@ -40,6 +44,7 @@ use crate::classify::Target;
 use crate::error::{McpRefusal, ProxyError};
 use crate::metrics::Metrics;
 use crate::respond;
+use crate::scrub::Scrubber;
 use crate::session::Principal;
 
 /// The largest JSON answer read to filter or merge it.
@@ -53,6 +58,9 @@ pub struct ToolFilter {
     pub engine: Arc<PolicyEngine>,
     pub metrics: Arc<Metrics>,
     pub principal: Principal,
+    /// `context.session` as the listing request found it: the list is a courtesy, decided
+    /// as a call made now would be (a child sees what a child may call).
+    pub session: ostiary_policies::SessionState,
     pub target: Target,
     pub endpoint: Endpoint,
 }
@@ -64,9 +72,8 @@ impl ToolFilter {
             metrics: &self.metrics,
             principal: &self.principal,
             target: &self.target,
-            // The list is a courtesy decided as a session's first call would be; every
-            // call is still decided with the session's real usage when it is made.
-            session: ostiary_policies::SessionState::default(),
+            // Every call is still decided with the session's usage when it is made.
+            session: &self.session,
         };
         // Allowed and escalatable tools stay listed (a call is decided when it is made).
         matches!(
@@ -156,10 +163,12 @@ impl ReplyPlan {
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
 
-    /// Filter and merge the upstream's answer.
+    /// Filter and merge the upstream's answer; what is rewritten is scrubbed with
+    /// `scrubber` (the one the answer was scrubbed with) as it is written.
     pub async fn apply(
         self,
         response: Response<ProxyBody>,
+        scrubber: Option<&Scrubber>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let media = response
             .headers()
@@ -190,7 +199,7 @@ impl ReplyPlan {
         match media.as_str() {
             "application/json" => {
                 let bytes = collect(incoming, MAX_REPLY_BYTES).await?;
-                let body = self.rewrite_json(bytes)?;
+                let body = self.rewrite_json(bytes, scrubber)?;
                 parts.headers.remove(CONTENT_LENGTH);
                 Ok(Response::from_parts(parts, body::full(body)))
             }
@@ -208,6 +217,7 @@ impl ReplyPlan {
                     scanned: 0,
                     listed: self.listed,
                     filter: self.filter,
+                    scrubber: scrubber.cloned(),
                     done: false,
                 };
                 Ok(Response::from_parts(parts, filter.boxed()))
@@ -216,7 +226,7 @@ impl ReplyPlan {
         }
     }
 
-    fn rewrite_json(self, bytes: Bytes) -> Result<Bytes, ProxyError> {
+    fn rewrite_json(self, bytes: Bytes, scrubber: Option<&Scrubber>) -> Result<Bytes, ProxyError> {
         let mut value: Value = match serde_json::from_slice(&bytes) {
             Ok(value) => value,
             // Not ours to judge when nothing needs merging: pass it on as it came.
@@ -237,7 +247,7 @@ impl ReplyPlan {
             items.extend(self.refused);
             value = Value::Array(items);
         }
-        Ok(Bytes::from(value.to_string()))
+        Ok(Bytes::from(rescrub(scrubber, value.to_string())))
     }
 }
 
@@ -271,7 +281,17 @@ struct SseFilter {
     scanned: usize,
     listed: Vec<Value>,
     filter: Arc<ToolFilter>,
+    /// What a rewritten event is scrubbed with.
+    scrubber: Option<Scrubber>,
     done: bool,
+}
+
+/// `text` written by the proxy from decoded upstream data, scrubbed.
+fn rescrub(scrubber: Option<&Scrubber>, text: String) -> String {
+    match scrubber {
+        Some(scrubber) => scrubber.scrub_text(text),
+        None => text,
+    }
 }
 
 /// The end (exclusive) of the first complete event in `buf`, searching from `from`: a blank
@@ -320,7 +340,7 @@ impl SseFilter {
             }
         }
         out.push('\n');
-        Bytes::from(out)
+        Bytes::from(rescrub(self.scrubber.as_ref(), out))
     }
 }
 

@@ -53,18 +53,25 @@ pub async fn handle(
     let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
     // The wire guard stops inspecting after an Upgrade head; a declined upgrade must not
     // leave a connection whose next requests go unchecked.
-    let upgrade_asked = req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE);
+    // The same for a CONNECT inside a tunnel (always refused below): its head switched the
+    // guard to pass-through.
+    let upgrade_asked = (req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE))
+        || (req.method() == Method::CONNECT && req.version() <= Version::HTTP_11);
     let mut note = Note::default();
     let result = run(&shared, &origin, req, &mut audit, &request_id, &mut note).await;
     let refused = result
         .as_ref()
         .err()
         .is_some_and(crate::guardrails::pause::counts_as_denial);
+    let held = result
+        .as_ref()
+        .err()
+        .is_some_and(crate::guardrails::pause::counts_as_hold);
     let response = answer::answer(&shared, result, audit, &request_id, upgrade_asked).await;
     // watchdog — after the answer is decided and its record written (the pause's snapshot
     // includes it): a session that keeps repeating itself is paused before its next request.
     if let Some(principal) = note.principal.take() {
-        crate::guardrails::pause::observe(&shared, &principal, note.calls, refused).await;
+        crate::guardrails::pause::observe(&shared, &principal, note.calls, refused, held).await;
     }
     response
 }
@@ -79,13 +86,17 @@ struct Note {
 }
 
 async fn run(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     origin: &Origin,
     req: Request<Incoming>,
     audit: &mut AuditGuard,
     request_id: &str,
     note: &mut Note,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    // audit — before anything else: a request whose record cannot be written is not
+    // decided, charged, held or forwarded (503 `audit_unavailable`). Checked again right
+    // before forward, for the failures that arrive while a request is being decided.
+    shared.audit.ensure_writable()?;
     // The agent's window on the approval queue (`status_url`) is answered by the proxy
     // itself, before anything treats it as a request to forward; it authenticates inside.
     if matches!(origin, Origin::Plain) {
@@ -108,6 +119,15 @@ async fn run(
     if matches!(origin, Origin::Tunnel(_)) && !shared.sessions.is_live(&principal.session_id) {
         return Err(ProxyError::unauthenticated(
             "the session is not active (revoked or expired)",
+        ));
+    }
+
+    // Only a request to the tunnel's host travels inside a tunnel: a CONNECT there would be
+    // a tunnel in a tunnel that nothing inspects.
+    if req.method() == Method::CONNECT {
+        audit.update(|r| r.method = Some("CONNECT".into()));
+        return Err(ProxyError::bad_request(
+            "CONNECT inside a tunnel is refused: open each tunnel on its own proxy connection",
         ));
     }
 
@@ -156,7 +176,7 @@ async fn run(
         }
     }
 
-    let call = match recognise::route(engine.catalog(), &target) {
+    let call = match recognise::route(engine.catalog(), &target)? {
         Some(route) => {
             let tool = route.tool;
             audit.update(|r| {
@@ -171,11 +191,13 @@ async fn run(
     // MCP after REST routes, so that a catalogued REST route is never reinterpreted as
     // JSON-RPC. Only a POST carries JSON-RPC; the SSE stream (GET) and session end (DELETE)
     // stay plain `http` requests below. The body is parsed here, decided in evaluate.
-    let mcp = match (&call, mcp::endpoint(engine.catalog(), &target)) {
-        (None, Some(endpoint)) if target.method == Method::POST => {
+    let mcp = match (&call, mcp::endpoint(engine.catalog(), &target)?) {
+        // The method in any case: an upstream that takes `post` for POST must not run
+        // JSON-RPC the proxy never parsed.
+        (None, Some(endpoint)) if target.method.as_str().eq_ignore_ascii_case("POST") => {
             let limit = shared.config.proxy.max_tool_body_bytes;
             let bytes = recognise::read_body(&mut req, limit).await?;
-            let exchange = mcp::parse(&bytes)?;
+            let exchange = mcp::parse(req.headers(), &bytes)?;
             Some((endpoint, exchange, bytes))
         }
         _ => None,
@@ -191,7 +213,7 @@ async fn run(
     // POST of only `tools/call`s is rated call by call, each by its own tool's tier, below.
     let calls_only = mcp
         .as_ref()
-        .is_some_and(|(_, exchange, _)| !exchange.needs_http());
+        .is_some_and(|(_, exchange, _)| !exchange.has_plumbing());
     if !calls_only {
         shared
             .guardrails
@@ -203,7 +225,7 @@ async fn run(
     // POST of calls is observed call by call below instead.
     if mcp
         .as_ref()
-        .is_none_or(|(_, exchange, _)| exchange.needs_http())
+        .is_none_or(|(_, exchange, _)| exchange.has_plumbing())
     {
         note.calls.push(match &call {
             Some(call) => {
@@ -252,32 +274,36 @@ async fn run(
     }
 
     // placeholders — after recognise (a tool call's or MCP body is in hand to look into),
-    // before evaluate: a placeholder headed for a host its credential is not bound to is an
-    // exfiltration attempt whatever policy would say, and is recorded as one.
+    // before evaluate: a placeholder headed for a host its credential is not bound to, or
+    // anywhere but its binding's injection point, is an exfiltration attempt whatever
+    // policy would say, and is recorded as one.
     let tool_name = call.as_ref().map(|c| c.tool.name().to_owned());
-    let found = {
+    {
+        // The body as sent (a tool call's arguments also hold its query, which is no body).
         let held_body = match (&call, &mcp) {
-            (Some(call), _) => serde_json::to_vec(&call.args).ok(),
-            (None, Some((_, _, bytes))) => Some(bytes.to_vec()),
+            (Some(call), _) => Some(&call.body[..]),
+            (None, Some((_, _, bytes))) => Some(&bytes[..]),
             _ => None,
         };
         shared.credentials.placeholders(
             req.headers(),
             req.uri(),
-            held_body.as_deref(),
+            held_body,
             &host,
             &principal,
             &shared.metrics,
-        )?
-    };
+        )?;
+    }
 
     // evaluate — the port rule first (a tunnel's port was checked at CONNECT), then Cedar.
+    // `context.session` is read once, so every decision of the request sees the same usage.
+    let session = shared.guardrails.session_state(&principal);
     if matches!(origin, Origin::Plain) {
         let opened_by = evaluate::port(
             &engine,
             &shared.metrics,
             &shared.config.egress.ports,
-            &principal,
+            (&principal, &session),
             &target.host,
             target.port,
         )?;
@@ -286,17 +312,13 @@ async fn run(
     let (action, tool) = match call {
         Some(call) => {
             let tool = (call.tool, call.body.clone());
-            let state = shared.guardrails.session_state(&principal);
-            (Some(call.action(None, state)), Some(tool))
+            (Some(call.action(None)), Some(tool))
         }
         // Every message but `tools/call` is decided as the plain request it travels in; a
-        // POST of only calls is decided call by call below, and nothing else.
-        None if mcp
-            .as_ref()
-            .is_some_and(|(_, exchange, _)| !exchange.needs_http()) =>
-        {
-            (None, None)
-        }
+        // JSON-RPC to a catalogued MCP endpoint is decided message by message below, each
+        // `tools/call` as its tool and every other message as `Action::"mcp"`; the POST
+        // carrying them is not also decided as `http`.
+        None if mcp.is_some() => (None, None),
         None => (
             Some(Action::Http {
                 method: target.method.to_string(),
@@ -315,6 +337,7 @@ async fn run(
             &engine,
             &shared.metrics,
             &principal,
+            &session,
             &target.host,
             action,
         )? {
@@ -441,7 +464,7 @@ async fn run(
             metrics: &shared.metrics,
             principal: &principal,
             target: &target,
-            session: shared.guardrails.session_state(&principal),
+            session: &session,
         };
         let mut decided = exchange.decide(&endpoint, asker)?;
         // rate — each call policy allowed or escalated, by its own tool's tier; one over
@@ -492,11 +515,9 @@ async fn run(
         if charged > 0 && !plan.batch {
             audit.update(|r| r.cost_micros = Some(charged));
         }
-        for call in &plan.calls {
-            note.calls.push(call.seen.clone());
-        }
         // escalate (hold) — each escalated call on its own, as the single call it is, so it
-        // can be executed alone once approved; its refusal becomes `approval_pending`.
+        // can be executed alone once approved; its refusal becomes `approval_pending`, or
+        // `limit_exceeded` past the session's cap of pending approvals.
         for escalated in std::mem::take(&mut plan.escalated) {
             let Some(refusal) = escalated.refusal else {
                 continue;
@@ -511,7 +532,7 @@ async fn run(
                 tier: Some(escalated.tier),
                 rpc_id: escalated.message.get("id").cloned(),
             };
-            let (id, pending) = escalate::hold_body(
+            let held = escalate::hold_body(
                 shared,
                 &principal,
                 &target,
@@ -520,10 +541,24 @@ async fn run(
                 held,
                 request_id,
             )
-            .await?;
-            audit.update(|r| r.approval = Some(id));
+            .await;
+            let pending = match held {
+                Ok((id, pending)) => {
+                    audit.update(|r| r.approval = Some(id));
+                    pending
+                }
+                Err(cap @ ProxyError::LimitExceeded(_)) => {
+                    shared.metrics.limit_exceeded("approvals");
+                    cap
+                }
+                Err(e) => return Err(e),
+            };
+            plan.calls[escalated.call].seen.held = Some(true);
             plan.refused[refusal].error = pending.clone();
             plan.calls[escalated.call].outcome = Err(pending);
+        }
+        for call in &plan.calls {
+            note.calls.push(call.seen.clone());
         }
         // A batch's calls each get a record of their own: the request's record can name one
         // tool and one outcome, and a refused call in a forwarded batch would be invisible.
@@ -547,10 +582,25 @@ async fn run(
                 });
                 record.decided(call.outcome.as_ref().map(Vec::as_slice));
             }
+            for message in &plan.messages {
+                let mut record =
+                    AuditGuard::start(&shared.audit, &shared.metrics, request_id, "mcp_message");
+                record.update(|r| {
+                    r.set_principal(&principal);
+                    r.host = Some(target.host.to_string());
+                    r.port = Some(target.port);
+                    r.rpc_id = message.rpc_id.clone();
+                    r.rpc_method = Some(message.method.clone());
+                });
+                record.decided(message.outcome.as_ref().map(Vec::as_slice));
+            }
         }
         audit.update(|r| {
             if let Some(tool) = plan.tools.first() {
                 r.tool = Some(tool.clone());
+            }
+            if let (false, [message]) = (plan.batch, plan.messages.as_slice()) {
+                r.rpc_method = Some(message.method.clone());
             }
             r.add_policies(plan.policies.clone());
             r.checks = plan.calls.iter().flat_map(|c| c.checks.clone()).collect();
@@ -558,10 +608,11 @@ async fn run(
         });
         let Some(forward) = plan.forward else {
             if plan.refused.is_empty() {
-                // Only refused notifications: nothing to answer, as for any notification.
-                let mut accepted = Response::new(body::empty());
-                *accepted.status_mut() = StatusCode::ACCEPTED;
-                return Ok(accepted);
+                // Only refused notifications: no id to answer, so the refusal is the
+                // request's (an accepted notification would be 202).
+                return Err(plan.silenced.unwrap_or_else(|| ProxyError::Internal {
+                    reason: "an MCP body with nothing forwarded and nothing refused".into(),
+                }));
             }
             return Err(ProxyError::McpRefused {
                 replies: plan.refused,
@@ -577,6 +628,7 @@ async fn run(
             engine: engine.clone(),
             metrics: shared.metrics.clone(),
             principal: (*principal).clone(),
+            session: session.clone(),
             target: target.clone(),
             endpoint,
         };
@@ -605,7 +657,6 @@ async fn run(
                 tool: tool_name.as_deref(),
                 upgrade,
             },
-            &found,
             &shared.metrics,
         )
         .await?;
@@ -617,11 +668,10 @@ async fn run(
     }
     // A streamed body is where a placeholder can hide from the check before evaluate: it is
     // guarded chunk by chunk on its way, and the chunk carrying one is never passed on.
-    let (upstream_body, placeholder_in_body) =
-        match shared.credentials.guard_body(&host, upstream_body) {
-            Ok((guarded, tripped)) => (guarded, Some(tripped)),
-            Err(unguarded) => (unguarded, None),
-        };
+    let (upstream_body, placeholder_in_body) = match shared.credentials.guard_body(upstream_body) {
+        Ok((guarded, tripped)) => (guarded, Some(tripped)),
+        Err(unguarded) => (unguarded, None),
+    };
     // A body that streams is scanned for secrets on its way (`dlp` of the tier): the chunk
     // carrying a finding, and everything after it, never leaves; the upstream request is
     // aborted. Wrapped after the placeholder guard, which it must not hide a chunk from.
@@ -645,6 +695,7 @@ async fn run(
     // forward — the egress guard runs inside the connector, on every dial; TLS is verified
     // for the exact host before the request (and any credential in it) is written. A
     // teardown whose grace ran out cancels the wait.
+    shared.audit.ensure_writable()?;
     let sent = tokio::select! {
         sent = shared.upstreams.send(
             upstream_req,
@@ -656,12 +707,11 @@ async fn run(
             reason: "the session was torn down before the upstream answered".into(),
         }),
     };
-    if let Some(credential) = placeholder_in_body.as_ref().and_then(|t| t.get()) {
-        shared.metrics.placeholder_exfiltration(credential);
-        return Err(ProxyError::PlaceholderExfiltration {
-            credential: credential.clone(),
-            host: host.clone(),
-        });
+    if let Some(refusal) = placeholder_in_body
+        .as_ref()
+        .and_then(|t| shared.credentials.tripped(t, &host, &shared.metrics))
+    {
+        return Err(refusal);
     }
     if let Some(finding) = dlp_finding.as_ref().and_then(|slot| slot.get()) {
         shared
@@ -697,7 +747,13 @@ async fn run(
     }
     let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if let (Some(agent), true) = (agent_upgrade, switching) {
-        upgrade::splice(agent, hyper::upgrade::on(&mut response));
+        upgrade::splice(
+            shared,
+            &principal,
+            &target,
+            agent,
+            hyper::upgrade::on(&mut response),
+        );
     }
     // scrub — first thing on the answer: no injected secret reaches anything downstream
     // of here (the MCP filter, the agent), and a body that cannot be decoded to be scrubbed
@@ -743,7 +799,7 @@ async fn run(
     });
     // MCP answers are filtered and merged after forward, before hop-by-hop headers go.
     let mut response = match mcp_reply {
-        Some(plan) => plan.apply(response).await?,
+        Some(plan) => plan.apply(response, injected.scrubber.as_ref()).await?,
         None => response,
     };
     inject::strip_hop_by_hop(response.headers_mut(), upgrade && switching);

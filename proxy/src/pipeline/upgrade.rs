@@ -1,9 +1,18 @@
 //! WebSocket upgrades through the pipeline: which requests are honoured as one, and the
-//! splice of the two upgraded connections once both sides switched.
+//! splice of the two upgraded connections once both sides switched — tied to the session
+//! (closed at teardown or expiry) and charged to its byte budgets ([`tunnel::splice`]).
+
+use std::sync::Arc;
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{Request, Version};
 use hyper_util::rt::TokioIo;
+
+use crate::classify::{Target, Tunnel};
+use crate::lifecycle;
+use crate::server::Shared;
+use crate::session::Principal;
+use crate::tunnel::{self, Bounds, Ended};
 
 /// A WebSocket handshake (HTTP/1.1 `Upgrade`); other upgrades are not passed.
 pub(super) fn is_websocket<B>(req: &Request<B>) -> bool {
@@ -21,15 +30,44 @@ pub(super) fn is_websocket<B>(req: &Request<B>) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// Join the agent's and the upstream's upgraded connections once both sides switched.
-pub(super) fn splice(agent: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+/// Join the agent's and the upstream's upgraded connections once both sides switched, for
+/// as long as `principal`'s session lives and its byte budgets last.
+pub(super) fn splice(
+    shared: &Arc<Shared>,
+    principal: &Arc<Principal>,
+    target: &Target,
+    agent: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+) {
+    let at = Tunnel {
+        host: target.host.clone(),
+        port: target.port,
+        principal: principal.clone(),
+    };
+    // Dropping both halves unspliced closes both connections right after the 101.
+    let Some(watch) = lifecycle::watch_stream(shared, principal) else {
+        return lifecycle::record_cut(shared, &at, "websocket", Ended::SessionOver);
+    };
+    let shared = shared.clone();
     tokio::spawn(async move {
-        match tokio::try_join!(agent, upstream) {
+        let upgraded = tokio::select! {
+            upgraded = async { tokio::try_join!(agent, upstream) } => upgraded,
+            () = watch.ended() => {
+                return lifecycle::record_cut(&shared, &at, "websocket", Ended::SessionOver)
+            }
+        };
+        match upgraded {
             Ok((agent, upstream)) => {
-                let mut agent = TokioIo::new(agent);
-                let mut upstream = TokioIo::new(upstream);
-                if let Err(e) = tokio::io::copy_bidirectional(&mut agent, &mut upstream).await {
-                    tracing::debug!(error = %e, "upgraded connection ended");
+                let bounds = Bounds {
+                    watch,
+                    meter: shared.guardrails.meter.clone(),
+                    session: at.principal.session_id.clone(),
+                    idle: None,
+                };
+                let ended =
+                    tunnel::splice(TokioIo::new(agent), TokioIo::new(upstream), bounds).await;
+                if ended.is_cut() {
+                    lifecycle::record_cut(&shared, &at, "websocket", ended);
                 }
             }
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),

@@ -6,31 +6,42 @@
 //! the proxy injected on its behalf, so every response to a request that carried one goes
 //! through a [`Scrubber`]: header values, the reason phrase, the body and the trailers.
 //!
-//! - The patterns of a secret ([`patterns`]): its raw bytes, its base64 and base64url forms
-//!   (whole, and embedded in a larger blob at each of the three alignments), and its
-//!   percent-encoded forms. One leftmost-longest Aho–Corasick automaton holds all of them.
-//! - Bodies stream ([`stream`]): only the tail that could still be the start of a secret is
-//!   held back between frames, never the whole body.
+//! - The forms of a secret ([`patterns`]): its raw value, its base64 and base64url forms
+//!   (whole, and embedded in a larger blob at each of the three alignments), its hex forms.
+//! - Every spelling of each form ([`encodings`]): each character as itself or escaped the
+//!   way a JSON, HTML or URL encoder writes it — any subset of the characters, each in any
+//!   of its encodings, nested once (JSON in JSON, a URL in JSON, HTML in JSON …).
+//! - One matcher over all of them ([`matcher`]): a leftmost-first regular expression,
+//!   searched around anchors that an Aho–Corasick automaton finds.
+//! - Bodies stream ([`stream`]): a fixed window is held back between frames (never the
+//!   whole body), whatever the bytes are, so that how long a frame waits tells nothing
+//!   about the secrets.
 //! - Compressed bodies ([`body`]): requests carrying a credential ask for identity
 //!   ([`request_identity`]); an upstream that compresses anyway is decoded (gzip, deflate,
 //!   br, zstd, stacked in any order) and scrubbed, and the agent gets it identity-encoded.
 //!   Any other encoding is refused ([`ScrubError::UndecodableEncoding`]); a body that fails
 //!   to decode midway ends with an error. Nothing undecoded ever passes.
 //!
+//! Whatever the proxy decodes and writes out again after scrubbing (an MCP answer it
+//! filters, an approved call's answer it stores as one message) is scrubbed once more as
+//! written ([`Scrubber::scrub_text`]): a re-serialiser writes characters in its own way.
+//!
 //! A [`Scrubber`] is built once per credential and cached (construction compiles the
-//! automaton); scrubbing a response that holds no secret costs one scan and no copy.
+//! automata); scrubbing a response that holds no secret costs one scan and no copy.
 
 mod body;
+mod encodings;
+mod matcher;
 mod patterns;
 mod stream;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_encodings;
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, MatchKind};
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT_ENCODING};
 use http::HeaderMap;
@@ -38,7 +49,7 @@ use http::HeaderMap;
 pub use body::{scrub_response, ScrubBody};
 pub use stream::StreamScrubber;
 
-use crate::prefix_trie::PrefixTrie;
+use matcher::Matcher;
 
 /// What a secret is replaced with. It contains no pattern of any realistic secret; when a
 /// secret does occur in it (a secret such as `"ostiary"`), [`Scrubber`] falls back to
@@ -76,10 +87,8 @@ pub struct Scrubber {
 
 struct Inner {
     /// `None` when there is nothing to scrub.
-    ac: Option<AhoCorasick>,
-    trie: PrefixTrie,
+    matcher: Option<Matcher>,
     patterns: usize,
-    max_len: usize,
     marker: Bytes,
 }
 
@@ -93,31 +102,23 @@ impl std::fmt::Debug for Scrubber {
 
 impl Scrubber {
     /// A scrubber for `secrets`: each one's raw value (always, when non-empty), and for
-    /// those of at least 4 bytes their base64/base64url forms at every alignment; the
-    /// percent-encoded forms whenever they differ. (A basic-auth pair's
-    /// `base64("user:pass")` is not derived here: pass `"user:pass"` as a secret too.)
+    /// those of at least 4 bytes their base64/base64url forms at every alignment and their
+    /// hex forms; each form in every spelling a JSON, HTML or URL encoder gives it. (A
+    /// basic-auth pair's `base64("user:pass")` is not derived here: pass `"user:pass"` as
+    /// a secret too.)
     pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Scrubber {
-        let mut seen = HashSet::new();
-        let mut all: Vec<Vec<u8>> = Vec::new();
+        let mut all: Vec<patterns::Form> = Vec::new();
         for secret in secrets {
-            for p in patterns::variants(secret.as_bytes()) {
-                if seen.insert(p.clone()) {
-                    all.push(p);
+            for form in patterns::variants(secret) {
+                if !all.iter().any(|f| f.text == form.text) {
+                    all.push(form);
                 }
             }
         }
-        let max_len = all.iter().map(Vec::len).max().unwrap_or(0);
-        let ac = (!all.is_empty()).then(|| {
-            AhoCorasick::builder()
-                .match_kind(MatchKind::LeftmostLongest)
-                .build(&all)
-                // Only a pattern set too large for the automaton's ids fails, far beyond
-                // any real credential's few dozen patterns.
-                .expect("the scrubbing automaton builds")
-        });
-        let marker = match &ac {
-            Some(ac) if ac.is_match(REDACTED) => {
-                if ac.is_match(REDACTED_FALLBACK) {
+        let matcher = Matcher::new(&all);
+        let marker = match &matcher {
+            Some(m) if m.is_match(REDACTED.as_bytes()) => {
+                if m.is_match(REDACTED_FALLBACK.as_bytes()) {
                     Bytes::new()
                 } else {
                     Bytes::from_static(REDACTED_FALLBACK.as_bytes())
@@ -127,10 +128,8 @@ impl Scrubber {
         };
         Scrubber {
             inner: Arc::new(Inner {
-                ac,
-                trie: PrefixTrie::new(all.iter().map(Vec::as_slice)),
+                matcher,
                 patterns: all.len(),
-                max_len,
                 marker,
             }),
         }
@@ -138,15 +137,25 @@ impl Scrubber {
 
     /// No secret to look for: responses pass untouched.
     pub fn is_empty(&self) -> bool {
-        self.inner.ac.is_none()
+        self.inner.matcher.is_none()
     }
 
-    /// The length of the longest pattern (0 when empty).
+    /// The length of the longest spelling of any secret (0 when empty).
     pub fn max_pattern_len(&self) -> usize {
-        self.inner.max_len
+        self.inner.matcher.as_ref().map_or(0, Matcher::max_len)
     }
 
-    /// How many patterns the secrets expanded to.
+    /// How many bytes a streamed body holds back at most between two frames (0 when
+    /// empty): one less than a bound on any spelling's length that depends on the secrets'
+    /// lengths alone.
+    pub fn hold_back(&self) -> usize {
+        self.inner
+            .matcher
+            .as_ref()
+            .map_or(0, |m| m.window().saturating_sub(1))
+    }
+
+    /// How many forms the secrets expanded to (each matched in all its spellings).
     pub fn pattern_count(&self) -> usize {
         self.inner.patterns
     }
@@ -156,21 +165,32 @@ impl Scrubber {
         self.replace(input).0
     }
 
+    /// Text the proxy wrote itself from decoded upstream data (a re-serialised JSON
+    /// document), scrubbed: the serialiser may have turned escapes back into characters.
+    pub fn scrub_text(&self, text: String) -> String {
+        match self.replace(text.as_bytes()).0 {
+            Cow::Borrowed(_) => text,
+            // The marker is ASCII and replaces whole matches of UTF-8 patterns, so the
+            // result is UTF-8; lossily all the same rather than trusting that here.
+            Cow::Owned(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
     /// The replaced bytes and the number of replacements.
     fn replace<'b>(&self, input: &'b [u8]) -> (Cow<'b, [u8]>, usize) {
-        let Some(ac) = self.inner.ac.as_ref() else {
+        let Some(matcher) = self.inner.matcher.as_ref() else {
             return (Cow::Borrowed(input), 0);
         };
-        let mut matches = ac.find_iter(input).peekable();
+        let mut matches = matcher.find_iter(input).peekable();
         if matches.peek().is_none() {
             return (Cow::Borrowed(input), 0);
         }
         let mut out = Vec::with_capacity(input.len());
         let (mut pos, mut count) = (0, 0);
-        for m in matches {
-            out.extend_from_slice(&input[pos..m.start()]);
+        for (start, end) in matches {
+            out.extend_from_slice(&input[pos..start]);
             out.extend_from_slice(&self.inner.marker);
-            pos = m.end();
+            pos = end;
             count += 1;
         }
         out.extend_from_slice(&input[pos..]);

@@ -1,20 +1,29 @@
-//! Scrubbing a body that arrives in pieces, with the same result as scrubbing it whole.
+//! Scrubbing a body that arrives in pieces, with the same result as scrubbing it whole,
+//! and with a hold-back that tells nothing about the secrets.
 //!
-//! A secret may be split across frames, so the tail of each frame that could still grow
-//! into a match is held back — only the longest suffix that is a proper prefix of some
-//! pattern, not a fixed `max_len - 1` bytes, so a stream (SSE above all) is delayed only
-//! when its last bytes really could be the start of a secret.
+//! A secret may be split across frames, so bytes at the end of a frame wait for the next
+//! one. *How many* must not depend on whether they could be the start of a secret: if it
+//! did, an agent sending probes to an echoing upstream would see which answer is held back
+//! and learn a secret byte by byte. So the held tail is fixed:
 //!
-//! Why the output equals [`Scrubber::scrub_bytes`] of the whole body (leftmost-longest):
-//! with `h` the start of the held suffix, every match the whole body has that is not
-//! entirely inside the bytes seen so far starts at or after `h`. So a match found in the
-//! buffer that starts before `h` is the one the whole body has there (nothing can start
-//! earlier, nothing starting at the same place can be longer), and bytes before `h` with no
-//! match starting in them are final.
+//! - the last [`Scrubber::hold_back`] bytes — one less than a bound on the length of any
+//!   spelling of any secret, computed from the secrets' lengths alone;
+//! - but nothing after a newline: no pattern holds one (a multi-line secret is looked for
+//!   line by line), so every match ends before the last newline or starts after it. A
+//!   text stream (SSE events, JSON lines) goes out event by event, whatever it says.
+//!
+//! Both depend only on the lengths and the positions of newlines of what arrived, never on
+//! what the secrets are. The bytes before the held tail are final: every match of the
+//! whole body that is not entirely inside them starts within the tail. When a match starts
+//! before the tail and ends inside it, everything up to its end goes out (redacted).
+//!
+//! A body trickling in tiny frames would rescan the held window with each one; once the
+//! window is large ([`AMORTIZE_FROM`]), frames without a newline are only appended until a
+//! quarter of the window's length has arrived since the last scan — again a rule on
+//! lengths alone.
 
 use std::collections::VecDeque;
 
-use aho_corasick::Input;
 use bytes::{Bytes, BytesMut};
 
 use super::Scrubber;
@@ -23,18 +32,23 @@ use super::Scrubber;
 /// going out as a frame of its own.
 const COALESCE: usize = 16 * 1024;
 
+/// Held bytes from which rescans are spaced out (see the module docs).
+pub const AMORTIZE_FROM: usize = 256;
+
 /// The state of one body being scrubbed: the held-back bytes between two frames.
 pub struct StreamScrubber {
     scrubber: Scrubber,
-    /// Held-back tail: always a proper prefix of some pattern, so shorter than the longest.
+    /// Held-back tail: starts where no match of the body can start earlier.
     carry: Vec<u8>,
-    /// The held-back tail joined with the head of the next frame.
+    /// `carry.len()` right after the last scan.
+    scanned: usize,
+    /// The held-back tail joined with the next frame.
     scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for StreamScrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The carry is part of a secret: its length only.
+        // The carry may be part of a secret: its length only.
         f.debug_struct("StreamScrubber")
             .field("scrubber", &self.scrubber)
             .field("held", &self.carry.len())
@@ -47,6 +61,7 @@ impl StreamScrubber {
         Self {
             scrubber,
             carry: Vec::new(),
+            scanned: 0,
             scratch: Vec::new(),
         }
     }
@@ -60,94 +75,72 @@ impl StreamScrubber {
     /// pieces; an unchanged frame goes out as a slice of itself, without copying).
     pub fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
         let inner = &*self.scrubber.inner;
-        let Some(ac) = inner.ac.as_ref() else {
+        let Some(matcher) = inner.matcher.as_ref() else {
             push(out, chunk);
             return;
         };
-        let c = self.carry.len();
-        let l = c + chunk.len();
-        let max = inner.max_len;
-        // The start (in carry+chunk coordinates) of the bytes to hold back, looking only at
-        // positions from `from` on.
-        let hold = |carry: &[u8], from: usize| -> usize {
-            let w = from.max(l.saturating_sub(max - 1));
-            let window = carry[w.min(c)..]
-                .iter()
-                .chain(&chunk[w.saturating_sub(c)..]);
-            l - inner.trie.held_suffix(window)
-        };
-        let mut h = hold(&self.carry, 0);
-        let mut pos = 0;
-        let mut head = BytesMut::new();
-        if c > 0 {
-            // Every match starting in the carry ends within `max` bytes of the chunk.
-            self.scratch.clear();
-            self.scratch.extend_from_slice(&self.carry);
-            self.scratch
-                .extend_from_slice(&chunk[..chunk.len().min(max)]);
-            loop {
-                let limit = h.min(c);
-                if pos >= limit {
-                    break;
-                }
-                let found = ac.find(Input::new(&self.scratch).span(pos..self.scratch.len()));
-                match found {
-                    Some(m) if m.start() < limit => {
-                        head.extend_from_slice(&self.scratch[pos..m.start()]);
-                        head.extend_from_slice(&inner.marker);
-                        pos = m.end();
-                        if pos > h {
-                            h = hold(&self.carry, pos);
-                        }
-                    }
-                    _ => {
-                        head.extend_from_slice(&self.scratch[pos..limit]);
-                        pos = limit;
-                        break;
-                    }
-                }
-            }
-            if h < c {
-                // The whole chunk is still a possible secret prefix (a short frame).
-                push(out, head.freeze());
-                let mut carry = self.carry.split_off(h);
-                carry.extend_from_slice(&chunk);
-                self.carry = carry;
-                return;
-            }
+        if chunk.is_empty() {
+            return;
         }
-        // From here on `pos` and `h` are past the carry: work on the chunk itself.
-        let (mut pos, mut h) = (pos - c, h - c);
+        let c = self.carry.len();
+        let newline = memchr::memrchr(b'\n', &chunk);
+        if self.scanned >= AMORTIZE_FROM
+            && newline.is_none()
+            && c + chunk.len() - self.scanned < self.scanned / 4
+        {
+            self.carry.extend_from_slice(&chunk);
+            return;
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let hay: &[u8] = if c == 0 {
+            &chunk
+        } else {
+            scratch.clear();
+            scratch.extend_from_slice(&self.carry);
+            scratch.extend_from_slice(&chunk);
+            &scratch
+        };
+        let len = hay.len();
+        // The held tail: a fixed window, cut at the last newline.
+        let window = len.saturating_sub(self.scrubber.hold_back());
+        let mut h = match newline {
+            Some(i) => window.max(c + i + 1),
+            None => window,
+        };
         let mut body: Option<BytesMut> = None;
-        for m in ac.find_iter(Input::new(&chunk[..]).span(pos..chunk.len())) {
-            if m.start() >= h {
+        let mut pos = 0;
+        for (start, end) in matcher.find_iter(hay) {
+            if start >= h {
                 break;
             }
-            let buf = body.get_or_insert_with(|| BytesMut::with_capacity(chunk.len()));
-            buf.extend_from_slice(&chunk[pos..m.start()]);
+            let buf = body.get_or_insert_with(|| BytesMut::with_capacity(len));
+            buf.extend_from_slice(&hay[pos..start]);
             buf.extend_from_slice(&inner.marker);
-            pos = m.end();
-            if pos > h {
-                h = hold(&self.carry, pos + c) - c;
-            }
+            pos = end;
+            h = h.max(end);
         }
-        let rest = match body {
-            None => chunk.slice(pos..h),
+        match body {
             Some(mut buf) => {
-                buf.extend_from_slice(&chunk[pos..h]);
-                buf.freeze()
+                buf.extend_from_slice(&hay[pos..h]);
+                push(out, buf.freeze());
             }
-        };
-        if !head.is_empty() && rest.len() <= COALESCE {
-            // One frame in, one frame out: an SSE event is not split needlessly.
-            head.extend_from_slice(&rest);
-            push(out, head.freeze());
-        } else {
-            push(out, head.freeze());
-            push(out, rest);
+            None if h <= c => push(out, Bytes::copy_from_slice(&self.carry[..h])),
+            None if c == 0 => push(out, chunk.slice(..h)),
+            None => {
+                let rest = chunk.slice(..h - c);
+                if rest.len() <= COALESCE {
+                    // One frame in, one frame out: an SSE event is not split needlessly.
+                    push(out, Bytes::copy_from_slice(&hay[..h]));
+                } else {
+                    push(out, Bytes::copy_from_slice(&self.carry));
+                    push(out, rest);
+                }
+            }
         }
-        self.carry.clear();
-        self.carry.extend_from_slice(&chunk[h..]);
+        let tail = hay[h..].to_vec();
+        self.carry = tail;
+        self.scanned = self.carry.len();
+        self.scratch = scratch;
     }
 
     /// The body ended: the held-back bytes are final, scrub and release them.
@@ -156,6 +149,7 @@ impl StreamScrubber {
             return;
         }
         let rest = std::mem::take(&mut self.carry);
+        self.scanned = 0;
         let scrubbed = self.scrubber.scrub_bytes(&rest).into_owned();
         push(out, Bytes::from(scrubbed));
     }
@@ -163,6 +157,7 @@ impl StreamScrubber {
     /// Forget the held-back bytes (the body failed: they must not go out unscrubbed).
     pub fn discard(&mut self) {
         self.carry.clear();
+        self.scanned = 0;
     }
 }
 

@@ -4,8 +4,12 @@
 //!   a cache of verified tokens so a request does not pay a signature check).
 //! - [`registry`] — live sessions (memory, backed by SQLite): creation, lookup, teardown.
 //! - [`watchdog`] — the loop watchdog: when a session repeats itself, it is paused.
+//! - [`spawn`] — which agent a child session runs as (its parent's, or one policy permits).
+//! - [`limits`] — the bounds every number a session asks for must keep.
 
+pub mod limits;
 pub mod registry;
+pub mod spawn;
 pub mod token;
 pub mod watchdog;
 

@@ -24,6 +24,8 @@ pub struct Principal {
     pub depth: u32,
     /// The session that spawned this one (agent-to-agent), if any.
     pub parent: Option<String>,
+    /// That session's agent (`context.session.parent_agent`); `None` for a root.
+    pub parent_agent: Option<String>,
     /// Seconds since the epoch.
     pub expires_at: i64,
 }
@@ -32,7 +34,11 @@ pub struct Principal {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {
-    pub agent: String,
+    /// The agent name. Required for a root session; a child runs as its parent's agent
+    /// when it names none (or its parent's), and under another name only if policy
+    /// permits the parent's agent to `spawn` it ([`super::spawn`]).
+    #[serde(default)]
+    pub agent: Option<String>,
     #[serde(default)]
     pub tenant: Option<String>,
     /// Lifetime, e.g. `"30m"`; `sessions.default_ttl` when absent.
@@ -48,6 +54,11 @@ pub struct NewSession {
     pub max_bytes_sent: Option<u64>,
     #[serde(default)]
     pub max_bytes_received: Option<u64>,
+    /// Requests the session may have held for approval at once (`[sessions]
+    /// max_pending_approvals` when absent; a child's at most its parent's, which its holds
+    /// count against too). Validated by the approval queue (`ApprovalQueue::cap_for`).
+    #[serde(default)]
+    pub max_pending_approvals: Option<u32>,
     /// The parent session (an operator creating a child on a session's behalf; a session
     /// creating its own child authenticates with its token instead).
     #[serde(default)]
@@ -96,7 +107,8 @@ impl std::fmt::Debug for SessionRegistry {
     }
 }
 
-fn valid_name(what: &str, name: &str) -> Result<(), SessionError> {
+/// Check an agent or tenant name: 1-128 characters of `A-Za-z0-9._-@:`.
+pub fn valid_name(what: &str, name: &str) -> Result<(), SessionError> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name
@@ -122,9 +134,12 @@ impl SessionRegistry {
         let mut live = HashMap::new();
         {
             let mut stmt = conn
+                // The parent's row stays after it ends (revoked, not deleted): its agent is
+                // the child's `parent_agent`.
                 .prepare(
-                    "SELECT id, agent, tenant, depth, expires_at, parent FROM sessions
-                     WHERE revoked_at IS NULL AND expires_at > ?1",
+                    "SELECT s.id, s.agent, s.tenant, s.depth, s.expires_at, s.parent, p.agent
+                     FROM sessions s LEFT JOIN sessions p ON p.id = s.parent
+                     WHERE s.revoked_at IS NULL AND s.expires_at > ?1",
                 )
                 .map_err(StoreError::from)?;
             let rows = stmt
@@ -136,6 +151,7 @@ impl SessionRegistry {
                         depth: row.get(3)?,
                         expires_at: row.get(4)?,
                         parent: row.get(5)?,
+                        parent_agent: row.get(6)?,
                     })
                 })
                 .map_err(StoreError::from)?;
@@ -162,15 +178,21 @@ impl SessionRegistry {
         })
     }
 
-    /// Create a session and sign its token. A child (`parent` given) inherits its parent's
-    /// tenant, is one level deeper, never outlives it, and counts against its parent's
-    /// `max_children`.
+    /// Create a session and sign its token. A child (`parent` given, with the agent it runs
+    /// as, settled by [`super::spawn::resolve`]) inherits its parent's tenant, is one level
+    /// deeper, never outlives it, and counts against its parent's `max_children`.
     pub async fn create(
         &self,
         new: NewSession,
-        parent: Option<&Principal>,
+        parent: Option<(&Principal, &super::spawn::ChildAgent)>,
     ) -> Result<(Arc<Principal>, String), SessionError> {
-        valid_name("agent", &new.agent)?;
+        let agent = match (parent, new.agent.as_deref()) {
+            (Some((_, child)), _) => child.name().to_owned(),
+            (None, Some(agent)) => agent.to_owned(),
+            (None, None) => return Err(SessionError::Invalid("agent is required".into())),
+        };
+        let parent = parent.map(|(p, _)| p);
+        valid_name("agent", &agent)?;
         let tenant = match (parent, new.tenant) {
             (Some(p), Some(t)) if t != p.tenant => {
                 return Err(SessionError::Invalid(format!(
@@ -187,7 +209,8 @@ impl SessionRegistry {
             Some(text) => humantime::parse_duration(text)
                 .map_err(|e| SessionError::Invalid(format!("ttl {text:?}: {e}")))?,
         };
-        if ttl.is_zero() || ttl > self.max_ttl {
+        // Whole seconds: a sub-second ttl would make a session that is expired at birth.
+        if ttl < Duration::from_secs(1) || ttl > self.max_ttl {
             return Err(SessionError::Invalid(format!(
                 "ttl must be between 1s and {} (sessions.max_ttl)",
                 humantime::format_duration(self.max_ttl)
@@ -203,11 +226,12 @@ impl SessionRegistry {
         }
         let principal = Arc::new(Principal {
             session_id: crate::ids::session_id(),
-            agent: new.agent,
+            agent,
             tenant,
             depth,
             expires_at,
             parent: parent.map(|p| p.session_id.clone()),
+            parent_agent: parent.map(|p| p.agent.clone()),
         });
         let token = self.keys.sign(&Claims {
             iss: ISSUER.into(),

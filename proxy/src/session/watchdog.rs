@@ -2,9 +2,9 @@
 //!
 //! Agents fail in ways that no single request reveals: a docker agent once sent 629 identical
 //! `read_file` calls, each one allowed on its own. Policy judges one call; this module judges
-//! the *trail* of a session — identical repeats, short A→B→A→B cycles, bursts of denials and
-//! sudden attempts on tiers the session never used — so the caller can pause it before it burns
-//! budget or finds a hole. It only observes and reports a [`Trip`]; pausing, storage and
+//! the *trail* of a session — identical repeats, short A→B→A→B cycles, bursts of denials,
+//! bursts of holds for a human and sudden attempts on tiers the session never used — so the
+//! caller can pause it before it burns budget, floods the approvers or finds a hole. It only observes and reports a [`Trip`]; pausing, storage and
 //! notification belong to the caller.
 //!
 //! `observe` runs on every request, so the state per session is a bounded ring of recent calls
@@ -36,8 +36,9 @@ const MAX_KEY_CHARS: usize = 200;
 /// A cycle is a pattern of period 2 or 3 repeated `cycle_repeats` times in a row; a denial
 /// burst is `denials` denied events within `denial_window`; a tier jump is, after the first
 /// `baseline_calls` events, `tier_jumps` events within `tier_jump_window` on a tier rank above
-/// the highest rank of those first events. A count of 0 turns its rule off (and
-/// `cycle_repeats` of 1 too: one period is not a repetition).
+/// the highest rank of those first events; a hold burst is `holds` held events within
+/// `hold_window`. A count of 0 turns its rule off (and `cycle_repeats` of 1 too: one period
+/// is not a repetition).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WatchdogSettings {
     pub cycle_repeats: u32,
@@ -46,6 +47,8 @@ pub struct WatchdogSettings {
     pub baseline_calls: u32,
     pub tier_jumps: u32,
     pub tier_jump_window: Duration,
+    pub holds: u32,
+    pub hold_window: Duration,
 }
 
 impl Default for WatchdogSettings {
@@ -57,6 +60,8 @@ impl Default for WatchdogSettings {
             baseline_calls: 20,
             tier_jumps: 3,
             tier_jump_window: Duration::from_secs(60),
+            holds: 10,
+            hold_window: Duration::from_secs(60),
         }
     }
 }
@@ -65,13 +70,16 @@ impl Default for WatchdogSettings {
 /// HTTP e.g. "GET api.example.com/path"); `args_hash` is the caller's hash of the arguments or
 /// body, so argument values never reach the watchdog. `tier_rank`: 0 read, 1 write,
 /// 2 irreversible, 3 high_impact. `repeat_max`/`repeat_window` come from the call's tier
-/// (default 20 within 60 s); `repeat_max` 0 turns the repeat rule off for this call.
+/// (default 20 within 60 s); `repeat_max` 0 turns the repeat rule off for this call. `held`:
+/// the call was put before a human (or refused because the session's holds were at their
+/// cap) — a session that keeps asking for approvals is flooding the approvers.
 #[derive(Debug, Clone)]
 pub struct Event<'a> {
     pub key: &'a str,
     pub args_hash: u64,
     pub tier_rank: u8,
     pub denied: bool,
+    pub held: bool,
     pub repeat_max: u32,
     pub repeat_window: Duration,
     pub at: Instant,
@@ -84,6 +92,7 @@ pub enum TripKind {
     Cycle,
     DenialBurst,
     TierJump,
+    HoldBurst,
 }
 
 /// Why the watchdog tripped: a kind, a human sentence (names the key and the counts, never
@@ -118,7 +127,9 @@ impl std::fmt::Debug for Watchdog {
 impl Watchdog {
     pub fn new(settings: WatchdogSettings) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
-        let sweep_every = (settings.denial_window.max(settings.tier_jump_window)).max(SEC);
+        let sweep_every = (settings.denial_window.max(settings.tier_jump_window))
+            .max(settings.hold_window)
+            .max(SEC);
         Self {
             settings,
             hasher: RandomState::new(),
@@ -236,6 +247,7 @@ struct Trail {
     /// threshold) so that bursts are counted however many other calls come in between.
     denials: VecDeque<Instant>,
     jumps: VecDeque<Instant>,
+    holds: VecDeque<Instant>,
     calls: u64,
     baseline_max: u8,
     last_seen: Instant,
@@ -251,10 +263,11 @@ impl Trail {
             run: [0; 2],
             denials: VecDeque::new(),
             jumps: VecDeque::new(),
+            holds: VecDeque::new(),
             calls: 0,
             baseline_max: 0,
             last_seen: now,
-            longest_window: s.denial_window.max(s.tier_jump_window),
+            longest_window: s.denial_window.max(s.tier_jump_window).max(s.hold_window),
         }
     }
 
@@ -278,6 +291,11 @@ impl Trail {
         if ev.denied && s.denials > 0 {
             denials = within(&mut self.denials, ev.at, s.denial_window, s.denials);
         }
+        let holds = if ev.held && s.holds > 0 {
+            within(&mut self.holds, ev.at, s.hold_window, s.holds)
+        } else {
+            0
+        };
         let (kind, reason, rule) = self.repeat(fp, ev).or_else(|| self.cycle(s)).or_else(|| {
             let key = short(ev.key);
             if denials > 0 && denials >= s.denials {
@@ -302,6 +320,16 @@ impl Trail {
                     "window_ms": millis(s.tier_jump_window), "baseline_tier": self.baseline_max,
                     "last_key": key});
                 Some((TripKind::TierJump, reason, rule))
+            } else if holds > 0 && holds >= s.holds {
+                let reason = format!(
+                    "{holds} requests were held for approval (or refused at the session's cap \
+                     of pending approvals) within {} (limit {}), the last to {key:?}",
+                    secs(s.hold_window),
+                    s.holds
+                );
+                let rule = json!({"count": holds, "limit": s.holds,
+                    "window_ms": millis(s.hold_window), "last_key": key});
+                Some((TripKind::HoldBurst, reason, rule))
             } else {
                 None
             }
@@ -395,6 +423,7 @@ impl Trail {
         self.run = [0; 2];
         self.denials.clear();
         self.jumps.clear();
+        self.holds.clear();
     }
 
     fn counters(&self, s: &WatchdogSettings) -> Value {
@@ -414,6 +443,7 @@ impl Trail {
             "cycle_run": {"period_2": self.run[0], "period_3": self.run[1]},
             "recent_denials": self.denials.len(),
             "recent_tier_jumps": self.jumps.len(),
+            "recent_holds": self.holds.len(),
         })
     }
 }
@@ -469,6 +499,7 @@ mod tests {
             args_hash,
             tier_rank,
             denied,
+            held: false,
             repeat_max,
             repeat_window,
             at,
@@ -621,6 +652,45 @@ mod tests {
             Some(TripKind::DenialBurst)
         );
         assert_eq!(feed(&w, "slow", 10, |i| denied(i, 7)), None);
+    }
+
+    #[test]
+    fn a_burst_of_holds_trips_within_the_window_only() {
+        let (w, t0) = (Watchdog::new(WatchdogSettings::default()), Instant::now());
+        // Distinct calls (no repeat, no cycle), each held for a human.
+        let held = |i: usize, gap: u32| {
+            with(
+                ev(
+                    ["refund", "delete", "wire"][i % 3],
+                    i as u64,
+                    t0 + i as u32 * gap * SEC,
+                ),
+                |e| (e.held, e.repeat_max) = (true, 0),
+            )
+        };
+        let trip = feed(&w, "s", 10, |i| held(i, 1)).expect("the 10th hold trips");
+        assert_eq!(trip.kind, TripKind::HoldBurst);
+        assert!(
+            trip.reason.contains("10 requests were held"),
+            "{}",
+            trip.reason
+        );
+        assert_eq!(trip.counters["rule"]["count"], 10);
+        // Spread out, or allowed calls between them: nothing.
+        assert_eq!(feed(&w, "slow", 30, |i| held(i, 7)), None);
+        let mixed = |i: usize| {
+            with(ev("read", i as u64, t0), |e| {
+                e.held = i.is_multiple_of(2) && i < 18
+            })
+        };
+        assert_eq!(feed(&w, "mixed", 40, mixed), None);
+        // Holds are not denials, and 0 turns the rule off.
+        assert_eq!(w.counters("mixed")["recent_denials"], 0);
+        let off = Watchdog::new(WatchdogSettings {
+            holds: 0,
+            ..Default::default()
+        });
+        assert_eq!(feed(&off, "s", 100, |i| held(i, 0)), None);
     }
 
     #[test]

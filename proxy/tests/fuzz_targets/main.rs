@@ -16,6 +16,8 @@ mod classify_target;
 mod config_parse;
 mod hosts;
 mod mcp_parse;
+mod path_forms;
+mod strict_json;
 mod wire_guard;
 
 pub(crate) use std::io;

@@ -7,9 +7,10 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 
 /// The longest `400` reason `mcp::parse` may give. Its reasons are fixed sentences, a
-/// message index and serde_json's line/column; they must never grow with (or quote) the
-/// agent's body, which is echoed into error responses and audit records.
-const MAX_REASON: usize = 160;
+/// message index, serde_json's line/column and, for an ambiguity, the two keys shortened to
+/// a bounded length; they must never grow with the agent's body, which is echoed into error
+/// responses and audit records.
+const MAX_REASON: usize = 320;
 
 /// The documented shape of one JSON-RPC message (mcp.rs module docs), written out
 /// independently of the parser: `Some(true)` for a `tools/call`, `Some(false)` for any other
@@ -28,6 +29,8 @@ fn expected_kind(message: &Value) -> Option<bool> {
         return (id.is_some() && response).then_some(false);
     };
     match method.as_str()? {
+        // An empty method would be confused with a response's (decided as method "").
+        "" => None,
         "tools/call" => {
             let params = message.get("params")?.as_object()?;
             params.get("name")?.as_str()?;
@@ -42,10 +45,13 @@ fn expected_kind(message: &Value) -> Option<bool> {
 
 /// Checks `mcp::parse(bytes)` against the documented contract.
 fn check_mcp(bytes: &[u8]) {
-    let parsed = mcp::parse(bytes);
+    let parsed = mcp::parse(&http::HeaderMap::new(), bytes);
     // The oracle parses with serde_json too, so nesting beyond its recursion limit is
-    // refused by both.
-    let value: Option<Value> = serde_json::from_slice(bytes).ok();
+    // refused by both; a body the reference finds ambiguous must be refused whatever its
+    // shape.
+    let value: Option<Value> = serde_json::from_slice(bytes)
+        .ok()
+        .filter(|_| !super::strict_json::ambiguous_reference(bytes));
     let expected: Option<Vec<bool>> = value.as_ref().and_then(|value| match value {
         Value::Array(items) if items.is_empty() || items.len() > mcp::MAX_BATCH => None,
         Value::Array(items) => items.iter().map(expected_kind).collect(),
@@ -56,7 +62,7 @@ fn check_mcp(bytes: &[u8]) {
             let batch = matches!(value, Some(Value::Array(_)));
             let lone_call = !batch && kinds == [true];
             assert_eq!(exchange.single_call().is_some(), lone_call);
-            assert_eq!(exchange.needs_http(), kinds.contains(&false));
+            assert_eq!(exchange.has_plumbing(), kinds.contains(&false));
             if let (Some((id, name, args)), Some(Value::Object(message))) =
                 (exchange.single_call(), &value)
             {

@@ -33,6 +33,12 @@
 //!   reason phrase `Echo <authorization>`), `encoding_upper` (`Content-Encoding` set to the
 //!   uppercased `x-api-key` value); `delay_ms=D` spaces the chunks;
 //! - `/status/{code}` — answers with that status;
+//! - `/messages` — a service that stores what it receives and hands it back (a message
+//!   board, a request bin, an API that logs headers): `GET` answers 200
+//!   `{"messages": [...]}`, every other method stores `{method, path, headers, body}` (the
+//!   whole request, query and headers included) and answers 201 `{"stored": n}` without
+//!   echoing it. One store for every name the upstream serves, as one service behind
+//!   several hostnames;
 //! - anything else — 404.
 //!
 //! The request body is always read to the end before answering (streamed, never held
@@ -386,6 +392,15 @@ impl Upstream {
             .clone()
     }
 
+    /// What the `/messages` route stored, in order.
+    pub fn messages(&self) -> Vec<serde_json::Value> {
+        self.state
+            .messages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// DER of each client certificate presented to this upstream (mTLS), in order.
     pub fn client_certs(&self) -> Vec<Vec<u8>> {
         self.state
@@ -438,6 +453,8 @@ pub struct ServerState {
     pub client_certs: Arc<Mutex<Vec<Vec<u8>>>>,
     /// `/idem/...`: the effect of each `Idempotency-Key` (path, body digest), applied once.
     pub effects: Arc<Mutex<Vec<Effect>>>,
+    /// `/messages`: each stored request, as the route hands it back.
+    pub messages: Arc<Mutex<Vec<serde_json::Value>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -662,7 +679,7 @@ impl Connection {
             // The upgrade must be claimed before the request is consumed.
             return self.websocket(&mut req, id);
         }
-        let keep = path == "/grpc" || path == "/reflect";
+        let keep = path == "/grpc" || path == "/reflect" || path == "/messages";
         let (parts, body) = req.into_parts();
         let read = read_body(body, &self.state, id, keep).await;
         if !read.complete {
@@ -680,6 +697,7 @@ impl Connection {
             ),
             "/grpc" => grpc(read.data.unwrap_or_default()),
             "/reflect" => reflect(&parts, read.data.unwrap_or_default()).await,
+            "/messages" => messages(&self.state, &parts, read.data.unwrap_or_default()),
             _ if path.starts_with("/idem/") => {
                 let response = idempotent(&self.state, &parts, &path, &read);
                 // `?delay_ms=N`: applied at once, answered late, so a test can kill the

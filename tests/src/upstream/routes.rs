@@ -521,6 +521,31 @@ pub(super) async fn reflect(parts: &hyper::http::request::Parts, body: Bytes) ->
     resp
 }
 
+/// `/messages`: `GET` hands back every stored request; any other method stores this one
+/// (path with query, headers, body) without echoing it.
+pub(super) fn messages(
+    state: &ServerState,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Response<Body> {
+    let mut stored = state.messages.lock().unwrap_or_else(|e| e.into_inner());
+    if parts.method == hyper::Method::GET {
+        return json_response(StatusCode::OK, json!({ "messages": *stored }));
+    }
+    let headers: Vec<Value> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| json!([n.as_str(), text(v)]))
+        .collect();
+    stored.push(json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/"),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    }));
+    json_response(StatusCode::CREATED, json!({ "stored": stored.len() }))
+}
+
 /// `/idem/...` (`?delay_ms=N` answers N ms late): a mutating endpoint that honours
 /// `Idempotency-Key` the way payment APIs do: the first request with a key is applied (recorded in `effects`) and answered 201;
 /// a repeat is answered the same, marked `idempotent-replayed: true`, and applies

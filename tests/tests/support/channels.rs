@@ -15,10 +15,13 @@ pub(crate) const BOB: &str = "bob@example.com";
 pub(crate) const WAIT: Duration = Duration::from_secs(15);
 
 /// The `[approvals]` body: alice and bob, mail through `sink`, a quick clock, and `extra`.
+/// Every notification goes out on its own (`digest_window = "0s"`): these tests follow one
+/// approval's mail; batching is `approvals_bounds.rs`'s.
 pub(crate) fn mail_config(sink: &SmtpSink, extra: &str) -> String {
     format!(
         "approvers = [\"{ALICE}\", \"{BOB}\"]\n\
          smtp = {{ url = \"{}\", from = \"ostiary@example.com\" }}\n\
+         digest_window = \"0s\"\n\
          {extra}\n",
         sink.url()
     )
@@ -100,7 +103,9 @@ pub(crate) async fn status_of(rig: &Rig, id: &str) -> String {
 
 /// `/metrics`, as text.
 pub(crate) async fn metrics(rig: &Rig) -> String {
-    let (status, text) = get(&format!("http://{}/metrics", rig.proxy.control_addr)).await;
+    let url = format!("http://{}/metrics", rig.proxy.control_addr);
+    let request = web().get(url).bearer_auth(&rig.proxy.admin_token);
+    let (status, text) = read(request.send().await.unwrap()).await;
     assert_eq!(status, 200);
     text
 }

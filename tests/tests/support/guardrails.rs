@@ -59,9 +59,14 @@ pub struct Agent {
 
 impl Rig {
     pub async fn start(extra: &str) -> Self {
+        Self::start_with(extra, POLICIES).await
+    }
+
+    /// With other policies than [`POLICIES`].
+    pub async fn start_with(extra: &str, policies: &str) -> Self {
         let upstream = Upstream::builder().start().await;
         let proxy = TestProxy::start(ProxySpec {
-            policies: POLICIES.into(),
+            policies: policies.into(),
             tools_toml: Some(TOOLS.into()),
             ports: vec![upstream.port()],
             upstream_ca_pem: Some(upstream.ca_pem()),

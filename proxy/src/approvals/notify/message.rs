@@ -71,7 +71,7 @@ const SLACK_ARGS_CHARS: usize = 1500;
 /// Slack refuses a whole message whose section text exceeds 3000 characters or a field
 /// 2000, and escaping makes `&` five characters: an agent must not be able to make every
 /// notice bounce by sending `&&&&…`, so the escaped text is bounded again.
-const SLACK_SECTION_MAX: usize = 2900;
+pub(super) const SLACK_SECTION_MAX: usize = 2900;
 const SLACK_FIELD_MAX: usize = 1900;
 /// Longest arguments text in mail: the review page shows them whole.
 const MAIL_ARGS_CHARS: usize = 8000;
@@ -79,11 +79,11 @@ const MAIL_ARGS_CHARS: usize = 8000;
 /// limited to 2000 characters).
 const FACT_CHARS: usize = 600;
 /// Slack's limits: header text 150, button text 75, elements per actions block 25.
-const SLACK_HEADER_CHARS: usize = 150;
-const SLACK_BUTTON_CHARS: usize = 75;
+pub(super) const SLACK_HEADER_CHARS: usize = 150;
+pub(super) const SLACK_BUTTON_CHARS: usize = 75;
 const SLACK_ACTIONS_PER_BLOCK: usize = 25;
 /// Longest subject line (mail clients cut anyway; a URL must not make it a screenful).
-const SUBJECT_CHARS: usize = 160;
+pub(super) const SUBJECT_CHARS: usize = 160;
 
 /// The mail subject (also the Slack fallback text and, cut shorter, its header).
 pub fn subject(notice: &Notice) -> String {
@@ -191,10 +191,11 @@ pub fn slack_payload(notice: &Notice) -> Value {
     for chunk in buttons.chunks(SLACK_ACTIONS_PER_BLOCK) {
         blocks.push(json!({"type": "actions", "elements": chunk}));
     }
-    blocks.push(json!({
-        "type": "context",
-        "elements": [{"type": "mrkdwn", "text": slack_escape(&footer(a))}],
-    }));
+    let mut context = vec![json!({"type": "mrkdwn", "text": slack_escape(&footer(a))})];
+    if notice.links.is_empty() {
+        context.push(json!({"type": "mrkdwn", "text": NO_LINKS_HERE}));
+    }
+    blocks.push(json!({"type": "context", "elements": context}));
     json!({
         // The fallback shown in notifications and by clients without Block Kit.
         "text": slack_escape(&subject(notice)),
@@ -202,8 +203,13 @@ pub fn slack_payload(notice: &Notice) -> Value {
     })
 }
 
+/// Said in Slack when it carries no review links (`approvals.slack_links = "none"`).
+pub(super) const NO_LINKS_HERE: &str = "No review link is posted here: a link acts as one \
+     approver, and a channel is read by others. Approvers get their own by email or from \
+     `ostiary approvals link`.";
+
 /// The first line of every rendering.
-fn headline(notice: &Notice) -> String {
+pub(super) fn headline(notice: &Notice) -> String {
     let a = notice.approval;
     match notice.kind {
         NoticeKind::New => format!("Approval needed: {}", what(a)),
@@ -229,7 +235,7 @@ fn destination(a: &Approval) -> String {
 }
 
 /// The facts every channel shows, in this order.
-fn facts(a: &Approval) -> Vec<(&'static str, String)> {
+pub(super) fn facts(a: &Approval) -> Vec<(&'static str, String)> {
     let o = &a.observed;
     let impact = match (o.records, o.cost) {
         (None, None) => "none declared".to_owned(),
@@ -306,14 +312,14 @@ fn footer(a: &Approval) -> String {
 }
 
 /// `2025-01-02T03:04:05Z`; times before 1970 (never written by the store) show as the epoch.
-fn utc(ms: i64) -> String {
+pub(super) fn utc(ms: i64) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// Control characters (CR, LF, tabs, ANSI escapes, bidi overrides) replaced by spaces: a
 /// fact is one line, and the agent must not make one fact look like two.
-fn one_line(text: &str) -> String {
+pub(super) fn one_line(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_control() || is_bidi_control(c) {
@@ -331,7 +337,7 @@ fn is_bidi_control(c: char) -> bool {
 }
 
 /// At most `max` characters in all, for Slack's hard limits: cut text ends with `…`.
-fn cut(text: &str, max: usize) -> String {
+pub(super) fn cut(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_owned();
     }
@@ -371,13 +377,13 @@ pub(crate) fn html(text: &str) -> String {
 
 /// The three characters Slack's mrkdwn gives meaning to (`<…>` links and mentions, `&`
 /// entities), escaped as Slack documents.
-fn slack_escape(text: &str) -> String {
+pub(super) fn slack_escape(text: &str) -> String {
     slack_escape_within(text, usize::MAX)
 }
 
 /// [`slack_escape`], stopping (with `…`) before the result exceeds `max` characters, and
 /// never inside an entity.
-fn slack_escape_within(text: &str, max: usize) -> String {
+pub(super) fn slack_escape_within(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max));
     let mut len = 0usize;
     for c in text.chars() {

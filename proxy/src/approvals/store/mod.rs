@@ -7,20 +7,23 @@
 //! connection runs `synchronous = FULL`: the agent is told `202` only after its request is
 //! on disk, and a `kill -9` at any point loses nothing that was acknowledged.
 //!
-//! Also here: single-use link nonces, Slack callback signatures already seen (replay), and
-//! the notification outbox, because each of them must commit together with, or survive as
-//! durably as, the approval it belongs to.
+//! Also here: single-use link nonces, Slack callback signatures already seen (replay), the
+//! notification outbox and its per-recipient rate state, and the bounds on holds (each
+//! session's cap, the fingerprints identical holds are joined on), because each of them
+//! must commit together with, or survive as durably as, the approval it belongs to.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-pub use outbox::{Delivery, DeliveryState};
+pub use bounds::{Admission, CapReached, Hold};
+pub use outbox::{Delivery, DeliveryState, RecipientState};
 
 use super::model::{Approval, Channel, Status, StoredResponse, Verdict};
 use crate::store::{self, StoreError};
 
+mod bounds;
 mod outbox;
 
 /// Why a decision was not recorded.
@@ -65,6 +68,7 @@ impl ApprovalStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = store::open(path)?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.execute_batch(bounds::MIGRATION)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -94,34 +98,7 @@ impl ApprovalStore {
 
     /// Store a new pending approval.
     pub fn insert(&self, a: &Approval) -> Result<(), StoreError> {
-        let policies = json(&a.policies);
-        let request = json(&a.request);
-        let observed = json(&a.observed);
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO approvals (id, status, created_ms, deadline_ms, renotify_ms, rounds,
-                   session, agent, tenant, request_id, policies, policy_generation, request,
-                   observed, attempts, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0, ?3)",
-                params![
-                    a.id,
-                    a.status.as_str(),
-                    a.created_ms,
-                    a.deadline_ms,
-                    a.renotify_ms,
-                    a.rounds,
-                    a.session,
-                    a.agent,
-                    a.tenant,
-                    a.request_id,
-                    policies,
-                    a.policy_generation as i64,
-                    request,
-                    observed,
-                ],
-            )
-            .map(drop)
-        })
+        self.with(|c| insert_on(c, a))
     }
 
     /// One approval.
@@ -326,7 +303,8 @@ impl ApprovalStore {
     }
 
     /// Expire every pending approval of `session` (it ended: nothing it asked for can run,
-    /// so no human should be asked any more); returns them, now `expired`.
+    /// so no human should be asked any more), and forget its cap and hold fingerprints;
+    /// returns the approvals, now `expired`.
     pub fn expire_session(&self, session: &str, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -341,6 +319,7 @@ impl ApprovalStore {
                  WHERE status = 'pending' AND session = ?1",
                 params![session, now_ms],
             )?;
+            Self::forget_bounds_on(&tx, session)?;
             tx.commit()?;
             Ok(ids)
         })?;
@@ -454,6 +433,36 @@ impl ApprovalStore {
             Ok(counts)
         })
     }
+}
+
+/// Insert a new pending approval on `c` (a connection or an open transaction).
+fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
+    let policies = json(&a.policies);
+    let request = json(&a.request);
+    let observed = json(&a.observed);
+    c.execute(
+        "INSERT INTO approvals (id, status, created_ms, deadline_ms, renotify_ms, rounds,
+           session, agent, tenant, request_id, policies, policy_generation, request,
+           observed, attempts, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0, ?3)",
+        params![
+            a.id,
+            a.status.as_str(),
+            a.created_ms,
+            a.deadline_ms,
+            a.renotify_ms,
+            a.rounds,
+            a.session,
+            a.agent,
+            a.tenant,
+            a.request_id,
+            policies,
+            a.policy_generation as i64,
+            request,
+            observed,
+        ],
+    )
+    .map(drop)
 }
 
 /// The ids a transition is about to move, read in its own transaction.

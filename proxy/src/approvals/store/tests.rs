@@ -237,3 +237,173 @@ fn slack_signatures_are_seen_once() {
     assert!(s.slack_first_seen("v0=ab", 0).unwrap());
     assert!(!s.slack_first_seen("v0=ab", 1).unwrap());
 }
+
+// ---------------------------------------------------------------------------------------
+// Bounded holds and the recipients' rate state
+// ---------------------------------------------------------------------------------------
+
+fn of(session: &str, id: &str, now: i64) -> Approval {
+    let mut a = approval(id, now);
+    a.session = session.to_owned();
+    a
+}
+
+fn hold(s: &ApprovalStore, a: &Approval, fingerprint: &str, now: i64) -> Admission {
+    let notify = [("email", "alice@example.com".to_owned())];
+    s.hold_bounded(
+        Hold {
+            approval: a,
+            fingerprint,
+            default_max: 5,
+            notify: &notify,
+        },
+        now,
+    )
+    .unwrap()
+}
+
+#[test]
+fn holds_stop_at_the_cap_and_identical_ones_join() {
+    let (_d, s) = store();
+    s.set_cap("ses_a", None, 2).unwrap();
+    assert_eq!(hold(&s, &of("ses_a", "apr_1", 0), "f1", 0), Admission::Held);
+    // The same fingerprint joins, whatever the new approval's id.
+    match hold(&s, &of("ses_a", "apr_x", 1), "f1", 1) {
+        Admission::Joined(existing) => assert_eq!(existing.id, "apr_1"),
+        other => panic!("{other:?}"),
+    }
+    assert!(s.get("apr_x").unwrap().is_none(), "a join stores nothing");
+    assert_eq!(hold(&s, &of("ses_a", "apr_2", 2), "f2", 2), Admission::Held);
+    match hold(&s, &of("ses_a", "apr_3", 3), "f3", 3) {
+        Admission::Full(full) => {
+            assert_eq!(
+                (full.used, full.max, full.session.as_str()),
+                (2, 2, "ses_a")
+            );
+            assert_eq!(full.frees_at_ms, Some(10_000), "the first deadline");
+        }
+        other => panic!("{other:?}"),
+    }
+    // At the cap an identical request still joins (it adds nothing).
+    assert!(matches!(
+        hold(&s, &of("ses_a", "apr_y", 4), "f2", 4),
+        Admission::Joined(_)
+    ));
+    // Another session with the same fingerprint gets its own (default cap 5).
+    assert_eq!(hold(&s, &of("ses_b", "apr_b", 5), "f1", 5), Admission::Held);
+    // Only the held ones owe notifications.
+    assert_eq!(s.due_deliveries(10, 100).unwrap().len(), 3);
+    // A decision frees a slot; so does a deadline passing.
+    s.decide("apr_1", Verdict::Deny, "a", Channel::Api, None, None, 6)
+        .unwrap();
+    assert_eq!(hold(&s, &of("ses_a", "apr_3", 7), "f3", 7), Admission::Held);
+    assert!(matches!(
+        hold(&s, &of("ses_a", "apr_4", 8), "f4", 8),
+        Admission::Full(_)
+    ));
+    assert_eq!(
+        hold(&s, &of("ses_a", "apr_4", 10_002), "f4", 10_002),
+        Admission::Held
+    );
+}
+
+#[test]
+fn a_tree_counts_against_every_ancestor_and_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let s = ApprovalStore::open(&path).unwrap();
+        s.set_cap("root", None, 3).unwrap();
+        s.set_cap("child", Some("root"), 3).unwrap();
+        s.set_cap("grandchild", Some("child"), 1).unwrap();
+        assert_eq!(hold(&s, &of("root", "apr_1", 0), "a", 0), Admission::Held);
+        assert_eq!(hold(&s, &of("child", "apr_2", 0), "b", 0), Admission::Held);
+        assert_eq!(
+            hold(&s, &of("grandchild", "apr_3", 0), "c", 0),
+            Admission::Held
+        );
+    }
+    let s = ApprovalStore::open(&path).unwrap();
+    assert_eq!(s.cap("grandchild").unwrap(), Some(1));
+    assert_eq!(s.pending_holds("root", 1).unwrap(), 3);
+    for (session, full_at) in [
+        ("grandchild", "grandchild"),
+        ("child", "root"),
+        ("root", "root"),
+    ] {
+        match hold(&s, &of(session, "apr_9", 1), "z", 1) {
+            Admission::Full(full) => assert_eq!(full.session, full_at, "{session}"),
+            other => panic!("{session}: {other:?}"),
+        }
+    }
+    // The child's end forgets its bounds; its pending approval expires, freeing the root.
+    s.expire_session("grandchild", 2).unwrap();
+    assert_eq!(s.cap("grandchild").unwrap(), None);
+    assert_eq!(s.pending_holds("root", 2).unwrap(), 2);
+}
+
+#[test]
+fn concurrent_holds_never_overshoot_a_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let first = ApprovalStore::open(&path).unwrap();
+    first.set_cap("ses_a", None, 3).unwrap();
+    let stores: Vec<_> = (0..8)
+        .map(|_| ApprovalStore::open(&path).unwrap())
+        .collect();
+    let held: usize = std::thread::scope(|scope| {
+        let handles: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                scope.spawn(move || {
+                    let a = of("ses_a", &format!("apr_{i}"), 0);
+                    usize::from(hold(s, &a, &format!("f{i}"), 0) == Admission::Held)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert_eq!(held, 3);
+    assert_eq!(first.pending_holds("ses_a", 0).unwrap(), 3);
+}
+
+#[test]
+fn a_closed_recipient_collects_and_is_not_due() {
+    let (_d, s) = store();
+    s.insert(&approval("apr_1", 0)).unwrap();
+    s.insert(&approval("apr_2", 0)).unwrap();
+    let (email, alice, bob) = ("email", "alice@example.com", "bob@example.com");
+    assert_eq!(
+        s.recipient_state(email, alice).unwrap(),
+        RecipientState::default()
+    );
+    s.close_recipient(email, alice, 1000).unwrap();
+    assert!(!s.recipient_state(email, alice).unwrap().collecting);
+    s.enqueue("apr_1", email, alice, 1, 10).unwrap();
+    s.enqueue("apr_1", email, bob, 1, 10).unwrap();
+    assert!(s.recipient_state(email, alice).unwrap().collecting);
+    assert!(!s.recipient_state(email, bob).unwrap().collecting);
+    let due: Vec<String> = s
+        .due_deliveries(20, 10)
+        .unwrap()
+        .into_iter()
+        .map(|d| d.recipient)
+        .collect();
+    assert_eq!(due, [bob], "alice is closed until 1000");
+    s.enqueue("apr_2", email, alice, 1, 20).unwrap();
+    assert_eq!(s.due_deliveries(1000, 10).unwrap().len(), 3);
+    assert_eq!(s.due_for(email, alice, 1000).unwrap().len(), 2);
+    // Closing a recipient with a delivery still unsent (owed while a message was on its
+    // way) leaves it collecting; once everything is sent, not.
+    s.close_recipient(email, bob, 5).unwrap();
+    assert!(s.recipient_state(email, bob).unwrap().collecting);
+    for d in s.due_for(email, bob, 1000).unwrap() {
+        s.delivered(d.id, 1000).unwrap();
+    }
+    s.close_recipient(email, bob, 5).unwrap();
+    assert!(!s.recipient_state(email, bob).unwrap().collecting);
+    // Enqueued once it opened: not collected.
+    s.enqueue("apr_2", email, bob, 1, 30).unwrap();
+    assert!(!s.recipient_state(email, bob).unwrap().collecting);
+}

@@ -8,7 +8,9 @@
 //! - Caller-supplied literal values ("any value of a credential known to the broker"),
 //!   matched exactly.
 //! - [`stream`]: [`StreamScanner`] and [`DlpBody`], the same scan over a body arriving in
-//!   pieces, holding back only what could still become a finding.
+//!   pieces, holding back a fixed window (whatever the bytes are: how long a chunk waits
+//!   must not tell an upstream whether it began a credential) and what a validator still
+//!   needs to decide.
 //!
 //! One Aho–Corasick automaton holds every anchor (a few dozen: its SIMD prefilter skips
 //! most of a body), a second one the literal values, so a body is read twice at most
@@ -36,7 +38,6 @@ use aho_corasick::{AhoCorasick, Input, MatchKind};
 pub use body::{Blocked, DlpBody};
 pub use stream::{StreamScanner, MAX_HELD};
 
-use crate::prefix_trie::PrefixTrie;
 use patterns::{Rule, View, DEFAULT_ANCHORS};
 
 /// Literal values shorter than this are not scanned for: they would match everywhere
@@ -79,9 +80,11 @@ pub struct Detectors {
     literals: Option<Anchors>,
     /// Every pattern with its rule, kept to rebuild with more literals.
     patterns: Vec<(Vec<u8>, Rule)>,
-    trie: PrefixTrie,
     /// The longest pattern, in bytes.
     longest: usize,
+    /// No pattern holds a newline, so none can match across one: a stream may release
+    /// everything up to its last newline.
+    newline_free: bool,
     /// Literal names by [`Rule::Literal`] index.
     literal_names: Vec<String>,
     skipped: Vec<String>,
@@ -209,13 +212,13 @@ impl Detectors {
         };
         let anchors = Anchors::new(&split(false)).expect("the default set has anchors");
         let literals = Anchors::new(&split(true));
-        let trie = PrefixTrie::new(patterns.iter().map(|(p, _)| p.as_slice()));
         let longest = patterns.iter().map(|(p, _)| p.len()).max().unwrap_or(0);
+        let newline_free = patterns.iter().all(|(p, _)| !p.contains(&b'\n'));
         Self {
             anchors,
             literals,
-            trie,
             longest,
+            newline_free,
             literal_names,
             skipped,
             cards,
@@ -226,6 +229,12 @@ impl Detectors {
     /// Names of literal values not scanned for because they are too short.
     pub fn skipped_literals(&self) -> &[String] {
         &self.skipped
+    }
+
+    /// How many bytes a stream keeps back at most, besides what a validator of the
+    /// default set still needs (`longest pattern − 1`, whatever the bytes are).
+    pub fn hold_back(&self) -> usize {
+        self.longest.saturating_sub(1)
     }
 
     /// Names of the literal values scanned for.
@@ -289,10 +298,16 @@ impl Detectors {
             }
         }
         if !v.eof() && self.longest > 1 {
-            let window = &buf[len.saturating_sub(self.longest - 1)..];
-            let held = self.trie.held_suffix(window);
-            if held > 0 {
-                pending = Some(pending.map_or(len - held, |p| p.min(len - held)));
+            // A fixed tail, whether or not it could begin a pattern (see [`stream`]): the
+            // last `longest - 1` bytes, but nothing after a newline when no pattern holds
+            // one. Lengths and newlines only, never the literals' bytes.
+            let fixed = len.saturating_sub(self.longest - 1);
+            let from = match memchr::memrchr(b'\n', buf) {
+                Some(i) if self.newline_free => fixed.max(i + 1),
+                _ => fixed,
+            };
+            if from < len {
+                pending = Some(pending.map_or(from, |p| p.min(from)));
             }
         }
         if self.cards {

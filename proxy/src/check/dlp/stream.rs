@@ -3,13 +3,21 @@
 //!
 //! Each chunk is scanned together with the bytes held back from the previous ones; what
 //! precedes the earliest *pending* candidate (one whose validator needs bytes not yet
-//! arrived, or a tail that could be the start of an anchor) is released, the rest held.
-//! A finding is reported only when no pending candidate starts at or before it, which is
-//! exactly the leftmost finding of the whole body.
+//! arrived) or the fixed tail is released, the rest held. A finding is reported only when
+//! no pending candidate starts at or before it, which is exactly the leftmost finding of
+//! the whole body.
+//!
+//! The fixed tail is the last `longest pattern − 1` bytes, cut at the last newline when no
+//! pattern holds one — held whether or not those bytes could begin an anchor or a literal
+//! value. Holding back only a tail that could begin one of the session's own credentials
+//! would be an oracle: an upstream (or an agent watching an echoing upstream) would see
+//! which chunk is delayed and learn the credential byte by byte. What a validator of the
+//! default set keeps pending depends on its public pattern only (`AKIA`, `eyJ` …), never on
+//! a credential.
 //!
 //! The hold-back is bounded: validators read at most [`patterns::MAX_WINDOW`] bytes from a
 //! candidate's start (8 KiB of a JWT's header and payload is the largest — a longer one is
-//! not recognised, as in a whole-buffer scan), card numbers 32, and a partial anchor is
+//! not recognised, as in a whole-buffer scan), card numbers 32, and the fixed tail is
 //! shorter than the longest anchor or literal value. Hence [`MAX_HELD`] (plus the length
 //! of the longest literal value, when that is larger).
 //!

@@ -1,0 +1,325 @@
+//! Whether the audit trail can take records: the flag the writer sets on its first failed
+//! commit and clears once its backlog is written, read by the request path before anything
+//! is forwarded (fail closed), by `/readyz` and by `/metrics`.
+//!
+//! The request path never waits for a disk write: it reads atomics. Three things make the
+//! trail unavailable:
+//! - the writer's last commit or checkpoint failed (disk full, I/O error, the database
+//!   locked for longer than [`Limits::lock_timeout`], the chain changed underneath it);
+//! - a commit has been in progress for longer than [`Limits::stall`] (a disk that hangs
+//!   rather than fails), seen by the reader without the writer's help;
+//! - [`Limits::queue`] records are waiting (the writer cannot keep up).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::Metrics;
+
+/// The writer's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Records waiting to be written past which nothing more is forwarded; past it, the
+    /// records of requests refused for that reason are counted, not queued.
+    pub queue: usize,
+    /// How long a commit waits for another connection's lock before it fails.
+    pub lock_timeout: Duration,
+    /// How long a commit may be in progress before the trail counts as unavailable anyway.
+    pub stall: Duration,
+    /// Largest number of records written in one transaction.
+    pub batch: usize,
+    /// First and longest wait between retries of a failed write.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// How long shutdown keeps retrying before it logs what it could not write.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            // Two batches: never more than that many forwarded requests whose records are
+            // not yet committed (plus those in flight when the bound was reached).
+            queue: 1_024,
+            lock_timeout: Duration::from_millis(250),
+            // Longer than the lock bound (a lock gets its own failure), and long enough that
+            // a slow fsync on a busy disk is not taken for a hang.
+            stall: Duration::from_secs(2),
+            batch: 512,
+            retry_min: Duration::from_millis(50),
+            retry_max: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What `/readyz` reports about the trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub available: bool,
+    /// Why not, when not.
+    pub reason: Option<String>,
+    /// Records waiting to be written.
+    pub queued: usize,
+    /// The last committed record.
+    pub head_seq: i64,
+}
+
+/// Shared between the writer thread and every sink.
+#[derive(Debug)]
+pub(crate) struct Health {
+    pub(crate) limits: Limits,
+    failing: AtomicBool,
+    reason: Mutex<String>,
+    queued: AtomicUsize,
+    /// Milliseconds since `base` (plus one) at which the commit in progress began; 0 when
+    /// none is.
+    busy_since: AtomicU64,
+    base: Instant,
+    /// Refusals not queued because the queue was full; summed into one record later.
+    folded: AtomicU64,
+    head_seq: AtomicI64,
+    gauges: Gauges,
+}
+
+#[derive(Debug, Default)]
+struct Gauges {
+    available: Gauge,
+    queued: Gauge,
+    head_seq: Gauge,
+    failures: Counter,
+    folded: Counter,
+}
+
+impl Health {
+    pub(crate) fn new(limits: Limits, head_seq: i64, metrics: &Metrics) -> Self {
+        let gauges = Gauges::default();
+        gauges.available.set(1);
+        gauges.head_seq.set(head_seq);
+        metrics.register(
+            "audit_available",
+            "1 while audit records can be written; 0 while the proxy forwards nothing (503 audit_unavailable)",
+            gauges.available.clone(),
+        );
+        metrics.register(
+            "audit_queued_records",
+            "Audit records waiting to be written",
+            gauges.queued.clone(),
+        );
+        metrics.register(
+            "audit_head_seq",
+            "Sequence number of the last committed audit record (an anchor: it never goes down)",
+            gauges.head_seq.clone(),
+        );
+        metrics.register(
+            "audit_write_failures",
+            "Failed attempts to commit audit records or checkpoint the head (each is retried)",
+            gauges.failures.clone(),
+        );
+        metrics.register(
+            "audit_unrecorded_refusals",
+            "Requests refused for audit_unavailable while the queue was full, counted instead of recorded one by one",
+            gauges.folded.clone(),
+        );
+        Self {
+            limits,
+            failing: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+            queued: AtomicUsize::new(0),
+            busy_since: AtomicU64::new(0),
+            base: Instant::now(),
+            folded: AtomicU64::new(0),
+            head_seq: AtomicI64::new(head_seq),
+            gauges,
+        }
+    }
+
+    /// Why the trail cannot take records now, if it cannot: the request path's check.
+    pub(crate) fn unavailable(&self) -> Option<String> {
+        if self.failing.load(Ordering::Acquire) {
+            return Some(self.reason());
+        }
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued >= self.limits.queue {
+            self.gauges.available.set(0);
+            return Some(format!("{queued} records are waiting to be written"));
+        }
+        let since = self.busy_since.load(Ordering::Acquire);
+        if since != 0 {
+            let busy = self.elapsed_ms().saturating_sub(since - 1);
+            if u128::from(busy) > self.limits.stall.as_millis() {
+                self.gauges.available.set(0);
+                return Some(format!("a write has not completed for {busy} ms"));
+            }
+        }
+        None
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        let reason = self.unavailable();
+        Status {
+            available: reason.is_none(),
+            reason,
+            queued: self.queued.load(Ordering::Relaxed),
+            head_seq: self.head_seq.load(Ordering::Relaxed),
+        }
+    }
+
+    fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_else(|_| "the audit writer failed".into())
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A record was queued (`true`), or was not because the queue is full and it is a
+    /// refusal that can be counted instead (`false`).
+    pub(crate) fn admit(&self, foldable: bool) -> bool {
+        if foldable && self.queued.load(Ordering::Relaxed) >= self.limits.queue {
+            self.folded.fetch_add(1, Ordering::Relaxed);
+            self.gauges.folded.inc();
+            return false;
+        }
+        let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        self.gauges
+            .queued
+            .set(i64::try_from(queued).unwrap_or(i64::MAX));
+        true
+    }
+
+    /// A record that was admitted will never reach the writer (it has stopped).
+    pub(crate) fn unadmit(&self) {
+        self.dequeued(1);
+    }
+
+    // --- the writer's side ---
+
+    pub(crate) fn begin_write(&self) {
+        self.busy_since
+            .store(self.elapsed_ms() + 1, Ordering::Release);
+    }
+
+    pub(crate) fn end_write(&self) {
+        self.busy_since.store(0, Ordering::Release);
+    }
+
+    /// `n` records left the queue (written, or logged at shutdown).
+    pub(crate) fn dequeued(&self, n: usize) {
+        let left = self
+            .queued
+            .fetch_sub(n, Ordering::Relaxed)
+            .saturating_sub(n);
+        self.gauges
+            .queued
+            .set(i64::try_from(left).unwrap_or(i64::MAX));
+    }
+
+    /// A batch was committed and checkpointed: `head_seq` is the chain's new tip.
+    pub(crate) fn committed(&self, head_seq: i64) {
+        self.head_seq.store(head_seq, Ordering::Relaxed);
+        self.gauges.head_seq.set(head_seq);
+        // Readers only ever lower the gauge (a full queue, a stall they saw); every refusal
+        // they answer is a record, whose commit brings the writer back here to raise it.
+        if self.unavailable().is_none() {
+            self.gauges.available.set(1);
+        }
+    }
+
+    /// A write failed; returns whether the trail was available until now.
+    pub(crate) fn failed(&self, reason: String) -> bool {
+        self.gauges.failures.inc();
+        if let Ok(mut r) = self.reason.lock() {
+            *r = reason;
+        }
+        let was_available = !self.failing.swap(true, Ordering::AcqRel);
+        self.gauges.available.set(0);
+        was_available
+    }
+
+    /// Everything queued is written; returns whether the trail was unavailable until now.
+    pub(crate) fn recovered(&self) -> bool {
+        let was = self.failing.swap(false, Ordering::AcqRel);
+        if self.unavailable().is_none() {
+            self.gauges.available.set(1);
+        }
+        was
+    }
+
+    pub(crate) fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    /// Refusals counted instead of queued since the last call.
+    pub(crate) fn take_folded(&self) -> u64 {
+        self.folded.swap(0, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(queue: usize) -> Health {
+        let limits = Limits {
+            queue,
+            ..Limits::default()
+        };
+        Health::new(limits, 0, &Metrics::default())
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_folds_only_refusals() {
+        let h = health(2);
+        assert!(h.admit(false) && h.admit(true));
+        assert!(h.unavailable().unwrap().contains("2 records are waiting"));
+        assert!(
+            !h.admit(true),
+            "a refusal past the bound is counted, not queued"
+        );
+        assert!(
+            h.admit(false),
+            "any other record is queued whatever the bound"
+        );
+        assert_eq!(h.take_folded(), 1);
+        h.dequeued(3);
+        assert_eq!(h.unavailable(), None);
+    }
+
+    #[test]
+    fn a_failure_holds_until_recovery() {
+        let h = health(10);
+        assert!(h.failed("database or disk is full".into()));
+        assert!(
+            !h.failed("still full".into()),
+            "only the first failure is a transition"
+        );
+        assert_eq!(h.unavailable().as_deref(), Some("still full"));
+        assert!(!h.status().available);
+        assert!(h.recovered());
+        assert!(h.status().available);
+    }
+
+    #[test]
+    fn a_commit_that_hangs_is_seen_by_readers() {
+        let h = Health::new(
+            Limits {
+                stall: Duration::ZERO,
+                ..Limits::default()
+            },
+            0,
+            &Metrics::default(),
+        );
+        h.begin_write();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(h.unavailable().unwrap().contains("has not completed"));
+        h.end_write();
+        assert_eq!(h.unavailable(), None);
+    }
+}
