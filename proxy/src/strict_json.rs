@@ -109,6 +109,18 @@ pub fn fold(key: &str) -> String {
         .collect()
 }
 
+/// Objects with fewer keys than this compare a new key with each earlier one.
+const LINEAR_KEYS: usize = 16;
+
+/// Whether `a` and `b` are equal ignoring case, as [`fold`] compares them.
+fn same_folded(a: &str, b: &str) -> bool {
+    if a.is_ascii() && b.is_ascii() {
+        a.eq_ignore_ascii_case(b)
+    } else {
+        fold(a) == fold(b)
+    }
+}
+
 /// Deserializes any value, checking every object's keys.
 #[derive(Clone, Copy)]
 struct Strict;
@@ -170,8 +182,8 @@ impl<'de> Visitor<'de> for Strict {
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
         let mut map = Map::new();
-        // Folded key → the key as written, for the error.
-        let mut folded: HashMap<String, String> = HashMap::new();
+        // Folded key → the key as written, for objects too large to compare key by key.
+        let mut folded: Option<HashMap<String, String>> = None;
         while let Some(key) = access.next_key::<String>()? {
             if key.contains('\0') {
                 return Err(de::Error::custom(Ambiguity::Nul(key)));
@@ -179,7 +191,16 @@ impl<'de> Visitor<'de> for Strict {
             if map.contains_key(&key) {
                 return Err(de::Error::custom(Ambiguity::Duplicate(key)));
             }
-            if let Some(other) = folded.insert(fold(&key), key.clone()) {
+            // Most objects are small: comparing with each earlier key costs less than
+            // folding and hashing every key.
+            let other = if map.len() < LINEAR_KEYS {
+                map.keys().find(|k| same_folded(k, &key)).cloned()
+            } else {
+                let folded = folded
+                    .get_or_insert_with(|| map.keys().map(|k| (fold(k), k.clone())).collect());
+                folded.insert(fold(&key), key.clone())
+            };
+            if let Some(other) = other {
                 return Err(de::Error::custom(Ambiguity::CaseFolded(other, key)));
             }
             let value = access.next_value_seed(Strict)?;
@@ -251,6 +272,18 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(parse(deep.as_bytes()).is_err());
         assert!(parse(b"{\"a\":\"\xff\"}").is_err());
+    }
+
+    #[test]
+    fn large_objects_are_checked_as_small_ones() {
+        let mut keys: Vec<String> = (0..40).map(|i| format!("\"k{i}\":{i}")).collect();
+        let ok = format!("{{{}}}", keys.join(","));
+        assert!(parse(ok.as_bytes()).is_ok());
+        for late in [r#""K3":0"#, r#""k39":0"#, r#""\u212a7":0"#] {
+            keys.push(late.to_owned());
+            refused(&format!("{{{}}}", keys.join(",")));
+            keys.pop();
+        }
     }
 
     #[test]
