@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command that runs every Ostiary test on a fresh machine (and the body of .ci/run).
 #
-# It installs what the end-to-end tests drive (curl, Debian's Chromium, a Python venv with
+# It installs what the end-to-end tests drive (curl, Debian's Chromium, bubblewrap and runsc, a Python venv with
 # requests, httpx, websockets, the MCP SDK, Playwright and OpenBao's `bao`), makes sure
 # PostgreSQL and Redis answer, then runs rustfmt, clippy and the whole workspace's tests.
 # A missing component fails the run with a message saying what to do: tests never skip
@@ -194,6 +194,28 @@ ensure_chromium() {
   echo "chromium: $("$CHROMIUM" --version 2>/dev/null | sed -n 1p) at $CHROMIUM"
 }
 
+# The sandbox tests (`ostiary run --sandbox`) start real sandboxes: bubblewrap for the
+# `namespaces` isolation level and gVisor's runsc for `gvisor`, both from Debian, and
+# Debian's python3-requests as the in-sandbox Python client.
+ensure_sandbox_tools() {
+  local missing=()
+  command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+  command -v runsc >/dev/null 2>&1 || missing+=(runsc)
+  # Inside a sandbox only the host's read-only /usr is visible, not the venv under the
+  # repository's state: the Python client the sandbox tests run is Debian's.
+  /usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
+  # The checks run `ps` (clean slate) and `unshare` (seccomp) inside; slim images lack them.
+  command -v ps >/dev/null 2>&1 || missing+=(procps)
+  command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "${missing[*]} missing; installing with apt"
+    apt_install "${missing[@]}"
+  fi
+  command -v bwrap >/dev/null 2>&1 || die "bwrap still missing after apt-get install bubblewrap (the sandbox tests need it)"
+  command -v runsc >/dev/null 2>&1 || die "runsc still missing after apt-get install runsc (the gvisor sandbox tests need it)"
+  echo "bwrap: $(bwrap --version 2>/dev/null) · runsc: $(runsc --version 2>/dev/null | sed -n 1p)"
+}
+
 pg_up() {
   if command -v pg_isready >/dev/null 2>&1; then
     pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 3
@@ -295,6 +317,7 @@ run_tests() {
 
 step "curl" ensure_curl
 step "chromium" ensure_chromium
+step "sandbox tools (bubblewrap, runsc)" ensure_sandbox_tools
 step "python venv + packages" ensure_python_env
 
 # Tests find `python` (with the packages) and `bao` on PATH, and the interpreter by name.

@@ -83,6 +83,7 @@ impl Rails {
             expires_at: i64::MAX,
             parent: None,
             parent_agent: None,
+            profile: None,
         }
     }
 }

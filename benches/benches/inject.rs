@@ -71,6 +71,7 @@ fn principal(session: &str) -> Principal {
         depth: 0,
         parent: None,
         parent_agent: None,
+        profile: None,
         expires_at: i64::MAX,
     }
 }

@@ -1,5 +1,14 @@
 //! Shared fixtures of Ostiary's benchmarks: generated policy sets and requests, so that
 //! every bench measures against the same inputs (and a baseline in the same run).
+//!
+//! # Layout
+//! - this library — [`engine_with_hosts`] and [`request`], the fixtures the benches share.
+//! - `benches/` — criterion benches, each against a baseline in the same run: `decision`
+//!   (Cedar as the set grows), `inject`, `scrub`, `dlp`, `checks`, `guardrails`, `ambiguity`.
+//! - `src/bin/load.rs` — the load harness: direct against through Ostiary.
+//! - `src/bin/approvals.rs` — what the approval queue costs against a plain forwarded call.
+//!
+//! Results and how to run them: `docs/benchmarks.md`.
 #![forbid(unsafe_code)]
 
 use ostiary_policies::{AccessRequest, Action, PolicyEngine, PolicySource};

@@ -1,7 +1,7 @@
 //! The `file` source: `name = "value"` pairs in a TOML file readable only by Ostiary.
 //!
-//! It is the embedded default of DESIGN §8, so `ostiary serve` injects credentials without
-//! a Vault. Its credentials have no lease; the broker caches them for the binding's TTL.
+//! It is the embedded default of docs/design.md §8, so `ostiary serve` injects credentials
+//! without a Vault. Its credentials have no lease; the broker caches them for the binding's TTL.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -8,6 +8,16 @@
 //!
 //! The one rule of this crate: a secret value is never printed. [`Secret`]'s `Debug` and
 //! `Display` print `***`, and errors name credentials and leases, never values.
+//!
+//! # Layout
+//! - [`binding`] — a `[[credential]]` binding: which secret, sent to which hosts, injected how.
+//! - [`source`] — where a credential comes from: a binding's `source = {...}`.
+//! - [`credential`] — what a source hands back: the material, its lease, its expiry.
+//! - `broker` — [`Broker`]: the per-session cache and the ledger of leases to revoke.
+//! - `file` — [`FileSource`]: `name = "value"` pairs in a file only Ostiary reads.
+//! - [`vault`] — Vault/OpenBao: login and renewal, KV v2, transit JWTs, PKI, database leases.
+//! - `secret` — [`Secret`]: a value that may be used but never printed.
+//! - `error` — [`BrokerError`]: why a credential could not be produced or revoked.
 #![forbid(unsafe_code)]
 
 pub mod binding;

@@ -1,4 +1,4 @@
-//! The tool catalog: `tools.toml` in the policy directory (DESIGN §4).
+//! The tool catalog: `tools.toml` in the policy directory (docs/design.md §4).
 //!
 //! Each `[[tool]]` names a tool, its risk tier, how the proxy recognises a call to it (a REST
 //! route or an MCP endpoint and tool name), the JSON Schema of its arguments, how to read its

@@ -6,7 +6,7 @@
 //! The one part of a request the agent controls, a tool call's arguments, is checked against
 //! the tool's schema here, per request; a mismatch is a deny of the same kind.
 //!
-//! # Escalation (DESIGN §4)
+//! # Escalation (docs/design.md §4)
 //! A tool call that is denied is escalated instead — [`Decision::Escalate`], "ask a human" —
 //! when (a) at least one policy determined the deny and every one of them carries
 //! `@escalate("approval")`, and (b) the same request with `context.approval.granted == true`

@@ -3,8 +3,9 @@
 //!
 //! # Layout
 //! - [`catalog`] — the tool catalog (`tools.toml`): names, tiers, routes, argument schemas.
-//! - [`schema`] — the schema of DESIGN §4: a fixed core (`Agent`, `Tenant`, `Host`, `Tool`,
-//!   `http`, `connect`, the tier groups) plus one action per tool, generated from the catalog.
+//! - [`schema`] — the schema of docs/design.md §4: a fixed core (`Agent`, `Tenant`, `Host`,
+//!   `Tool`; `http`, `connect`, `mcp`, `spawn`, the tier groups; `context.session`) plus one
+//!   action per tool, generated from the catalog.
 //! - [`args`] — JSON Schema → Cedar type of `context.args`, and arguments → Cedar values.
 //! - [`load`] — reading `*.cedar` files and the catalog, naming policies by their `@id`,
 //!   strict validation.

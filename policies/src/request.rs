@@ -26,7 +26,7 @@ pub struct AccessRequest {
     pub action: Action,
 }
 
-/// The action and its context (DESIGN §4).
+/// The action and its context (docs/design.md §4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// An inspected HTTP request.

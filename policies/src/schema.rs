@@ -1,4 +1,4 @@
-//! The Cedar schema (DESIGN §4): a fixed core plus one action per catalog tool, generated
+//! The Cedar schema (docs/design.md §4): a fixed core plus one action per catalog tool, generated
 //! from the catalog. Every policy set is validated strictly against it before it is loaded,
 //! so a policy that names a missing attribute (or a tool argument the tool's JSON Schema does
 //! not declare) is rejected at load time instead of silently erroring (and being skipped) at

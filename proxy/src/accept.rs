@@ -1,6 +1,8 @@
-//! The proxy listener: accept connections, apply the strict HTTP/1 wire guard and the
-//! header-read timeout, and route each request — `CONNECT` to [`crate::connect`], everything
-//! else to the [`crate::pipeline`].
+//! The proxy listeners: accept connections — on TCP (`listen.proxy`), and on the Unix socket
+//! sandboxes reach the proxy through (`listen.proxy_unix`) — apply the strict HTTP/1 wire
+//! guard and the header-read timeout, and route each request — `CONNECT` to
+//! [`crate::connect`], everything else to the [`crate::pipeline`]. Both listeners serve the
+//! same proxy: a request is authenticated by its session token, whichever way it came.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,21 +14,28 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::task::TaskTracker;
 
 use crate::audit::AuditGuard;
 use crate::classify::{Origin, Tunnel};
 use crate::error::ProxyError;
-use crate::server::Shared;
+use crate::plane::DataPlane;
 use crate::wire_guard::{Observer, StrictH1};
 use crate::{connect, pipeline};
 
 /// How long in-flight connections may finish after shutdown was requested.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Serve the proxy listener until `shutdown` resolves, then drain.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+/// Serve the proxy's TCP listener (and its Unix socket, when given) until `shutdown`
+/// resolves, then drain.
+pub async fn serve(
+    listener: TcpListener,
+    unix: Option<UnixListener>,
+    plane: Arc<DataPlane>,
+    shutdown: impl Future<Output = ()>,
+) {
     let tracker = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
@@ -34,13 +43,16 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    tracker.spawn(connection(shared.clone(), stream));
+                    let _ = stream.set_nodelay(true);
+                    tracker.spawn(connection(plane.clone(), stream));
                 }
-                Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(e) => backoff(e).await,
+            },
+            accepted = accept_unix(unix.as_ref()) => match accepted {
+                Ok(stream) => {
+                    tracker.spawn(connection(plane.clone(), stream));
                 }
+                Err(e) => backoff(e).await,
             },
         }
     }
@@ -50,20 +62,36 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
     }
 }
 
-async fn connection(shared: Arc<Shared>, stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let limits = shared.config.proxy.clone();
+/// The next connection on the Unix socket; never, when there is none.
+async fn accept_unix(unix: Option<&UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+    match unix {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
+/// Out of descriptors and the like: back off instead of spinning.
+async fn backoff(e: std::io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn connection<IO>(plane: Arc<DataPlane>, stream: IO)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = plane.config.proxy.clone();
     let io = TokioIo::new(
         StrictH1::new(stream, limits.max_header_bytes)
-            .with_observer(audit_violations(shared.clone(), None)),
+            .with_observer(audit_violations(plane.clone(), None)),
     );
     let service = service_fn(move |req: Request<Incoming>| {
-        let shared = shared.clone();
+        let plane = plane.clone();
         async move {
             let response = if req.method() == Method::CONNECT {
-                connect::handle(shared, req).await
+                connect::handle(plane, req).await
             } else {
-                pipeline::handle(shared, Origin::Plain, req).await
+                pipeline::handle(plane, Origin::Plain, req).await
             };
             Ok::<_, Infallible>(response)
         }
@@ -81,12 +109,12 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream) {
 
 /// An observer that writes an audit record for every framing violation the wire guard
 /// refuses: those requests never reach the pipeline, but they are decisions too.
-pub fn audit_violations(shared: Arc<Shared>, tunnel: Option<Arc<Tunnel>>) -> Observer {
+pub fn audit_violations(plane: Arc<DataPlane>, tunnel: Option<Arc<Tunnel>>) -> Observer {
     Box::new(move |violation, request_id| {
         let request_id = request_id
             .map(str::to_owned)
             .unwrap_or_else(crate::ids::request_id);
-        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "http");
+        let mut audit = AuditGuard::start(&plane.audit, &plane.metrics, &request_id, "http");
         if let Some(t) = &tunnel {
             audit.update(|r| r.set_tunnel(t));
         }

@@ -1,6 +1,6 @@
 //! Phase `authenticate`: the session token in `Proxy-Authorization` → the [`Principal`].
 //!
-//! Both forms of DESIGN §5 are accepted: `Basic base64("<anything>:<token>")`, so that
+//! Both forms of docs/design.md §5 are accepted: `Basic base64("<anything>:<token>")`, so that
 //! `HTTPS_PROXY=http://agent:<token>@host:port` works in every client, and `Bearer <token>`.
 
 use std::sync::Arc;

@@ -1,5 +1,8 @@
 //! The one body type the proxy hands around: a boxed stream of `Bytes`, so upstream and
-//! agent bodies stream through without ever being collected.
+//! agent bodies stream through without ever being collected. Bodies rewritten or watched
+//! on their way are [`filter::Filtered`].
+
+pub mod filter;
 
 use std::sync::{Arc, OnceLock};
 

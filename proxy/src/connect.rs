@@ -24,7 +24,7 @@ use crate::classify::{Origin, Tunnel};
 use crate::egress::address::{normalize_host, split_authority, Host};
 use crate::egress::EgressError;
 use crate::error::ProxyError;
-use crate::server::Shared;
+use crate::plane::DataPlane;
 use crate::wire_guard::StrictH1;
 use crate::{authenticate, evaluate, ids, pipeline, recognise, respond, tunnel};
 
@@ -38,10 +38,10 @@ enum Plan {
 }
 
 /// Handle one CONNECT request on the proxy listener.
-pub async fn handle(shared: Arc<Shared>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn handle(plane: Arc<DataPlane>, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let request_id = ids::request_id();
-    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "connect");
-    match open(&shared, &req, &mut audit).await {
+    let mut audit = AuditGuard::start(&plane.audit, &plane.metrics, &request_id, "connect");
+    match open(&plane, &req, &mut audit).await {
         Ok(plan) => {
             let on_upgrade = hyper::upgrade::on(&mut req);
             audit.allow(200);
@@ -54,9 +54,9 @@ pub async fn handle(shared: Arc<Shared>, mut req: Request<Incoming>) -> Response
                     }
                 };
                 match plan {
-                    Plan::Intercept(tunnel) => intercept(shared, upgraded, tunnel).await,
+                    Plan::Intercept(tunnel) => intercept(plane, upgraded, tunnel).await,
                     Plan::Relay { tunnel, addrs } => {
-                        tunnel::relay(shared, upgraded, tunnel, addrs).await
+                        tunnel::relay(plane, upgraded, tunnel, addrs).await
                     }
                 }
             });
@@ -77,13 +77,13 @@ pub async fn handle(shared: Arc<Shared>, mut req: Request<Incoming>) -> Response
 }
 
 async fn open(
-    shared: &Shared,
+    plane: &DataPlane,
     req: &Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<Plan, ProxyError> {
     // First, as in the pipeline: no tunnel is opened while its record cannot be written.
-    shared.audit.ensure_writable()?;
-    let principal = authenticate::principal(&shared.sessions, req.headers())?;
+    plane.audit.ensure_writable()?;
+    let principal = authenticate::principal(&plane.sessions, req.headers())?;
     audit.update(|r| {
         r.set_principal(&principal);
         r.method = Some("CONNECT".into());
@@ -100,12 +100,12 @@ async fn open(
         r.port = Some(port);
     });
 
-    let engine = shared.policies.current();
-    let session = shared.guardrails.session_state(&principal);
+    let engine = plane.policies.current();
+    let session = plane.guardrails.session_state(&principal);
     let opened_by = evaluate::port(
         &engine,
-        &shared.metrics,
-        &shared.config.egress.ports,
+        &plane.metrics,
+        &plane.config.egress.ports,
         (&principal, &session),
         &host,
         port,
@@ -115,7 +115,7 @@ async fn open(
     // DNS lookup (a lookup of a name the agent chose is itself a way to leak data).
     // A host serving catalogued REST tools is let through too: its requests may be tool
     // calls, which tier and tool permits decide, and those do not name hosts.
-    let tunnel_host = shared.is_tunnel_host(&host);
+    let tunnel_host = plane.is_tunnel_host(&host);
     let host_text = host.to_string();
     if !tunnel_host
         && !engine.may_permit_http(&host_text)
@@ -128,7 +128,7 @@ async fn open(
             reason: "no policy permits any request to this host".into(),
         });
     }
-    let addrs = shared
+    let addrs = plane
         .guard
         .resolve(&host, port)
         .await
@@ -146,14 +146,8 @@ async fn open(
             port,
             sni: host.to_string(),
         };
-        let policies = evaluate::decide(
-            &engine,
-            &shared.metrics,
-            &principal,
-            &session,
-            &host,
-            action,
-        )?;
+        let policies =
+            evaluate::decide(&engine, &plane.metrics, &principal, &session, &host, action)?;
         audit.update(|r| r.add_policies(policies));
         return Ok(Plan::Relay { tunnel, addrs });
     }
@@ -182,47 +176,45 @@ pub fn egress_refusal(e: EgressError) -> ProxyError {
 
 /// Terminate the agent's TLS with a leaf for the tunnel's host and serve the inner requests.
 async fn intercept(
-    shared: Arc<Shared>,
+    plane: Arc<DataPlane>,
     io: TokioIo<hyper::upgrade::Upgraded>,
     tunnel: Arc<Tunnel>,
 ) {
     // Tied to the session from the start: its end closes the connection, idle keep-alive
     // and h2 alike, not only its next request.
-    let Some(watch) = crate::lifecycle::watch_stream(&shared, &tunnel.principal) else {
-        return shared.refuse_tunnel(
+    let Some(watch) = plane.watch_stream(&tunnel.principal) else {
+        return plane.refuse_tunnel(
             &tunnel,
             "tls",
             "the session is not active (revoked or expired)".into(),
         );
     };
-    let limits = shared.config.proxy.clone();
+    let limits = plane.config.proxy.clone();
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
     let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
-            return shared.refuse_tunnel(&tunnel, "tls", format!("reading ClientHello: {e}"))
+            return plane.refuse_tunnel(&tunnel, "tls", format!("reading ClientHello: {e}"))
         }
-        Err(_) => return shared.refuse_tunnel(&tunnel, "tls", "no ClientHello in time".into()),
+        Err(_) => return plane.refuse_tunnel(&tunnel, "tls", "no ClientHello in time".into()),
     };
     // The SNI must name the CONNECT host before anything is minted.
     let sni = start.client_hello().server_name().map(str::to_owned);
     let name = match sni.as_deref().map(normalize_host) {
         Some(Ok(Host::Name(name))) if Host::Name(name.clone()) == tunnel.host => name,
         Some(Ok(other)) => {
-            return shared.refuse_tunnel(
+            return plane.refuse_tunnel(
                 &tunnel,
                 "tls",
                 format!("SNI {other} differs from the CONNECT host"),
             )
         }
-        Some(Err(e)) => {
-            return shared.refuse_tunnel(&tunnel, "tls", format!("SNI is invalid: {e}"))
-        }
-        None => return shared.refuse_tunnel(&tunnel, "tls", "ClientHello carries no SNI".into()),
+        Some(Err(e)) => return plane.refuse_tunnel(&tunnel, "tls", format!("SNI is invalid: {e}")),
+        None => return plane.refuse_tunnel(&tunnel, "tls", "ClientHello carries no SNI".into()),
     };
-    let config = match shared.minter.server_config(&name) {
+    let config = match plane.minter.server_config(&name) {
         Ok(c) => c,
-        Err(e) => return shared.refuse_tunnel(&tunnel, "tls", format!("minting a leaf: {e}")),
+        Err(e) => return plane.refuse_tunnel(&tunnel, "tls", format!("minting a leaf: {e}")),
     };
     let tls =
         match tokio::time::timeout(limits.tls_handshake_timeout, start.into_stream(config)).await {
@@ -231,20 +223,20 @@ async fn intercept(
             Err(_) => return tracing::debug!("agent TLS handshake timed out"),
         };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let observer = crate::accept::audit_violations(shared.clone(), Some(tunnel.clone()));
+    let observer = crate::accept::audit_violations(plane.clone(), Some(tunnel.clone()));
     // Requests in flight at teardown get the grace period (their tickets are cancelled after
     // it); this bounds the wait for the connection to wind down after them.
-    let wind_down = shared.guardrails.grace() + std::time::Duration::from_secs(1);
+    let wind_down = plane.guardrails.grace() + std::time::Duration::from_secs(1);
     let origin = Origin::Tunnel(tunnel);
     let cancellations = Arc::new(crate::reset_guard::Cancellations::default());
     let watched = cancellations.clone();
     let service = service_fn(move |req: Request<Incoming>| {
-        let shared = shared.clone();
+        let plane = plane.clone();
         let origin = origin.clone();
         // Dropped before it answers: the client cancelled the request (see reset_guard).
         let watch = watched.watch();
         async move {
-            let response = pipeline::handle(shared, origin, req).await;
+            let response = pipeline::handle(plane, origin, req).await;
             watch.done();
             Ok::<_, Infallible>(response)
         }

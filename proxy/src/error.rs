@@ -1,6 +1,7 @@
 //! The typed refusals and failures of the request path. Each variant is one row of the
-//! response table in DESIGN §5 and carries the reason, so that the response, the audit record
-//! and the log all say the same thing. Mapping to HTTP lives in [`crate::respond`] only.
+//! response table in docs/design.md §5 and carries the reason, so that the response, the
+//! audit record and the log all say the same thing. Mapping to HTTP lives in
+//! [`crate::respond`] only.
 
 /// Who is at fault, for logs and metrics (pingora's "which side failed").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +139,7 @@ pub enum ProxyError {
     #[error("audit trail unavailable: {reason}")]
     AuditUnavailable { reason: String },
     /// Refused JSON-RPC calls to a catalogued MCP endpoint, none of which was forwarded:
-    /// answered HTTP 200 with one JSON-RPC error per call (DESIGN §5), so MCP SDKs raise a
+    /// answered HTTP 200 with one JSON-RPC error per call (docs/design.md §5), so MCP SDKs raise a
     /// readable error and the MCP session stays usable. Never empty; each refusal is one of
     /// the other variants (denied, approval required, check failed).
     #[error("MCP call refused: {}", .replies.first().map(|r| r.error.to_string()).unwrap_or_default())]
@@ -157,7 +158,7 @@ pub struct McpRefusal {
 }
 
 impl ProxyError {
-    /// The `error` kind of the JSON body (DESIGN §5).
+    /// The `error` kind of the JSON body (docs/design.md §5).
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::Unauthenticated { .. } => "unauthenticated",

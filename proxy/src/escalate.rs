@@ -22,8 +22,8 @@ use http::header::{HeaderValue, AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderMap, Request, Response, StatusCode};
 use ostiary_policies::Action;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
+use crate::approvals::model::digest;
 use crate::approvals::model::Ask;
 use crate::approvals::store::{Admission, CapReached};
 use crate::approvals::{Approval, HeldRequest, Observed, Status};
@@ -31,9 +31,9 @@ use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::{McpRefusal, ProxyError};
 use crate::guardrails::meter::LimitHit;
+use crate::plane::DataPlane;
 use crate::recognise;
 use crate::respond::{self, APPROVAL};
-use crate::server::Shared;
 use crate::session::Principal;
 use crate::store::now_ms;
 
@@ -54,15 +54,10 @@ fn storable(name: &str) -> bool {
         || name == "upgrade")
 }
 
-/// Hex SHA-256.
-pub(crate) fn digest(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Hold an escalated tool call. Returns the 202 refusal the pipeline answers with.
 #[allow(clippy::too_many_arguments)]
 pub async fn hold(
-    shared: &Shared,
+    plane: &DataPlane,
     principal: &Principal,
     target: &Target,
     req: &mut Request<ProxyBody>,
@@ -71,7 +66,7 @@ pub async fn hold(
     tier: Option<String>,
     request_id: &str,
 ) -> Result<(String, ProxyError), ProxyError> {
-    let config = &shared.config.approvals;
+    let config = &plane.config.approvals;
     let body = match recognise::read_body(req, config.max_body_bytes).await {
         Err(ProxyError::BodyTooLarge { limit }) => {
             return Err(ProxyError::ApprovalBodyTooLarge { limit })
@@ -85,7 +80,7 @@ pub async fn hold(
         rpc_id: None,
     };
     hold_body(
-        shared,
+        plane,
         principal,
         target,
         req.headers(),
@@ -108,7 +103,7 @@ pub struct Held {
 
 /// Hold a request whose body is in hand (an MCP call taken out of its batch).
 pub async fn hold_body(
-    shared: &Shared,
+    plane: &DataPlane,
     principal: &Principal,
     target: &Target,
     headers: &HeaderMap,
@@ -116,7 +111,7 @@ pub async fn hold_body(
     held: Held,
     request_id: &str,
 ) -> Result<(String, ProxyError), ProxyError> {
-    let config = &shared.config.approvals;
+    let config = &plane.config.approvals;
     if body.len() > config.max_body_bytes {
         return Err(ProxyError::ApprovalBodyTooLarge {
             limit: config.max_body_bytes,
@@ -143,7 +138,7 @@ pub async fn hold_body(
             principal,
             request_id: request_id.to_owned(),
             policies,
-            policy_generation: shared.policies.generation(),
+            policy_generation: plane.policies.generation(),
             request: HeldRequest {
                 method: target.method.to_string(),
                 url,
@@ -155,12 +150,12 @@ pub async fn hold_body(
         },
         now_ms(),
     );
-    let admission = shared
+    let admission = plane
         .approvals
         .hold_bounded(
             approval.clone(),
             fingerprint,
-            shared.config.sessions.max_pending_approvals,
+            plane.config.sessions.max_pending_approvals,
         )
         .await
         .map_err(|e| ProxyError::Internal {
@@ -177,7 +172,7 @@ pub async fn hold_body(
         }
         Admission::Full(full) => return Err(cap_reached(principal, full)),
     };
-    Ok((approval.id.clone(), pending(shared, &approval)))
+    Ok((approval.id.clone(), pending(plane, &approval)))
 }
 
 /// What makes two holds the same request: method, URL and body digest — for an MCP call
@@ -240,17 +235,17 @@ fn observe(target: &Target, action: &Action, tier: Option<String>) -> Observed {
 }
 
 /// The 202 for an approval still waiting (or approved and not yet executed).
-fn pending(shared: &Shared, approval: &Approval) -> ProxyError {
+fn pending(plane: &DataPlane, approval: &Approval) -> ProxyError {
     ProxyError::ApprovalPending {
         approval_id: approval.id.clone(),
-        status_url: status_url(shared, &approval.id),
+        status_url: status_url(plane, &approval.id),
         expires_at: rfc3339(approval.deadline_ms),
         status: approval.status.as_str(),
     }
 }
 
-fn status_url(shared: &Shared, id: &str) -> String {
-    format!("http://{}/v1/approvals/{id}", shared.proxy_addr())
+fn status_url(plane: &DataPlane, id: &str) -> String {
+    format!("http://{}/v1/approvals/{id}", plane.proxy_addr())
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -289,7 +284,7 @@ pub fn approval_header(headers: &HeaderMap) -> Option<Result<String, ProxyError>
 /// request is not a collection after all (another message of an MCP session that carries
 /// the header throughout) and goes through the pipeline as usual.
 pub async fn redeem(
-    shared: &Shared,
+    plane: &DataPlane,
     principal: &Principal,
     target: &Target,
     req: &mut Request<ProxyBody>,
@@ -299,8 +294,8 @@ pub async fn redeem(
         approval_id: id.to_owned(),
         reason,
     };
-    let approval = lookup(shared, principal, id).await?;
-    let body = match recognise::read_body(req, shared.config.approvals.max_body_bytes).await {
+    let approval = lookup(plane, principal, id).await?;
+    let body = match recognise::read_body(req, plane.config.approvals.max_body_bytes).await {
         Err(ProxyError::BodyTooLarge { .. }) => return Err(mismatch("approval_mismatch")),
         other => other?,
     };
@@ -349,7 +344,7 @@ pub async fn redeem(
     let approval = if approval.status.is_final() || wait.is_zero() {
         approval
     } else {
-        shared
+        plane
             .approvals
             .wait(id, wait)
             .await
@@ -357,7 +352,7 @@ pub async fn redeem(
             .unwrap_or(approval)
     };
     match (&approval.observed.rpc_id, rpc) {
-        (Some(_), Some((rpc_id, _))) => match outcome(shared, approval) {
+        (Some(_), Some((rpc_id, _))) => match outcome(plane, approval) {
             Ok(response) => Ok(Some(with_rpc_id(response, &rpc_id).await)),
             Err(err) => Err(ProxyError::McpRefused {
                 replies: vec![McpRefusal {
@@ -367,7 +362,7 @@ pub async fn redeem(
                 batch: false,
             }),
         },
-        _ => outcome(shared, approval).map(Some),
+        _ => outcome(plane, approval).map(Some),
     }
 }
 
@@ -401,9 +396,9 @@ async fn with_rpc_id(
 }
 
 /// What the agent gets for an approval as it stands.
-fn outcome(shared: &Shared, approval: Approval) -> Result<Response<ProxyBody>, ProxyError> {
+fn outcome(plane: &DataPlane, approval: Approval) -> Result<Response<ProxyBody>, ProxyError> {
     match approval.status {
-        Status::Pending | Status::Approved | Status::Executing => Err(pending(shared, &approval)),
+        Status::Pending | Status::Approved | Status::Executing => Err(pending(plane, &approval)),
         Status::Executed => {
             let stored = approval.result.ok_or_else(|| ProxyError::Internal {
                 reason: "an executed approval has no stored response".into(),
@@ -447,11 +442,11 @@ fn outcome(shared: &Shared, approval: Approval) -> Result<Response<ProxyBody>, P
 
 /// This session's approval `id`; another session's is as unknown as a missing one.
 async fn lookup(
-    shared: &Shared,
+    plane: &DataPlane,
     principal: &Principal,
     id: &str,
 ) -> Result<Option<Approval>, ProxyError> {
-    let approval = shared.approvals.get(id).await.map_err(internal)?;
+    let approval = plane.approvals.get(id).await.map_err(internal)?;
     Ok(approval.filter(|a| a.session == principal.session_id))
 }
 
@@ -464,7 +459,7 @@ fn internal(e: crate::store::StoreError) -> ProxyError {
 /// Whether a request on the proxy listener is the agent asking for an approval's status:
 /// `GET /v1/approvals/<id>`, origin-form (sent directly) or absolute-form naming the
 /// proxy's own address (sent through it). Returns the id.
-pub fn status_request<B>(shared: &Shared, req: &Request<B>) -> Option<String> {
+pub fn status_request<B>(plane: &DataPlane, req: &Request<B>) -> Option<String> {
     let uri = req.uri();
     let own = match uri.authority() {
         None => uri.scheme().is_none(),
@@ -473,7 +468,7 @@ pub fn status_request<B>(shared: &Shared, req: &Request<B>) -> Option<String> {
                 && authority
                     .as_str()
                     .parse::<std::net::SocketAddr>()
-                    .is_ok_and(|a| a == shared.proxy_addr())
+                    .is_ok_and(|a| a == plane.proxy_addr())
         }
     };
     if !own {
@@ -487,7 +482,7 @@ pub fn status_request<B>(shared: &Shared, req: &Request<B>) -> Option<String> {
 /// (`Proxy-Authorization`), or with `Authorization: Bearer <session token>` when the agent
 /// calls the proxy directly (clients skip the proxy for its own address).
 pub async fn status(
-    shared: &Shared,
+    plane: &DataPlane,
     req: Request<hyper::body::Incoming>,
     id: &str,
     request_id: &str,
@@ -501,9 +496,9 @@ pub async fn status(
             headers.insert(PROXY_AUTHORIZATION, v);
         }
     }
-    let principal = crate::authenticate::principal(&shared.sessions, &headers)?;
+    let principal = crate::authenticate::principal(&plane.sessions, &headers)?;
     let wait = prefer_wait(req.headers());
-    let found = lookup(shared, &principal, id).await?;
+    let found = lookup(plane, &principal, id).await?;
     let Some(found) = found else {
         return Err(ProxyError::ApprovalMismatch {
             approval_id: id.to_owned(),
@@ -513,7 +508,7 @@ pub async fn status(
     let approval = if found.status.is_final() || wait.is_zero() {
         found
     } else {
-        shared
+        plane
             .approvals
             .wait(id, wait)
             .await
@@ -522,13 +517,13 @@ pub async fn status(
     };
     Ok(respond::json_response(
         StatusCode::OK,
-        &view(shared, &approval),
+        &view(plane, &approval),
         request_id,
     ))
 }
 
 /// An approval as the agent may see it (no other approvers' links, no headers).
-pub fn view(shared: &Shared, a: &Approval) -> serde_json::Value {
+pub fn view(plane: &DataPlane, a: &Approval) -> serde_json::Value {
     let response = a.result.as_ref().map(|r| {
         let mut out = json!({
             "status": r.status,
@@ -548,7 +543,7 @@ pub fn view(shared: &Shared, a: &Approval) -> serde_json::Value {
     json!({
         "approval_id": a.id,
         "status": a.status.as_str(),
-        "status_url": status_url(shared, &a.id),
+        "status_url": status_url(plane, &a.id),
         "created_at": rfc3339(a.created_ms),
         "expires_at": rfc3339(a.deadline_ms),
         "tool": a.observed.tool,

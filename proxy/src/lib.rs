@@ -1,28 +1,53 @@
 //! Ostiary: the authorization proxy between AI agents and everything they reach.
 //!
+//! Comments cite the contract as `docs/design.md §N` (the design restated in the repository);
+//! `docs/architecture.md` draws the crates, the phase order and this map.
+//!
 //! # Layout
 //! The request path, in the order a request meets it:
-//! - [`accept`] — the proxy listener; strict HTTP/1 framing ([`wire_guard`]), timeouts.
-//! - [`connect`] — `CONNECT`: destination checks, TLS interception with leaves minted by
-//!   [`tls::ca`], or uninspected relays ([`tunnel`]) for `egress.tunnel` hosts.
-//! - [`pipeline`] — the one function listing the phases:
-//!   [`authenticate`] → [`classify`] → [`recognise`] (catalogued REST tool calls and their
-//!   arguments; MCP JSON-RPC in [`mcp`]) → placeholders ([`inject::placeholders`]) →
-//!   [`evaluate`] → [`inject`] (brokered credentials: [`inject::credentials`]) → [`forward`]
-//!   → [`scrub`], with an [`audit`] guard around them.
-//! - [`egress`] — the SSRF guard every dial goes through ([`connector`]).
-//! - [`respond`] — the one place where refusals ([`error`]) become HTTP responses.
-//! - [`strict_json`] and [`path_forms`] — what the proxy decides on is what the upstream
-//!   runs: JSON that decoders read alike, paths in the one spelling that is forwarded (and
-//!   the spellings a lenient upstream would route elsewhere).
-//! - [`scrub`] — injected secrets redacted from upstream responses (headers, streamed bodies,
-//!   compressed bodies decoded first) before the agent sees them.
+//! - [`accept`] — the proxy listeners (TCP and the sandbox's Unix socket), header-read timeout.
+//! - [`wire_guard`] — strict HTTP/1 framing on the raw bytes, before hyper sees them.
+//! - [`reset_guard`] — HTTP/2 late-reset floods answered with GOAWAY.
+//! - [`connect`] — `CONNECT`: destination checks, then TLS interception or a relay.
+//! - [`tunnel`] — uninspected relays for `egress.tunnel` hosts; the splice WebSockets share.
+//! - [`tls`] — the interception CA and its leaves ([`tls::ca`]), the upstream client config.
+//! - [`pipeline`] — the phases in order, for a live request and for an approved one.
+//! - [`authenticate`] — phase `authenticate`: the session token → the principal.
+//! - [`classify`] — phase `classify`: scheme, canonical host, port, normalised path, query.
+//! - [`path_forms`] — the one spelling of a path, and those a lenient upstream routes elsewhere.
+//! - [`recognise`] — whether a request is a catalogued REST tool call, and its arguments.
+//! - [`mcp`] — MCP over Streamable HTTP: JSON-RPC parsed, decided and answered per message.
+//! - [`strict_json`] — JSON every decoder reads alike (duplicate or case-folded keys refused).
+//! - [`evaluate`] — phase `evaluate`: the Cedar decision and the port rule.
+//! - [`check`] — phase `check`: the tier's checks (`args_schema`, `dlp`, `webhook`) in budget.
+//! - [`escalate`] — phase `escalate`: hold for approval, collect the outcome, `status_url`.
+//! - [`inject`] — phase `inject`: the upstream request, brokered credentials, placeholders.
+//! - [`forward`] — phase `forward`: pooled upstream clients (ALPN, upgrades, mTLS).
+//! - [`connector`] — every upstream dial through the egress guard, then verified TLS.
+//! - [`egress`] — the egress (SSRF) guard: resolve once, check every address, dial that one.
+//! - [`scrub`] — the session's secrets redacted from upstream answers, in every encoding.
+//! - [`body`] — the one body type handed around: a boxed stream of `Bytes`.
+//! - [`error`] — the typed refusals and failures, one per row of docs/design.md §5.
+//! - [`respond`] — the one place where refusals become HTTP responses (and JSON-RPC errors).
+//! - [`audit`] — one record per decision from a guard; the HMAC chain; fails closed.
 //!
-//! Around it: [`policy_store`] (the policy set in force and its hot reload), [`session`]
-//! (tokens and live sessions), [`lifecycle`] (teardown and the lease reaper) with
-//! [`lease_journal`], [`control`] (the control API),
-//! [`metrics`], [`store`] (SQLite), [`state`] (the state directory), [`config`], [`server`]
-//! (assembly), [`cli`] (the `ostiary` command).
+//! Around it:
+//! - [`session`] — session tokens, the live registry, `spawn`, limits, the loop watchdog.
+//! - [`guardrails`] — budgets, rate limits, requests in flight, `Idempotency-Key`, pauses.
+//! - [`approvals`] — the durable approval queue, its channels, and running approvals once.
+//! - [`lifecycle`] — session teardown and the lease reaper (a session's end reaches the broker).
+//! - [`lease_journal`] — leases owed a revocation, journaled so a restart revokes them.
+//! - [`policy_store`] — the policy set in force and its hot reload.
+//! - [`control`] — the control API on its own listener.
+//! - [`metrics`] — Prometheus metrics; labels never name values.
+//! - [`ids`] — request and session ids.
+//! - [`store`] — the embedded SQLite database in the state directory.
+//! - [`state`] — the state directory: CA, admin token, keys, the database file.
+//! - [`config`] — `ostiary.toml`: one serde tree, unknown fields refused.
+//! - [`plane`] — the handles a running proxy hands its listeners (data plane, control plane).
+//! - [`server`] — assembling a running proxy and serving its listeners until shutdown.
+//! - [`cli`] — the `ostiary` command line.
+//! - [`sandbox`] — `ostiary run --sandbox`: the command's only way out is the proxy.
 #![forbid(unsafe_code)]
 
 pub mod accept;
@@ -51,10 +76,12 @@ pub mod mcp;
 pub mod metrics;
 pub mod path_forms;
 pub mod pipeline;
+pub mod plane;
 pub mod policy_store;
 pub mod recognise;
 pub mod reset_guard;
 pub mod respond;
+pub mod sandbox;
 pub mod scrub;
 pub mod server;
 pub mod session;

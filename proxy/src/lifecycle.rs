@@ -21,13 +21,31 @@ use std::time::Duration;
 
 use ostiary_broker::Revoked;
 
-use crate::audit::AuditGuard;
+use crate::approvals::ApprovalQueue;
+use crate::audit::{AuditGuard, AuditSink};
 use crate::classify::Tunnel;
+use crate::forward::Upstreams;
 use crate::guardrails::inflight::StreamTicket;
+use crate::guardrails::Guardrails;
 use crate::ids;
-use crate::server::Shared;
-use crate::session::Principal;
+use crate::inject::credentials::Credentials;
+use crate::metrics::Metrics;
+use crate::session::{Principal, SessionRegistry};
 use crate::tunnel::Ended;
+
+/// What ending a session touches: the registry that refuses it, its requests and streams,
+/// its approvals, its credentials and what was derived from them, its budget account, and
+/// the audit chain. Held by the control plane, the watchdog's desk and the reaper.
+#[derive(Debug, Clone)]
+pub struct Teardown {
+    pub sessions: Arc<SessionRegistry>,
+    pub guardrails: Arc<Guardrails>,
+    pub approvals: Arc<ApprovalQueue>,
+    pub credentials: Arc<Credentials>,
+    pub upstreams: Upstreams,
+    pub audit: AuditSink,
+    pub metrics: Arc<Metrics>,
+}
 
 /// A long-lived byte stream's tie to its session: [`StreamWatch::ended`] resolves when the
 /// session is torn down or expires, whichever comes first. Held for the stream's life.
@@ -52,14 +70,15 @@ const MAX_WATCH_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// Tie a stream of `principal`'s session to the session's life; `None` when the session is
 /// already over (refused or expired), and the stream must not start.
-pub fn watch_stream(shared: &Shared, principal: &Principal) -> Option<StreamWatch> {
+pub fn watch_stream(
+    guardrails: &Guardrails,
+    sessions: &SessionRegistry,
+    principal: &Principal,
+) -> Option<StreamWatch> {
     // Counted in before liveness is read: teardown refuses the session before it ends its
     // streams, so a stream either sees the refusal here or is ended by the teardown.
-    let ticket = shared
-        .guardrails
-        .inflight
-        .open_stream(&principal.session_id);
-    if !shared.sessions.is_live(&principal.session_id) {
+    let ticket = guardrails.inflight.open_stream(&principal.session_id);
+    if !sessions.is_live(&principal.session_id) {
         return None;
     }
     let left_ms = principal
@@ -77,9 +96,15 @@ pub fn watch_stream(shared: &Shared, principal: &Principal) -> Option<StreamWatc
 /// Record a stream the proxy cut (teardown, expiry, a byte budget spent): no HTTP exchange
 /// is left to answer, so the `stream` record is its only trace. `what` says which stream
 /// (`tunnel`, `websocket`); `at` is the session and destination it belonged to.
-pub fn record_cut(shared: &Shared, at: &Tunnel, what: &str, ended: Ended) {
+pub fn record_cut(
+    audit: &AuditSink,
+    metrics: &Arc<Metrics>,
+    at: &Tunnel,
+    what: &str,
+    ended: Ended,
+) {
     let request_id = ids::request_id();
-    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "stream");
+    let mut audit = AuditGuard::start(audit, metrics, &request_id, "stream");
     audit.update(|r| {
         r.set_tunnel(at);
         r.reason = Some(format!("{what} {ended}"));
@@ -91,219 +116,217 @@ pub fn record_cut(shared: &Shared, at: &Tunnel, what: &str, ended: Ended) {
     }
 }
 
-/// End the open streams of `session` (teardown, expiry), and say so in the log.
-fn end_streams(shared: &Shared, session: &str) {
-    let ended = shared.guardrails.inflight.end_streams(session);
-    if ended > 0 {
-        tracing::info!(
-            session,
-            streams = ended,
-            "session over: its open streams are closed"
-        );
-    }
-}
-
-/// Tear down `session` and its descendants: refuse them, drain their requests, end them.
-/// Returns whether `session` itself was live.
-pub async fn teardown(
-    shared: &Shared,
-    session: &str,
-    why: &str,
-) -> Result<bool, crate::session::SessionError> {
-    let descendants = shared.sessions.descendants(session);
-    let principal = shared.sessions.get(session);
-    // Refuse new requests of the whole tree before waiting for any of it.
-    for child in &descendants {
-        shared.sessions.revoke(&child.session_id).await?;
-    }
-    let was_live = shared.sessions.revoke(session).await?;
-    // Streams do not finish by themselves: they end now, with the session refused.
-    for child in &descendants {
-        end_streams(shared, &child.session_id);
-    }
-    end_streams(shared, session);
-    let child_why = format!("{why} (its parent {session} ended)");
-    let mut ending: Vec<(String, String, String, &str)> = descendants
-        .iter()
-        .map(|c| {
-            (
-                c.session_id.clone(),
-                c.agent.clone(),
-                c.tenant.clone(),
-                child_why.as_str(),
-            )
-        })
-        .collect();
-    // The broker side runs whatever the registry said: a session that expired but was not
-    // reaped yet still holds leases, and ending them twice is harmless.
-    let (agent, tenant) = principal
-        .as_ref()
-        .map(|p| (p.agent.clone(), p.tenant.clone()))
-        .unwrap_or_default();
-    ending.push((session.to_owned(), agent, tenant, why));
-    let grace = shared.guardrails.grace();
-    futures_util::future::join_all(ending.iter().map(|(id, _, _, _)| async move {
-        let drained = shared.guardrails.inflight.drain(id, grace).await;
-        if drained.cancelled > 0 {
-            tracing::warn!(session = %id, cancelled = drained.cancelled, "teardown cancelled requests still running after the grace period");
+impl Teardown {
+    /// End the open streams of `session` (teardown, expiry), and say so in the log.
+    fn end_streams(&self, session: &str) {
+        let ended = self.guardrails.inflight.end_streams(session);
+        if ended > 0 {
+            tracing::info!(
+                session,
+                streams = ended,
+                "session over: its open streams are closed"
+            );
         }
-    }))
-    .await;
-    // Deepest first, so each child's unused budget is back with its parent when the
-    // parent's totals are recorded.
-    for (id, agent, tenant, why) in &ending {
-        end_session(shared, id, agent, tenant, why).await;
     }
-    Ok(was_live)
-}
 
-/// End a session's credentials and record it. The registry side (refusing the session) is
-/// the caller's: teardown revokes first, expiry has already happened.
-pub async fn end_session(shared: &Shared, session: &str, agent: &str, tenant: &str, why: &str) {
-    // Its approvals first: none of them could run any more (execution re-checks the
-    // session), so approvers are not asked about them again.
-    let queue = &shared.approvals;
-    let owner = session.to_owned();
-    match queue
-        .store
-        .call(move |s| s.expire_session(&owner, crate::store::now_ms()))
-        .await
-    {
-        Ok(expired) => {
-            for approval in &expired {
-                queue.record(
-                    approval,
-                    "expired",
-                    "deny",
-                    Some("approval_expired"),
-                    format!("the session ended ({why}) before anyone decided"),
-                    None,
-                );
-            }
-            if !expired.is_empty() {
-                queue.flush_audit().await;
-            }
+    /// Tear down `session` and its descendants: refuse them, drain their requests, end them.
+    /// Returns whether `session` itself was live.
+    pub async fn tear_down(
+        &self,
+        session: &str,
+        why: &str,
+    ) -> Result<bool, crate::session::SessionError> {
+        let descendants = self.sessions.descendants(session);
+        let principal = self.sessions.get(session);
+        // Refuse new requests of the whole tree before waiting for any of it.
+        for child in &descendants {
+            self.sessions.revoke(&child.session_id).await?;
         }
-        Err(e) => tracing::error!(session, error = %e, "expiring a session's approvals failed"),
+        let was_live = self.sessions.revoke(session).await?;
+        // Streams do not finish by themselves: they end now, with the session refused.
+        for child in &descendants {
+            self.end_streams(&child.session_id);
+        }
+        self.end_streams(session);
+        let child_why = format!("{why} (its parent {session} ended)");
+        let mut ending: Vec<(String, String, String, &str)> = descendants
+            .iter()
+            .map(|c| {
+                (
+                    c.session_id.clone(),
+                    c.agent.clone(),
+                    c.tenant.clone(),
+                    child_why.as_str(),
+                )
+            })
+            .collect();
+        // The broker side runs whatever the registry said: a session that expired but was not
+        // reaped yet still holds leases, and ending them twice is harmless.
+        let (agent, tenant) = principal
+            .as_ref()
+            .map(|p| (p.agent.clone(), p.tenant.clone()))
+            .unwrap_or_default();
+        ending.push((session.to_owned(), agent, tenant, why));
+        let grace = self.guardrails.grace();
+        futures_util::future::join_all(ending.iter().map(|(id, _, _, _)| async move {
+            let drained = self.guardrails.inflight.drain(id, grace).await;
+            if drained.cancelled > 0 {
+                tracing::warn!(session = %id, cancelled = drained.cancelled, "teardown cancelled requests still running after the grace period");
+            }
+        }))
+        .await;
+        // Deepest first, so each child's unused budget is back with its parent when the
+        // parent's totals are recorded.
+        for (id, agent, tenant, why) in &ending {
+            self.end_session(id, agent, tenant, why).await;
+        }
+        Ok(was_live)
     }
-    let report = shared.credentials.broker.end_session(session).await;
-    for id in &report.dropped {
-        shared.upstreams.forget(*id);
-    }
-    shared.credentials.forget(&report.dropped);
-    shared.metrics.revoked(&report);
-    // A paused session that ends is resolved as terminated.
-    if shared.guardrails.clear_paused(session) {
-        let owned = session.to_owned();
-        if let Err(e) = shared
-            .guardrails
+
+    /// End a session's credentials and record it. The registry side (refusing the session) is
+    /// the caller's: teardown revokes first, expiry has already happened.
+    pub async fn end_session(&self, session: &str, agent: &str, tenant: &str, why: &str) {
+        // Its approvals first: none of them could run any more (execution re-checks the
+        // session), so approvers are not asked about them again.
+        let queue = &self.approvals;
+        let owner = session.to_owned();
+        match queue
             .store
-            .call(move |s| s.unpause(&owned, "terminated"))
+            .call(move |s| s.expire_session(&owner, crate::store::now_ms()))
             .await
         {
-            tracing::error!(session, error = %e, "resolving a paused session's dead letter failed");
-        }
-    }
-    let totals = shared.guardrails.close(session).await;
-    record(shared, Some((session, agent, tenant)), why, &report, totals);
-    update_gauges(shared);
-}
-
-/// Run the reaper until `shutdown`: end expired sessions, revoke leases that reached their
-/// end, retry quarantined revocations.
-pub async fn reap(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
-    let interval = shared.config.broker.reap_interval;
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            _ = ticker.tick() => {}
-        }
-        for principal in shared.sessions.take_expired() {
-            // Each stream's watch has its own timer at the session's expiry; this catches
-            // any that a clock step made miss it.
-            end_streams(&shared, &principal.session_id);
-            let grace = shared.guardrails.grace();
-            shared
-                .guardrails
-                .inflight
-                .drain(&principal.session_id, grace)
-                .await;
-            end_session(
-                &shared,
-                &principal.session_id,
-                &principal.agent,
-                &principal.tenant,
-                "session expired",
-            )
-            .await;
-        }
-        shared.guardrails.save().await;
-        shared.guardrails.rate.sweep(std::time::Instant::now());
-        let report = shared.credentials.broker.reap().await;
-        if !report.revoked.is_empty() || !report.quarantined.is_empty() {
-            shared.metrics.revoked(&report);
-            record(&shared, None, "leases reaped", &report, None);
-        }
-        update_gauges(&shared);
-    }
-}
-
-fn update_gauges(shared: &Shared) {
-    let broker = &shared.credentials.broker;
-    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-    shared
-        .metrics
-        .quarantined_leases
-        .set(gauge(broker.quarantined().len()));
-    shared.metrics.live_leases.set(gauge(broker.live_leases()));
-}
-
-/// One `session` record for the teardown, one `lease` record per failed revocation (each
-/// names its lease, so an operator can finish the job by hand if Vault never comes back).
-fn record(
-    shared: &Shared,
-    who: Option<(&str, &str, &str)>,
-    why: &str,
-    report: &Revoked,
-    totals: Option<crate::guardrails::meter::Account>,
-) {
-    let request_id = ids::request_id();
-    if let Some((session, agent, tenant)) = who {
-        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "session");
-        audit.update(|r| {
-            r.session = Some(session.to_owned());
-            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
-            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
-            r.reason = Some(why.to_owned());
-            r.totals = totals.as_ref().map(|a| a.usage);
-            r.parent = totals.as_ref().and_then(|a| a.parent.clone());
-            r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
-            r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
-        });
-        audit.allow(0);
-    } else if !report.revoked.is_empty() {
-        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "lease");
-        audit.update(|r| {
-            r.reason = Some(why.to_owned());
-            r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
-            r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
-        });
-        audit.allow(0);
-    }
-    for (binding, lease, error) in &report.quarantined {
-        tracing::warn!(credential = %binding, lease, error, "lease revocation failed; quarantined");
-        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "lease");
-        audit.update(|r| {
-            if let Some((session, _, _)) = who {
-                r.session = Some(session.to_owned());
+            Ok(expired) => {
+                for approval in &expired {
+                    queue.record(
+                        approval,
+                        "expired",
+                        "deny",
+                        Some("approval_expired"),
+                        format!("the session ended ({why}) before anyone decided"),
+                        None,
+                    );
+                }
+                if !expired.is_empty() {
+                    queue.flush_audit().await;
+                }
             }
-            r.reason = Some(format!("revocation failed, quarantined: {error}"));
-            r.credentials = vec![binding.clone()];
-            r.leases = vec![lease.clone()];
-        });
-        audit.event("error", Some("revocation_failed"));
+            Err(e) => tracing::error!(session, error = %e, "expiring a session's approvals failed"),
+        }
+        let report = self.credentials.broker.end_session(session).await;
+        for id in &report.dropped {
+            self.upstreams.forget(*id);
+        }
+        self.credentials.forget(&report.dropped);
+        self.metrics.revoked(&report);
+        // A paused session that ends is resolved as terminated.
+        if self.guardrails.clear_paused(session) {
+            let owned = session.to_owned();
+            if let Err(e) = self
+                .guardrails
+                .store
+                .call(move |s| s.unpause(&owned, "terminated"))
+                .await
+            {
+                tracing::error!(session, error = %e, "resolving a paused session's dead letter failed");
+            }
+        }
+        let totals = self.guardrails.close(session).await;
+        self.record(Some((session, agent, tenant)), why, &report, totals);
+        self.update_gauges();
+    }
+
+    /// Run the reaper until `shutdown`: end expired sessions, revoke leases that reached their
+    /// end, retry quarantined revocations.
+    pub async fn reap(self, interval: Duration, shutdown: impl Future<Output = ()>) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = ticker.tick() => {}
+            }
+            for principal in self.sessions.take_expired() {
+                // Each stream's watch has its own timer at the session's expiry; this catches
+                // any that a clock step made miss it.
+                self.end_streams(&principal.session_id);
+                let grace = self.guardrails.grace();
+                self.guardrails
+                    .inflight
+                    .drain(&principal.session_id, grace)
+                    .await;
+                self.end_session(
+                    &principal.session_id,
+                    &principal.agent,
+                    &principal.tenant,
+                    "session expired",
+                )
+                .await;
+            }
+            self.guardrails.save().await;
+            self.guardrails.rate.sweep(std::time::Instant::now());
+            let report = self.credentials.broker.reap().await;
+            if !report.revoked.is_empty() || !report.quarantined.is_empty() {
+                self.metrics.revoked(&report);
+                self.record(None, "leases reaped", &report, None);
+            }
+            self.update_gauges();
+        }
+    }
+
+    fn update_gauges(&self) {
+        let broker = &self.credentials.broker;
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.metrics
+            .quarantined_leases
+            .set(gauge(broker.quarantined().len()));
+        self.metrics.live_leases.set(gauge(broker.live_leases()));
+    }
+
+    /// One `session` record for the teardown, one `lease` record per failed revocation (each
+    /// names its lease, so an operator can finish the job by hand if Vault never comes back).
+    fn record(
+        &self,
+        who: Option<(&str, &str, &str)>,
+        why: &str,
+        report: &Revoked,
+        totals: Option<crate::guardrails::meter::Account>,
+    ) {
+        let request_id = ids::request_id();
+        if let Some((session, agent, tenant)) = who {
+            let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "session");
+            audit.update(|r| {
+                r.session = Some(session.to_owned());
+                r.agent = (!agent.is_empty()).then(|| agent.to_owned());
+                r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
+                r.reason = Some(why.to_owned());
+                r.totals = totals.as_ref().map(|a| a.usage);
+                r.parent = totals.as_ref().and_then(|a| a.parent.clone());
+                r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
+                r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
+            });
+            audit.allow(0);
+        } else if !report.revoked.is_empty() {
+            let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "lease");
+            audit.update(|r| {
+                r.reason = Some(why.to_owned());
+                r.credentials = report.revoked.iter().map(|(b, _)| b.clone()).collect();
+                r.leases = report.revoked.iter().map(|(_, l)| l.clone()).collect();
+            });
+            audit.allow(0);
+        }
+        for (binding, lease, error) in &report.quarantined {
+            tracing::warn!(credential = %binding, lease, error, "lease revocation failed; quarantined");
+            let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "lease");
+            audit.update(|r| {
+                if let Some((session, _, _)) = who {
+                    r.session = Some(session.to_owned());
+                }
+                r.reason = Some(format!("revocation failed, quarantined: {error}"));
+                r.credentials = vec![binding.clone()];
+                r.leases = vec![lease.clone()];
+            });
+            audit.event("error", Some("revocation_failed"));
+        }
     }
 }

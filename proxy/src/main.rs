@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let mut filter =
         EnvFilter::try_from_env("OSTIARY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // The Vault client's libraries log requests and responses at debug/trace, which may
@@ -27,12 +26,28 @@ async fn main() -> ExitCode {
         builder.init();
     }
     let cli = ostiary::cli::Cli::parse();
-    match ostiary::cli::run(cli).await {
-        Ok(code) => code,
-        Err(e) => {
-            let e = anyhow::Error::from(e);
-            eprintln!("ostiary: {e:#}");
-            ExitCode::from(2)
-        }
+    // The sandbox's stages run before any runtime exists (see `run_stage`).
+    if cli.command.is_sandbox_stage() {
+        return ostiary::cli::run_stage(cli.command);
     }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("ostiary: starting the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    runtime.block_on(async {
+        match ostiary::cli::run(cli).await {
+            Ok(code) => code,
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                eprintln!("ostiary: {e:#}");
+                ExitCode::from(2)
+            }
+        }
+    })
 }

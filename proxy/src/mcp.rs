@@ -1,4 +1,4 @@
-//! MCP over Streamable HTTP (DESIGN §4, §5): JSON-RPC to a catalogued MCP endpoint.
+//! MCP over Streamable HTTP (docs/design.md §4, §5): JSON-RPC to a catalogued MCP endpoint.
 //!
 //! An endpoint is catalogued when some `[[tool]]` has `match = { mcp = "<url>", tool }`; a
 //! request is *to* it when its scheme, host, port and path equal the URL's, the path up to a
@@ -304,6 +304,8 @@ pub struct Asker<'a> {
     pub target: &'a Target,
     /// `context.session`: what the session used before this request.
     pub session: &'a SessionState,
+    /// The approver of a held call being executed (`context.approval`); `None` live.
+    pub approval: Option<&'a str>,
 }
 
 impl Asker<'_> {

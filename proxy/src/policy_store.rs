@@ -1,4 +1,5 @@
-//! The live policy set and its hot reload (DESIGN §8: the policy directory is hot-reloaded).
+//! The live policy set and its hot reload (docs/design.md §8: the policy directory is
+//! hot-reloaded).
 //!
 //! Requests take the current set once ([`PolicyStore::current`], an `Arc`) and are decided
 //! under it to the end, so a reload never changes the rules under a request already running:
@@ -18,10 +19,22 @@ use std::time::{Duration, SystemTime};
 
 use ostiary_policies::{LoadError, PolicyEngine};
 
-use crate::audit::AuditGuard;
+use crate::audit::{AuditGuard, AuditSink};
+use crate::check::Checks;
 use crate::config::{self, DEFAULT_POLICY_DIR};
 use crate::ids;
-use crate::server::Shared;
+use crate::metrics::Metrics;
+
+/// What a reload touches: the set it swaps, the checks that compile the new catalog's
+/// schemas, and where the outcome is counted and recorded. Held by the control plane, the
+/// directory watch and the `SIGHUP` handler.
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    pub policies: Arc<PolicyStore>,
+    pub checks: Arc<Checks>,
+    pub audit: AuditSink,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Build a policy set from the `[policy]` config: every `*.cedar` file of `policy.dir`,
 /// strictly validated — or the embedded library (policies and tool catalog) when `dir` is the
@@ -181,6 +194,11 @@ impl PolicyStore {
     }
 
     /// How often the watcher polls; zero turns it off.
+    /// The configured policy directory (for log lines; it may be absent: embedded library).
+    pub fn dir(&self) -> &Path {
+        &self.config.dir
+    }
+
     pub fn watch_interval(&self) -> Duration {
         self.config.watch_interval
     }
@@ -229,38 +247,40 @@ fn watched(config: &config::Policy) -> Option<&Path> {
 
 /// Reload the set and record the outcome: a log line, the reload metrics and an audit record
 /// of kind `policy`. Every trigger goes through here. Blocking; see [`reload`].
-pub fn reload_recorded(shared: &Shared, trigger: Trigger) -> Result<ReloadReport, LoadError> {
+pub fn reload_recorded(reloader: &Reloader, trigger: Trigger) -> Result<ReloadReport, LoadError> {
     let request_id = ids::request_id();
     // Started first so that the record's duration is the reload's.
-    let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "policy");
-    let result = shared.policies.reload();
+    let mut audit = AuditGuard::start(&reloader.audit, &reloader.metrics, &request_id, "policy");
+    let result = reloader.policies.reload();
     match &result {
         Ok(report) => {
             tracing::info!(
                 %trigger,
                 policies = report.policies,
                 generation = report.generation,
-                dir = %shared.config.policy.dir.display(),
+                dir = %reloader.policies.dir().display(),
                 "policy set reloaded"
             );
-            shared.metrics.policy_reloaded(true, report.generation);
+            reloader.metrics.policy_reloaded(true, report.generation);
             // The new catalog's schemas are compiled now, not inside a request's budget.
-            shared.checks.prepare(shared.policies.current().catalog());
+            reloader
+                .checks
+                .prepare(reloader.policies.current().catalog());
             audit.update(|r| {
                 r.reason = Some(format!("policy set reloaded: {} policies", report.policies))
             });
             audit.event("allow", None);
         }
         Err(e) => {
-            let generation = shared.policies.generation();
+            let generation = reloader.policies.generation();
             tracing::error!(
                 %trigger,
                 error = %e,
                 generation,
-                dir = %shared.config.policy.dir.display(),
+                dir = %reloader.policies.dir().display(),
                 "policy reload failed; the last good set stays in force"
             );
-            shared.metrics.policy_reloaded(false, generation);
+            reloader.metrics.policy_reloaded(false, generation);
             audit.update(|r| r.reason = Some(e.to_string()));
             audit.event("error", Some("policy_invalid"));
         }
@@ -269,8 +289,8 @@ pub fn reload_recorded(shared: &Shared, trigger: Trigger) -> Result<ReloadReport
 }
 
 /// [`reload_recorded`] on a blocking thread, for async callers (control API, signal handler).
-pub async fn reload(shared: Arc<Shared>, trigger: Trigger) -> Result<ReloadReport, ReloadError> {
-    Ok(tokio::task::spawn_blocking(move || reload_recorded(&shared, trigger)).await??)
+pub async fn reload(reloader: Reloader, trigger: Trigger) -> Result<ReloadReport, ReloadError> {
+    Ok(tokio::task::spawn_blocking(move || reload_recorded(&reloader, trigger)).await??)
 }
 
 /// Poll the policy directory every `watch_interval` and reload when it changed, until `stop`
@@ -278,9 +298,9 @@ pub async fn reload(shared: Arc<Shared>, trigger: Trigger) -> Result<ReloadRepor
 ///
 /// Polling rather than inotify: no extra crate, and it works the same on every file system
 /// (network mounts, container volumes, editors that replace files by rename).
-pub async fn watch(shared: Arc<Shared>, stop: impl std::future::Future<Output = ()>) {
-    let interval = shared.policies.watch_interval();
-    let Some(dir) = shared.policies.watched_dir() else {
+pub async fn watch(reloader: Reloader, stop: impl std::future::Future<Output = ()>) {
+    let interval = reloader.policies.watch_interval();
+    let Some(dir) = reloader.policies.watched_dir() else {
         return;
     };
     if interval.is_zero() {
@@ -294,11 +314,11 @@ pub async fn watch(shared: Arc<Shared>, stop: impl std::future::Future<Output = 
         tokio::select! {
             () = &mut stop => break,
             _ = ticks.tick() => {
-                let shared = shared.clone();
+                let reloader = reloader.clone();
                 let polled = tokio::task::spawn_blocking(move || {
-                    if shared.policies.changed_on_disk() {
+                    if reloader.policies.changed_on_disk() {
                         // The outcome is logged, counted and audited inside.
-                        let _ = reload_recorded(&shared, Trigger::Watch);
+                        let _ = reload_recorded(&reloader, Trigger::Watch);
                     }
                 })
                 .await;

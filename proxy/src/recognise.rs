@@ -1,5 +1,5 @@
 //! Phase `recognise`: whether a classified request is a call of a catalogued REST tool, and
-//! if it is, its arguments (DESIGN §4).
+//! if it is, its arguments (docs/design.md §4).
 //!
 //! A request is a call of the first `[[tool]]` in `tools.toml` (file order) whose REST route
 //! matches: the route's host equals the canonical target host, its method equals the

@@ -1,7 +1,7 @@
 //! The one place where outcomes become HTTP responses (linkerd's `errors/respond.rs`).
 //!
 //! Every response Ostiary itself produces carries `Ostiary-Request-Id` and a JSON body
-//! `{"error", "message", "request_id", ...details}` as in DESIGN §5. Nothing else in the
+//! `{"error", "message", "request_id", ...details}` as in docs/design.md §5. Nothing else in the
 //! crate picks a status code for an error.
 
 use http::header::{HeaderValue, CONTENT_TYPE, PROXY_AUTHENTICATE};
@@ -56,12 +56,12 @@ pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
     response
 }
 
-/// The status DESIGN §5 gives `err` (for listeners that answer with their own envelope).
+/// The status docs/design.md §5 gives `err` (for listeners that answer with their own envelope).
 pub fn status(err: &ProxyError) -> StatusCode {
     describe(err).0
 }
 
-/// The JSON body of DESIGN §5 for `err`: `{"error", "message", "request_id", ...details}`.
+/// The JSON body of docs/design.md §5 for `err`: `{"error", "message", "request_id", ...details}`.
 pub fn error_body(err: &ProxyError, request_id: &str) -> Value {
     let (_, message, details) = describe(err);
     let mut body = Map::new();
@@ -74,7 +74,7 @@ pub fn error_body(err: &ProxyError, request_id: &str) -> Value {
     Value::Object(body)
 }
 
-/// JSON-RPC error code of a refused MCP call held for approval (DESIGN §5).
+/// JSON-RPC error code of a refused MCP call held for approval (docs/design.md §5).
 pub const JSONRPC_APPROVAL_PENDING: i64 = -32002;
 /// JSON-RPC error code of a refused MCP call: denials, limits and failed checks.
 pub const JSONRPC_REFUSED: i64 = -32001;

@@ -1,39 +1,44 @@
 //! Assembling a running proxy: state directory, policies, store, sessions, guard, pools,
-//! audit writer — and serving the two listeners until shutdown.
+//! audit writer — wired into the two planes' handles ([`crate::plane`]) and the background
+//! tasks' own — and serving the two listeners until shutdown.
 //!
 //! Servers take bound listeners and a shutdown future (tests bind port 0); nothing here
 //! binds a socket by itself.
 
-use std::collections::HashSet;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use http::Request;
 
 use ostiary_policies::PolicyEngine;
 use tokio::net::TcpListener;
 
+use crate::approvals::execute::Answered;
 use crate::approvals::link::LinkSigner;
 use crate::approvals::notify::Notifier;
 use crate::approvals::store::ApprovalStore;
-use crate::approvals::ApprovalQueue;
-use crate::audit::{AuditGuard, AuditSink, AuditWriter};
+use crate::approvals::{ApprovalQueue, Approved, Executor, Runner};
+use crate::audit::{AuditGuard, AuditWriter};
+use crate::body::ProxyBody;
 use crate::check::Checks;
-use crate::classify::Tunnel;
+use crate::classify::Origin;
 use crate::config::Config;
-use crate::egress::address::Host;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
+use crate::guardrails::pause::{Desk, TripQueue, Trips};
 use crate::guardrails::store::GuardStore;
 use crate::guardrails::Guardrails;
 use crate::inject::credentials::Credentials;
 use crate::lease_journal::{self, SqliteJournal};
+use crate::lifecycle::Teardown;
 use crate::metrics::Metrics;
-use crate::policy_store::{self, PolicyStore};
-use crate::session::{SessionRegistry, TokenKeys};
-use crate::state::{files, SecretString, StateDir};
+use crate::plane::{ControlPlane, DataPlane, ProxyAddr};
+use crate::policy_store::{self, PolicyStore, Reloader};
+use crate::session::{Principal, SessionRegistry, TokenKeys};
+use crate::state::{files, StateDir};
 use crate::tls::ca::LeafMinter;
-use crate::{accept, approvals, control, ids, lifecycle, store, tls};
+use crate::{accept, approvals, control, store, tls};
 use ostiary_broker::vault::VaultClient;
 use ostiary_broker::Broker;
 
@@ -83,85 +88,14 @@ impl Default for Options {
     }
 }
 
-/// Everything the request path shares.
-#[derive(Debug)]
-pub struct Shared {
-    pub config: Config,
-    /// The policy set in force; requests take [`PolicyStore::current`] once.
-    pub policies: PolicyStore,
-    pub sessions: SessionRegistry,
-    pub guard: Arc<Guard>,
-    pub upstreams: Upstreams,
-    /// The credential broker and what the proxy derives from its credentials.
-    pub credentials: Credentials,
-    /// Requests held for a human.
-    pub approvals: ApprovalQueue,
-    /// The tier checks.
-    pub checks: Checks,
-    /// Session budgets, rate limits, the loop watchdog, idempotency, in-flight requests.
-    pub guardrails: Guardrails,
-    pub minter: LeafMinter,
-    pub audit: AuditSink,
-    pub metrics: Arc<Metrics>,
-    pub ca_pem: String,
-    pub admin_token: SecretString,
-    pub db_path: PathBuf,
-    tunnel_hosts: HashSet<Host>,
-    proxy_addr: OnceLock<SocketAddr>,
-}
-
-impl Shared {
-    /// Whether CONNECTs to `host` are relayed uninspected.
-    pub fn is_tunnel_host(&self, host: &Host) -> bool {
-        self.tunnel_hosts.contains(host)
-    }
-
-    /// The proxy listener's address as bound (the configured one before `serve`).
-    pub fn proxy_addr(&self) -> SocketAddr {
-        self.proxy_addr
-            .get()
-            .copied()
-            .unwrap_or(self.config.listen.proxy)
-    }
-
-    /// The proxy URL an agent uses, with its token as the password.
-    pub fn proxy_url(&self, token: &str) -> String {
-        format!("http://agent:{token}@{}", self.proxy_addr())
-    }
-
-    /// Record a tunnel cut off after CONNECT was accepted (TLS or SNI refused): there is no
-    /// HTTP exchange left to answer, so the audit record is the only trace. `kind` is `tls`
-    /// for intercepted tunnels and `tunnel` for uninspected ones.
-    pub fn refuse_tunnel(&self, tunnel: &Tunnel, kind: &str, reason: String) {
-        let request_id = ids::request_id();
-        let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, kind);
-        audit.update(|r| r.set_tunnel(tunnel));
-        tracing::info!(request_id, host = %tunnel.host, kind, reason, "tunnel refused");
-        audit.refuse(&crate::error::ProxyError::bad_request(reason), 0);
-    }
-
-    /// Record a session lifecycle event in the audit chain.
-    pub fn audit_session_event(&self, session: &str, agent: &str, tenant: &str, what: &str) {
-        let request_id = ids::request_id();
-        let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "session");
-        audit.update(|r| {
-            r.session = Some(session.to_owned());
-            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
-            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
-            r.reason = Some(what.to_owned());
-        });
-        audit.allow(0);
-    }
-}
-
 /// Log in to Vault if start-up could not (retrying with backoff), then keep the token
 /// alive, until `shutdown`.
 async fn vault_session(
-    shared: Arc<Shared>,
+    credentials: Arc<Credentials>,
     config: ostiary_broker::vault::VaultConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    let broker = &shared.credentials.broker;
+    let broker = &credentials.broker;
     tokio::pin!(shutdown);
     let mut wait = std::time::Duration::from_secs(1);
     while broker.awaits_vault() {
@@ -185,11 +119,71 @@ async fn vault_session(
     }
 }
 
+/// Runs an approved request through the data plane's phases; resumes a paused session
+/// through the watchdog's desk (the two things an approval can execute).
+#[derive(Debug)]
+struct Execution {
+    plane: Arc<DataPlane>,
+    desk: Desk,
+}
+
+impl Runner for Execution {
+    fn run<'a>(
+        &'a self,
+        approved: Approved,
+        principal: Arc<Principal>,
+        held: (Origin, Request<ProxyBody>),
+        audit: &'a mut AuditGuard,
+    ) -> BoxFuture<'a, Answered> {
+        Box::pin(crate::pipeline::execute(
+            &self.plane,
+            approved,
+            principal,
+            held,
+            audit,
+        ))
+    }
+
+    fn resume<'a>(
+        &'a self,
+        session: &'a str,
+        by: &'a str,
+    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>> {
+        Box::pin(self.desk.resume(session, by))
+    }
+}
+
 /// A built proxy, ready to serve.
 #[derive(Debug)]
 pub struct Ostiary {
-    shared: Arc<Shared>,
+    data: Arc<DataPlane>,
+    control: Arc<ControlPlane>,
+    /// The watchdog's desk and its queue of trips, served with the listeners.
+    desk: (Desk, TripQueue),
     writer: AuditWriter,
+    /// The proxy's Unix socket, when one was bound ([`Ostiary::with_unix`]).
+    unix: Option<tokio::net::UnixListener>,
+}
+
+/// Bind the proxy's Unix socket at `path`: a socket file left by a proxy that is gone is
+/// replaced (one that still answers is not: two proxies must not share a state directory),
+/// and the socket is made connectable by any uid (`0666`), because sandboxes reach it as
+/// uids of their own; who can reach the path at all is decided by its directory (the state
+/// directory is `0700`).
+pub async fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is served by another running proxy", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
 }
 
 /// Load the policy set as the server would (the policy directory, or the embedded library
@@ -317,32 +311,103 @@ impl Ostiary {
                 }
             })
             .collect();
-        let shared = Arc::new(Shared {
-            policies,
-            sessions,
+        let config = Arc::new(config);
+        let policies = Arc::new(policies);
+        let sessions = Arc::new(sessions);
+        let credentials = Arc::new(credentials);
+        let approvals = Arc::new(approvals);
+        let checks = Arc::new(checks);
+        let guardrails = Arc::new(guardrails);
+        let proxy_addr = ProxyAddr::new(config.listen.proxy);
+        let (trips, trip_queue) = Trips::channel();
+        let desk = Desk {
+            guardrails: guardrails.clone(),
+            sessions: sessions.clone(),
+            approvals: approvals.clone(),
+            policies: policies.clone(),
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        };
+        let data = Arc::new(DataPlane {
+            config: config.clone(),
+            policies: policies.clone(),
+            sessions: sessions.clone(),
             guard,
-            upstreams,
-            credentials,
-            approvals,
-            checks,
-            guardrails,
+            upstreams: upstreams.clone(),
+            credentials: credentials.clone(),
+            approvals: approvals.clone(),
+            checks: checks.clone(),
+            guardrails: guardrails.clone(),
+            trips,
             minter,
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+            ca_pem: state.ca_cert_pem.clone(),
+            tunnel_hosts,
+            proxy_addr: proxy_addr.clone(),
+        });
+        let executor = Executor {
+            queue: approvals.clone(),
+            sessions: sessions.clone(),
+            runner: Arc::new(Execution {
+                plane: data.clone(),
+                desk: desk.clone(),
+            }),
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        };
+        let teardown = Teardown {
+            sessions: sessions.clone(),
+            guardrails: guardrails.clone(),
+            approvals: approvals.clone(),
+            credentials: credentials.clone(),
+            upstreams,
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        };
+        let reloader = Reloader {
+            policies,
+            checks,
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        };
+        let control = Arc::new(ControlPlane {
+            config,
+            sessions,
+            approvals,
+            guardrails,
+            credentials,
+            teardown,
+            executor,
+            desk: desk.clone(),
+            reloader,
             audit,
             metrics,
             ca_pem: state.ca_cert_pem.clone(),
             admin_token: state.admin_token.clone(),
             db_path,
-            tunnel_hosts,
-            proxy_addr: OnceLock::new(),
-            config,
+            proxy_addr,
         });
-        Ok(Self { shared, writer })
+        Ok(Self {
+            data,
+            control,
+            desk: (desk, trip_queue),
+            writer,
+            unix: None,
+        })
     }
 
-    /// What the request path shares (the admin token among it: `OSTIARY_ADMIN_TOKEN`, or
-    /// the state directory's).
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// The control plane's handle: the config, the admin token (`OSTIARY_ADMIN_TOKEN`, or
+    /// the state directory's), the CA, the database path, the reloader.
+    pub fn control_plane(&self) -> &Arc<ControlPlane> {
+        &self.control
+    }
+
+    /// Serve the proxy on `listener` too, a Unix socket (`listen.proxy_unix`, see
+    /// [`bind_unix`]): the one way out of a sandbox.
+    pub fn with_unix(mut self, listener: tokio::net::UnixListener) -> Self {
+        self.unix = Some(listener);
+        self
     }
 
     /// Serve both listeners until `shutdown` resolves; then drain and flush the audit chain.
@@ -352,16 +417,21 @@ impl Ostiary {
         control: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
+        let Ostiary {
+            data,
+            control: plane,
+            desk: (desk, trip_queue),
+            writer,
+            unix,
+        } = self;
         let proxy_addr = proxy.local_addr()?;
         let control_addr = control.local_addr()?;
-        let _ = self.shared.proxy_addr.set(proxy_addr);
-        self.shared.approvals.set_control_addr(control_addr);
+        data.proxy_addr.bind(proxy_addr);
+        plane.approvals.set_control_addr(control_addr);
         // Before the listeners: an execution a crash interrupted is back in the queue
         // before anyone can look at it.
-        approvals::sweep::recover(&self.shared).await;
-        self.shared
-            .guard
-            .set_own_listeners(vec![proxy_addr, control_addr]);
+        approvals::sweep::recover(&plane.approvals).await;
+        data.guard.set_own_listeners(vec![proxy_addr, control_addr]);
         tracing::info!(%proxy_addr, %control_addr, "ostiary serving");
 
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -370,46 +440,56 @@ impl Ostiary {
         };
         let proxy_task = tokio::spawn(accept::serve(
             proxy,
-            self.shared.clone(),
+            unix,
+            data.clone(),
             stopped(stop_rx.clone()),
         ));
         let control_task = tokio::spawn(control::serve(
             control,
-            self.shared.clone(),
+            plane.clone(),
             stopped(stop_rx.clone()),
         ));
+        let desk_task = tokio::spawn(desk.serve(trip_queue, stopped(stop_rx.clone())));
         let watch_task = tokio::spawn(policy_store::watch(
-            self.shared.clone(),
+            plane.reloader.clone(),
             stopped(stop_rx.clone()),
         ));
         let sweep_task = tokio::spawn(approvals::sweep::run(
-            self.shared.clone(),
+            plane.executor.clone(),
             stopped(stop_rx.clone()),
         ));
-        let reap_task = tokio::spawn(lifecycle::reap(
-            self.shared.clone(),
-            stopped(stop_rx.clone()),
-        ));
-        let vault_task = self.shared.config.broker.vault.clone().map(|config| {
+        let reap_task = tokio::spawn(
+            plane
+                .teardown
+                .clone()
+                .reap(plane.config.broker.reap_interval, stopped(stop_rx.clone())),
+        );
+        let vault_task = plane.config.broker.vault.clone().map(|config| {
             tokio::spawn(vault_session(
-                self.shared.clone(),
+                data.credentials.clone(),
                 config,
                 stopped(stop_rx.clone()),
             ))
         });
         shutdown.await;
         let _ = stop_tx.send(true);
-        let _ = tokio::join!(proxy_task, control_task, watch_task, reap_task, sweep_task);
+        let _ = tokio::join!(
+            proxy_task,
+            control_task,
+            desk_task,
+            watch_task,
+            reap_task,
+            sweep_task
+        );
         if let Some(task) = vault_task {
             let _ = task.await;
         }
         // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
-        self.shared.guardrails.save().await;
+        plane.guardrails.save().await;
         // Everything queued is written (retried for a grace period if the trail is
         // unavailable, then logged), and the writer stops: a restart's writer is the only one.
-        self.shared.audit.close().await;
-        let Ostiary { shared, writer } = self;
-        drop(shared);
+        plane.audit.close().await;
+        drop((data, plane));
         // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.
         tokio::task::spawn_blocking(move || writer.join());
         Ok(())

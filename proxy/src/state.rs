@@ -5,9 +5,9 @@
 //! audit chain, the key that signs approval links, and the SQLite database. Secret files are
 //! written `0600`; nothing here is ever logged.
 //!
-//! The admin token may come from the environment instead (`OSTIARY_ADMIN_TOKEN`, DESIGN §8),
-//! so a deployment can inject it from a secret store: then `admin.token` is neither read
-//! nor written, and a value too weak to be a credential stops the start.
+//! The admin token may come from the environment instead (`OSTIARY_ADMIN_TOKEN`,
+//! docs/design.md §8), so a deployment can inject it from a secret store: then `admin.token`
+//! is neither read nor written, and a value too weak to be a credential stops the start.
 
 use std::fmt;
 use std::fs;
@@ -117,6 +117,8 @@ pub mod files {
     pub const APPROVALS_KEY: &str = "approvals.key";
     pub const DATABASE: &str = "ostiary.db";
     pub const AUDIT_HEAD: &str = "audit.head";
+    /// The proxy's Unix socket (`listen.proxy_unix` by default).
+    pub const PROXY_SOCKET: &str = "proxy.sock";
 }
 
 impl StateDir {
@@ -130,6 +132,7 @@ impl StateDir {
     /// directory's `admin.token`, created if missing). A given token leaves that file alone.
     pub fn open_with(dir: &Path, admin_token: Option<SecretString>) -> Result<Self, StateError> {
         fs::create_dir_all(dir).map_err(|source| io_err(dir, source))?;
+        tighten(dir)?;
         let (ca_cert_pem, ca_key_pem) = ensure_ca(dir)?;
         let admin_token = match admin_token {
             Some(given) => {
@@ -176,6 +179,28 @@ pub fn read_ca_cert(dir: &Path) -> Result<String, StateError> {
     fs::read_to_string(&path).map_err(|source| io_err(&path, source))
 }
 
+/// The directory `0700` and every regular file in it `0600`, however they were made (an
+/// older version, a restore, a umask): nothing here is anyone else's to read, and SQLite
+/// gives its `-wal` and `-shm` files the database's mode.
+fn tighten(dir: &Path) -> Result<(), StateError> {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |path: &Path, mode: u32| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|source| io_err(path, source))
+    };
+    set(dir, 0o700)?;
+    for entry in fs::read_dir(dir).map_err(|source| io_err(dir, source))? {
+        let entry = entry.map_err(|source| io_err(dir, source))?;
+        let path = entry.path();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        let mode = entry.metadata().map(|m| m.permissions().mode() & 0o777);
+        if is_file && mode.is_ok_and(|m| m != 0o600) {
+            set(&path, 0o600)?;
+        }
+    }
+    Ok(())
+}
+
 fn io_err(path: &Path, source: std::io::Error) -> StateError {
     StateError::Io {
         path: path.to_owned(),
@@ -204,7 +229,15 @@ fn write_private(path: &Path, contents: &str) -> Result<(), StateError> {
 }
 
 fn write_public(path: &Path, contents: &str) -> Result<(), StateError> {
-    fs::write(path, contents).map_err(|source| io_err(path, source))
+    // Public, yet in a directory no one else may enter: 0600 like the rest.
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(contents.as_bytes()))
+        .map_err(|source| io_err(path, source))
 }
 
 fn ensure_secret(
@@ -280,6 +313,23 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o077, 0, "CA key must not be group/world readable");
         assert_eq!(format!("{:?}", first.admin_token), "***");
+    }
+
+    #[test]
+    fn an_existing_state_directory_is_tightened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(dir.join(files::DATABASE), "").unwrap();
+        fs::set_permissions(dir.join(files::DATABASE), fs::Permissions::from_mode(0o644)).unwrap();
+        StateDir::open_or_create(&dir).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
     }
 
     #[test]

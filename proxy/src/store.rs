@@ -138,7 +138,23 @@ pub fn open(path: &Path) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.execute_batch(MIGRATION)?;
+    // Columns added after a table first shipped: a database an older version created gets
+    // them here (SQLite has no `ADD COLUMN IF NOT EXISTS`).
+    add_column(&conn, "sessions", "profile", "TEXT")?;
     Ok(conn)
+}
+
+/// Add `column` to `table` unless it is there.
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
+    let exists = conn
+        .prepare(&format!(
+            "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+        ))?
+        .exists([column])?;
+    if !exists {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
 }
 
 /// Open an existing database read-only (CLI queries), without migrating.

@@ -20,75 +20,73 @@ use crate::classify::Tunnel;
 use crate::egress::address::normalize_host;
 use crate::guardrails::counted::Direction;
 use crate::guardrails::meter::Meter;
-use crate::lifecycle::{self, StreamWatch};
-use crate::server::Shared;
+use crate::lifecycle::StreamWatch;
+use crate::plane::DataPlane;
 
 /// Largest ClientHello read before giving up (a real one is a few hundred bytes).
 const MAX_CLIENT_HELLO: usize = 16 * 1024;
 
 /// Relay a tunnel after the CONNECT was accepted.
 pub async fn relay(
-    shared: Arc<Shared>,
+    plane: Arc<DataPlane>,
     mut agent: TokioIo<hyper::upgrade::Upgraded>,
     tunnel: Arc<Tunnel>,
     addrs: Vec<std::net::SocketAddr>,
 ) {
-    let Some(watch) = lifecycle::watch_stream(&shared, &tunnel.principal) else {
-        return shared.refuse_tunnel(&tunnel, "tunnel", SESSION_OVER.into());
+    let Some(watch) = plane.watch_stream(&tunnel.principal) else {
+        return plane.refuse_tunnel(&tunnel, "tunnel", SESSION_OVER.into());
     };
-    let limits = shared.config.proxy.clone();
+    let limits = plane.config.proxy.clone();
     let hello = tokio::select! {
         read = tokio::time::timeout(limits.tls_handshake_timeout, read_client_hello(&mut agent)) => read,
-        () = watch.ended() => return shared.refuse_tunnel(&tunnel, "tunnel", SESSION_OVER.into()),
+        () = watch.ended() => return plane.refuse_tunnel(&tunnel, "tunnel", SESSION_OVER.into()),
     };
     let hello = match hello {
         Ok(Ok(hello)) => hello,
-        Ok(Err(reason)) => return shared.refuse_tunnel(&tunnel, "tunnel", reason),
-        Err(_) => return shared.refuse_tunnel(&tunnel, "tunnel", "no ClientHello in time".into()),
+        Ok(Err(reason)) => return plane.refuse_tunnel(&tunnel, "tunnel", reason),
+        Err(_) => return plane.refuse_tunnel(&tunnel, "tunnel", "no ClientHello in time".into()),
     };
     match hello.sni.as_deref().map(normalize_host) {
         Some(Ok(host)) if host == tunnel.host => {}
         Some(Ok(other)) => {
-            return shared.refuse_tunnel(
+            return plane.refuse_tunnel(
                 &tunnel,
                 "tunnel",
                 format!("SNI {other} differs from the CONNECT host"),
             )
         }
         Some(Err(e)) => {
-            return shared.refuse_tunnel(&tunnel, "tunnel", format!("SNI is invalid: {e}"))
+            return plane.refuse_tunnel(&tunnel, "tunnel", format!("SNI is invalid: {e}"))
         }
-        None => {
-            return shared.refuse_tunnel(&tunnel, "tunnel", "ClientHello carries no SNI".into())
-        }
+        None => return plane.refuse_tunnel(&tunnel, "tunnel", "ClientHello carries no SNI".into()),
     }
-    let (mut upstream, _addr) = match shared.guard.dial_checked(&addrs).await {
+    let (mut upstream, _addr) = match plane.guard.dial_checked(&addrs).await {
         Ok(dialed) => dialed,
-        Err(e) => return shared.refuse_tunnel(&tunnel, "tunnel", e.to_string()),
+        Err(e) => return plane.refuse_tunnel(&tunnel, "tunnel", e.to_string()),
     };
     // The ClientHello is the first thing the session sends upstream: it counts too.
     let session = tunnel.principal.session_id.as_str();
     let n = hello.bytes.len() as u64;
-    let fits = shared
+    let fits = plane
         .guardrails
         .meter
         .admit_bytes(session, Direction::Sent, n);
     if fits < n {
         let ended = Ended::Budget(Direction::Sent);
-        return lifecycle::record_cut(&shared, &tunnel, "tunnel", ended);
+        return plane.record_cut(&tunnel, "tunnel", ended);
     }
     if let Err(e) = upstream.write_all(&hello.bytes).await {
         return tracing::debug!(error = %e, "tunnel upstream write failed");
     }
     let bounds = Bounds {
         watch,
-        meter: shared.guardrails.meter.clone(),
+        meter: plane.guardrails.meter.clone(),
         session: session.to_owned(),
         idle: Some(limits.tunnel_idle_timeout),
     };
     let ended = splice(agent, upstream, bounds).await;
     if ended.is_cut() {
-        lifecycle::record_cut(&shared, &tunnel, "tunnel", ended);
+        plane.record_cut(&tunnel, "tunnel", ended);
     }
 }
 

@@ -1,7 +1,15 @@
 //! Ostiary's Rust SDK: create and tear down sessions through the control API, and build the
 //! environment a child process needs to send all its traffic through the proxy.
 //!
-//! The SDK depends on no other Ostiary crate: it speaks the wire contract of DESIGN §5–§7.
+//! The SDK depends on no other Ostiary crate: it speaks the wire contract of docs/design.md §5–§7.
+//!
+//! # Layout
+//! One module; its items:
+//! - [`ControlClient`] — the control API client: sessions, dead letters, approvals.
+//! - [`NewSession`] — what to ask for when creating a session (`POST /v1/sessions`).
+//! - [`Session`] — a created session, and [`Session::env`], the environment of a child process.
+//! - [`CA_BUNDLE_VARS`] — the variables naming the CA bundle, one per kind of client.
+//! - [`SdkError`] — why a control API call failed.
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -40,6 +48,9 @@ pub struct NewSession {
     /// default when absent; a child's at most its parent's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_pending_approvals: Option<u32>,
+    /// The sandbox profile the session's agent runs under (`context.session.profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// A created session.
@@ -72,7 +83,7 @@ impl std::fmt::Debug for Session {
     }
 }
 
-/// Environment variables naming the CA bundle, for the clients that read each (DESIGN §7).
+/// Environment variables naming the CA bundle, for the clients that read each (docs/design.md §7).
 pub const CA_BUNDLE_VARS: [&str; 5] = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
@@ -152,6 +163,28 @@ impl ControlClient {
         match status {
             StatusCode::OK | StatusCode::NOT_FOUND => Ok(()),
             other => Err(api_error(other, &bytes)),
+        }
+    }
+
+    /// Tear a session down saying why, with the report of the run it was made for (`run`:
+    /// exit, limit, what was cleaned; sealed into the audit trail as a `run` record). An
+    /// already ended session is not an error (and its report is not recorded).
+    pub async fn end_run(
+        &self,
+        session_id: &str,
+        reason: &str,
+        run: Option<&serde_json::Value>,
+    ) -> Result<(), SdkError> {
+        let path = format!("/v1/sessions/{}/terminate", urlencode(session_id));
+        let mut body = serde_json::json!({ "reason": reason });
+        if let Some(run) = run {
+            body["run"] = run.clone();
+        }
+        let bytes = serde_json::to_vec(&body).map_err(|e| SdkError::Decode(e.to_string()))?;
+        let (status, answer) = self.call(Method::POST, &path, bytes).await?;
+        match status {
+            StatusCode::OK | StatusCode::NOT_FOUND => Ok(()),
+            other => Err(api_error(other, &answer)),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use ostiary::audit::AuditRecord;
 use ostiary::egress::{BoxFuture, Dial, Resolve};
-use ostiary::server::Shared;
+use ostiary::plane::ControlPlane;
 use ostiary::{Config, Options, Ostiary};
 use ostiary_sdk::{ControlClient, NewSession, Session};
 use tokio::net::TcpStream;
@@ -85,7 +85,7 @@ pub struct TestProxy {
     /// The proxy's CA written to a file, for client CA bundles.
     pub ca_path: PathBuf,
     pub config_path: PathBuf,
-    pub shared: Arc<Shared>,
+    pub shared: Arc<ControlPlane>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -189,11 +189,16 @@ tunnel = {tunnel}
         options: Options,
     ) -> Self {
         let ostiary = Ostiary::build(config, options).await.expect("proxy builds");
-        let shared = ostiary.shared().clone();
+        let shared = ostiary.control_plane().clone();
         let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy_addr = proxy.local_addr().unwrap();
         let control_addr = control.local_addr().unwrap();
+        // The Unix socket sandboxes reach the proxy through, in the state directory.
+        let unix = ostiary::server::bind_unix(&shared.config.proxy_unix_path())
+            .await
+            .expect("binding the proxy's unix socket");
+        let ostiary = ostiary.with_unix(unix);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             ostiary

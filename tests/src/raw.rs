@@ -501,7 +501,7 @@ pub async fn send_h2(
     Ok(Reply::from_hyper(response).await)
 }
 
-/// Checks that `reply` is a refusal Ostiary produced (DESIGN §5): `status`, JSON with
+/// Checks that `reply` is a refusal Ostiary produced (docs/design.md §5): `status`, JSON with
 /// `error == kind`, a non-empty `message`, and `request_id` equal to the
 /// `ostiary-request-id` header; a 407 also asks for Basic. Returns the JSON body.
 pub fn assert_ostiary_error(reply: &Reply, status: u16, kind: &str) -> Value {

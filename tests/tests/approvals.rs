@@ -1,4 +1,4 @@
-//! The approval queue end to end (DESIGN §5, §10): an escalated tool call is held (202
+//! The approval queue end to end (docs/design.md §5, §10): an escalated tool call is held (202
 //! `approval_pending`), decided through the control API, executed exactly once with an
 //! `Idempotency-Key`, and collected by the agent's retry or from the status URL. Also the
 //! ways it must not run: denied, expired, re-authorization refused after a policy change or

@@ -119,7 +119,7 @@ fn wipe(id: u64, target: &str) -> Value {
            "params": {"name": "wipe", "arguments": {"target": target}}})
 }
 
-/// The refusal of a hold past a cap of `max`, as DESIGN §5 has it.
+/// The refusal of a hold past a cap of `max`, as docs/design.md §5 has it.
 fn assert_cap(body: &Value, max: u64) {
     assert_eq!(body["error"], "limit_exceeded", "{body}");
     assert_eq!(body["limit"], "approvals", "{body}");

@@ -1,4 +1,4 @@
-//! How approvers are reached by email and how their links behave (DESIGN §10, THREATS
+//! How approvers are reached by email and how their links behave (docs/design.md §10, THREATS
 //! "Approvals"), end to end against a real SMTP server that keeps every mail
 //! ([`ostiary_e2e::smtp::SmtpSink`]). Each test reads what an approver would get, follows
 //! the link in it, and checks what happened where it happens: the approval's state in the
@@ -35,7 +35,7 @@ fn with_token(link: &str, bytes: &[u8]) -> String {
     format!("{base}/approve/{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
-/// The signed fields of a token (DESIGN of `link.rs`: version, nonce[16], expiry i64,
+/// The signed fields of a token (as `link.rs` lays them out: version, nonce[16], expiry i64,
 /// id and approver length-prefixed, then a 32-byte MAC), with one of them replaced: a
 /// forger's splice that keeps the original MAC.
 fn splice(link: &str, id: Option<&str>, approver: Option<&str>) -> String {

@@ -1,4 +1,4 @@
-//! `ostiary approvals list|show|approve|deny|link` (DESIGN §7, §10) against the real
+//! `ostiary approvals list|show|approve|deny|link` (docs/design.md §7, §10) against the real
 //! `ostiary serve` binary, the admin token read from the state directory via `--config`.
 //!
 //! - `list` shows the pending approval with its summary and the queue counts line;

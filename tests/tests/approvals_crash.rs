@@ -1,4 +1,4 @@
-//! The approval queue survives `kill -9` (DESIGN §10, THREATS "Durability"): the real
+//! The approval queue survives `kill -9` (docs/design.md §10, THREATS "Durability"): the real
 //! `ostiary serve` binary, its state directory in a tempdir, killed with SIGKILL and started
 //! again on the same config and state.
 //!

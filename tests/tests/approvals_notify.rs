@@ -1,6 +1,6 @@
-//! How approvers are notified beyond a single mail (DESIGN §10, THREATS "Approvals"), end to
-//! end against a real SMTP server and an HTTP receiver for the Slack incoming webhook
-//! ([`SlackReceiver`]):
+//! How approvers are notified beyond a single mail (docs/design.md §10, THREATS
+//! "Approvals"), end to end against a real SMTP server and an HTTP receiver for the Slack
+//! incoming webhook ([`SlackReceiver`]):
 //!
 //! - Slack: the Block Kit message, its link buttons, and signed callbacks (approve, deny)
 //!   with bad signatures, stale timestamps, replays and unmapped users refused;

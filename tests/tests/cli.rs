@@ -1,4 +1,4 @@
-//! The `ostiary` command line (DESIGN §7) driven as a user drives it: the real binary,
+//! The `ostiary` command line (docs/design.md §7) driven as a user drives it: the real binary,
 //! `ostiary serve` as a child process on free ports with a config file, and the other
 //! subcommands run against it.
 //!
@@ -254,7 +254,16 @@ async fn run_passes_exit_code_and_revokes_the_session() {
         "curl -q -sS -w '\\n%{{http_code}}\\n' '{url}'; echo \"PROXY=$HTTPS_PROXY\"; echo \"SID=$OSTIARY_SESSION_ID\"; exit 7"
     );
     let out = ostiary(&[
-        "--config", &config, "run", "--agent", "demo", "--", "sh", "-c", &script,
+        "--config",
+        &config,
+        "run",
+        "--unsafe-shared-uid",
+        "--agent",
+        "demo",
+        "--",
+        "sh",
+        "-c",
+        &script,
     ])
     .await;
     assert_eq!(

@@ -1,6 +1,6 @@
 //! `ostiary audit cost` and `ostiary session(s) show|resume|terminate|dead-letters` against
 //! the real `ostiary serve` binary, the admin token read from the state directory via
-//! `--config` (DESIGN §6, §7).
+//! `--config` (docs/design.md §6, §7).
 //!
 //! - `audit cost` adds up the catalog `cost` of the allowed tool calls that agents made
 //!   through the proxy, by tool (default), by agent, for one `--session`, and as JSON lines;

@@ -5,7 +5,7 @@
 //! `websockets`, and a hand-rolled Rust h2 client doing CONNECT + TLS itself):
 //! - an allowed request reaches the upstream byte for byte (body SHA-256 as the upstream
 //!   computed it) and never carries the agent's `Proxy-Authorization` past the proxy;
-//! - a denied request is answered by the proxy with DESIGN §5's 403 JSON (`error: denied`,
+//! - a denied request is answered by the proxy with docs/design.md §5's 403 JSON (`error: denied`,
 //!   `request_id` equal to the `Ostiary-Request-Id` header, `policies` naming the forbid) and
 //!   the upstream never sees it, and its audit record says the same;
 //! - WebSocket upgrades pass when allowed and get no 101 when denied;
@@ -89,7 +89,7 @@ fn body_json(out: &CmdOutput) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("body is not JSON ({e}):\n{out}"))
 }
 
-/// Checks a proxy-made 403 denial as DESIGN §5 describes it, and its audit record.
+/// Checks a proxy-made 403 denial as docs/design.md §5 describes it, and its audit record.
 async fn assert_denied(
     proxy: &TestProxy,
     status: u64,

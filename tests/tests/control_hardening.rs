@@ -1,7 +1,7 @@
 //! The control listener's own doors (THREATS.md, "Control API"): `/metrics` names agents,
 //! tenants, credentials and tools, so it needs the admin token unless `[control]
 //! public_metrics = true`; and `ostiary serve` takes its admin token from
-//! `OSTIARY_ADMIN_TOKEN` when that is set (DESIGN §6, §8) — the state directory's
+//! `OSTIARY_ADMIN_TOKEN` when that is set (docs/design.md §6, §8) — the state directory's
 //! `admin.token` is then neither read nor written, and a token too weak to be one stops the
 //! start with a message that names the variable, never its value.
 

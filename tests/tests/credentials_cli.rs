@@ -67,6 +67,8 @@ exit 0
         "--config",
         &config_arg,
         "run",
+        // Not a sandbox: the agent shares the test's uid (and could read the state).
+        "--unsafe-shared-uid",
         "--agent",
         "demo",
         "--",

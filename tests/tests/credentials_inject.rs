@@ -1,4 +1,4 @@
-//! Brokered credentials end to end with the file backend, the request side (DESIGN §9,
+//! Brokered credentials end to end with the file backend, the request side (docs/design.md §9,
 //! THREATS "Credentials"): a real proxy, a real TLS upstream that reflects whatever it
 //! receives (`/reflect`), and real clients over intercepted tunnels. What the upstream's
 //! answers carry back is `credentials_scrub.rs`; the rig is `support/credentials.rs`.
@@ -548,7 +548,7 @@ async fn no_credential_reaches_an_upstream_whose_certificate_is_not_trusted() {
 }
 
 // ---------------------------------------------------------------------------------------
-// DESIGN §9: "a placeholder sent anywhere else is refused" — in a streamed body too.
+// docs/design.md §9: "a placeholder sent anywhere else is refused" — in a streamed body too.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_deep_in_a_streamed_body_is_stopped_before_it_leaves() {

@@ -1,4 +1,4 @@
-//! Brokered credentials end to end with the file backend, the response side (DESIGN §9,
+//! Brokered credentials end to end with the file backend, the response side (docs/design.md §9,
 //! THREATS "Credentials"): once the proxy has injected a secret, an upstream can hand it
 //! straight back (a reflection, an error page, a redirect) and the agent must still never
 //! see it. A real TLS upstream reflects whatever it receives (`/reflect?mode=…`); the

@@ -1,4 +1,4 @@
-//! Brokered credentials from a real OpenBao, through the real proxy (DESIGN §9, issue 4):
+//! Brokered credentials from a real OpenBao, through the real proxy (docs/design.md §9, issue 4):
 //! KV v2 (one Vault round trip per session, not per request), transit-signed JWTs verified
 //! with the public key from Vault, PKI client certificates presented to an upstream that
 //! requires mTLS, and PostgreSQL dynamic credentials that log in during the session and no

@@ -438,7 +438,7 @@ async fn connect_to_unlisted_ports_is_403_without_a_port_permit() {
     assert!(dialer.dials().is_empty(), "{:?}", dialer.dials());
 }
 
-/// The documented behaviour (DESIGN §8, evaluate.rs): a `connect` permit naming a port
+/// The documented behaviour (docs/design.md §8, evaluate.rs): a `connect` permit naming a port
 /// opens that port to CONNECT; the tunnel is then intercepted and every request inside it
 /// is decided as `http` as usual. Other unlisted ports stay closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

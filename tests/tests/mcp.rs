@@ -1,7 +1,7 @@
 //! MCP over Streamable HTTP end to end: the MCP Python SDK's server (behind TLS from the
 //! test CA) as the upstream, and either the SDK's own client or hand-written JSON-RPC
 //! through an intercepted tunnel as the agent. Each `tools/call` is decided on its own;
-//! refused calls come back as JSON-RPC errors (HTTP 200) carrying the DESIGN §5 body;
+//! refused calls come back as JSON-RPC errors (HTTP 200) carrying the docs/design.md §5 body;
 //! `tools/list` answers are filtered to what the session may call.
 
 #[path = "support/mcp.rs"]
@@ -69,7 +69,7 @@ async fn the_sdk_client_sees_decisions_per_call_and_a_filtered_list() {
     assert!(out.success(), "{out}");
     let result = out.json();
 
-    // write_file is forbidden outright; delete_file is escalatable and stays (DESIGN §4).
+    // write_file is forbidden outright; delete_file is escalatable and stays (docs/design.md §4).
     let mut tools: Vec<&str> = result["tools"]
         .as_array()
         .unwrap()

@@ -1,4 +1,4 @@
-//! Every MCP message is decided, not only `tools/call` (DESIGN §4, `Action::"mcp"`): each
+//! Every MCP message is decided, not only `tools/call` (docs/design.md §4, `Action::"mcp"`): each
 //! JSON-RPC message to a catalogued endpoint is decided on its own, with `context.method`,
 //! `context.server` and `context.session`; only the session plumbing passes the library's
 //! kind of policy, and the body decides (routing headers that disagree are refused).

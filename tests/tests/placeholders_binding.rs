@@ -1,5 +1,5 @@
 //! Placeholders are honoured only at their binding's injection point, and every response
-//! of a session is scrubbed of all its secrets (issue 13, item 5; DESIGN §9; THREATS
+//! of a session is scrubbed of all its secrets (issue 13, item 5; docs/design.md §9; THREATS
 //! "Authority and ambiguity"): a real proxy, a real TLS upstream, real clients.
 //!
 //! The attack: an upstream that stores what it receives (a message board, a request bin, an

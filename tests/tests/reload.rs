@@ -232,7 +232,7 @@ async fn the_watcher_picks_up_changes() {
         fx.get("/status/200").await == StatusCode::OK
     })
     .await;
-    assert_eq!(fx.proxy.shared.policies.generation(), 2);
+    assert_eq!(fx.proxy.shared.reloader.policies.generation(), 2);
 
     // A broken file is reported once, and the set in force stays.
     fx.write_policies(INVALID);
@@ -248,7 +248,7 @@ async fn the_watcher_picks_up_changes() {
         Some(1.0),
         "an unchanged broken file is not reloaded on every poll"
     );
-    assert_eq!(fx.proxy.shared.policies.generation(), 2);
+    assert_eq!(fx.proxy.shared.reloader.policies.generation(), 2);
 
     let records = fx.proxy.audit().await;
     let decisions: Vec<_> = records

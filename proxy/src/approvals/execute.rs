@@ -1,10 +1,11 @@
 //! Running an approved request exactly once.
 //!
 //! ```text
-//! claim (approved → executing) → session still live? → classify + recognise again →
-//! evaluate with approval.granted = true under the policies in force now →
-//! placeholders → inject (credentials minted now) → Idempotency-Key → forward →
-//! scrub → store the response (executing → executed)
+//! claim (approved → executing) → session still live? → rebuild the held request →
+//! runner (pipeline::execute): classify → recognise (the same tool) → placeholders →
+//!   decide (approval.granted = true, under the policies in force now) →
+//!   inject (credentials minted now, Idempotency-Key) → forward → reply (scrub,
+//!   response DLP, byte meter) → store the response (executing → executed)
 //! ```
 //! The claim is the exactly-once guard: one guarded `UPDATE`, so of any number of tasks or
 //! processes only one executes. A crash after the claim leaves the approval `executing`;
@@ -20,20 +21,73 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, HOST};
+use futures_util::future::BoxFuture;
+use http::header::HOST;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 
 use super::model::{Approval, Status, StoredResponse};
+use super::ApprovalQueue;
+use crate::audit::{AuditGuard, AuditSink};
 use crate::body::{self, ProxyBody};
-use crate::classify::{self, Origin, Tunnel};
+use crate::classify::{Origin, Tunnel};
 use crate::error::ProxyError;
-use crate::evaluate::Verdict;
-use crate::guardrails::pause;
-use crate::inject::credentials::Bound;
-use crate::server::Shared;
+use crate::guardrails::pause::resume_target;
+use crate::metrics::Metrics;
+use crate::session::{Principal, SessionRegistry};
 use crate::store::now_ms;
-use crate::{evaluate, inject, mcp, recognise, scrub};
+use crate::{inject, scrub};
+
+/// What an approved execution carries into the request phases.
+#[derive(Debug, Clone)]
+pub struct Approved {
+    /// Who approved it (`context.approval.approver`).
+    pub approver: String,
+    /// The tool it was held as: recognised again, it must still be that tool.
+    pub tool: Option<String>,
+    /// The limits a human was asked about (`limit:calls`): granted again before it runs.
+    pub grants: Vec<String>,
+    /// Sent upstream as `Idempotency-Key`, so a crash and a re-send apply it once.
+    pub idempotency_key: String,
+}
+
+/// An answer from [`Runner::run`], with the scrubber it went through (for whatever rewrites
+/// it before it is stored).
+pub type Answered = Result<(Response<ProxyBody>, Option<scrub::Scrubber>), ProxyError>;
+
+/// What runs an approved request: the request path's phases, in their approved mode
+/// (implemented where the data plane is assembled). The executor decides which approval
+/// runs and records how it ended; how a request runs is not its business.
+pub trait Runner: Send + Sync + std::fmt::Debug + 'static {
+    /// Run the held request (`origin`, `req`) of `principal`'s session once. `audit`
+    /// collects what the approval's record takes (credentials, leases, the address dialed).
+    fn run<'a>(
+        &'a self,
+        approved: Approved,
+        principal: Arc<Principal>,
+        held: (Origin, Request<ProxyBody>),
+        audit: &'a mut AuditGuard,
+    ) -> BoxFuture<'a, Answered>;
+
+    /// Resume a session a watchdog paused (an approved "resume?" question): `Ok(false)`
+    /// when it is no longer paused.
+    fn resume<'a>(
+        &'a self,
+        session: &'a str,
+        by: &'a str,
+    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>>;
+}
+
+/// What executing approvals takes: the queue it claims from, the sessions it re-checks,
+/// the runner, and the audit trail of its scratch records.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    pub queue: Arc<ApprovalQueue>,
+    pub sessions: Arc<SessionRegistry>,
+    pub runner: Arc<dyn Runner>,
+    pub audit: AuditSink,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Header every execution carries (the de facto standard name, as Stripe and the IETF
 /// draft spell it).
@@ -50,8 +104,8 @@ enum Ending {
 
 /// Execute `id` if it is approved and nobody else claimed it. Safe to call from any number
 /// of tasks at once: all but one return without doing anything.
-pub async fn run(shared: Arc<Shared>, id: String) {
-    let queue = &shared.approvals;
+pub async fn run(shared: Executor, id: String) {
+    let queue = &shared.queue;
     let claimed = {
         let id = id.clone();
         queue.store.call(move |s| s.claim(&id, now_ms())).await
@@ -141,7 +195,7 @@ pub struct Used {
     pub upstream: Option<String>,
 }
 
-async fn execute(shared: &Shared, approval: &Approval) -> (Ending, Used) {
+async fn execute(shared: &Executor, approval: &Approval) -> (Ending, Used) {
     let mut used = Used::default();
     let ending = match attempt(shared, approval, &mut used).await {
         Ok(response) => Ending::Executed(response),
@@ -158,6 +212,16 @@ enum Refusal {
 
 impl From<ProxyError> for Refusal {
     fn from(e: ProxyError) -> Self {
+        // Refused by the pipeline for what it no longer is (another tool, escalated again):
+        // its reason is the whole story.
+        if let ProxyError::ApprovalNotExecuted {
+            status: "refused",
+            reason,
+            ..
+        } = e
+        {
+            return Refusal::Refused(reason);
+        }
         match e.side() {
             crate::error::Side::Upstream | crate::error::Side::Internal => {
                 Refusal::Failed(e.to_string())
@@ -170,7 +234,7 @@ impl From<ProxyError> for Refusal {
 }
 
 async fn attempt(
-    shared: &Shared,
+    shared: &Executor,
     approval: &Approval,
     used: &mut Used,
 ) -> Result<StoredResponse, Refusal> {
@@ -190,8 +254,8 @@ async fn attempt(
         .ok_or_else(|| Refusal::Refused("the session ended".into()))?;
     // A watchdog pause put before a human: approving it resumes the session; nothing is
     // sent anywhere.
-    if let Some(session) = pause::resume_target(approval) {
-        return match pause::resume(shared, session, &approver).await {
+    if let Some(session) = resume_target(approval) {
+        return match shared.runner.resume(session, &approver).await {
             Ok(true) => Ok(StoredResponse {
                 status: 200,
                 headers: vec![("content-type".into(), "application/json".into())],
@@ -202,149 +266,34 @@ async fn attempt(
             Err(e) => Err(Refusal::Failed(format!("resuming the session: {e}"))),
         };
     }
-    let (origin, req) = rebuild(approval, &principal)?;
-    let target = classify::target(&origin, &req)?;
-    let host = target.host.to_string();
-    let engine = shared.policies.current();
-    let mut req = req;
-    let limit = shared.config.approvals.max_body_bytes;
-    // Recognised again under the catalog in force now, it must still be the same tool; and
-    // decided again, with the approval, under the policies in force now. (The pipeline
-    // checks placeholders before evaluate; here both only refuse, so the order is moot.)
-    let same_tool = |name: &str| {
-        if Some(name) == approval.observed.tool.as_deref() {
-            Ok(())
-        } else {
-            Err(Refusal::Refused(format!(
-                "the request is now recognised as {name}, not {}",
-                approval.observed.tool.as_deref().unwrap_or("-")
-            )))
-        }
+    let held = rebuild(approval, &principal)?;
+    let approved = Approved {
+        approver,
+        tool: approval.observed.tool.clone(),
+        grants: approval
+            .policies
+            .iter()
+            .filter_map(|p| p.strip_prefix("limit:"))
+            .map(str::to_owned)
+            .collect(),
+        idempotency_key: approval.idempotency_key(),
     };
-    let (tool_name, args, mcp_id) = match recognise::route(engine.catalog(), &target)? {
-        Some(route) => {
-            same_tool(route.tool.name())?;
-            let tool_name = route.tool.name().to_owned();
-            let call = route.read(&mut req, &target, limit).await?;
-            // The body as sent: the arguments also hold the query, which is no body.
-            let args = Some(call.body.to_vec());
-            evaluate::decide(
-                &engine,
-                &shared.metrics,
-                &principal,
-                &shared.guardrails.session_state(&principal),
-                &target.host,
-                call.action(Some(approver)),
-            )?;
-            (tool_name, args, None)
-        }
-        None => {
-            let endpoint = mcp::endpoint(engine.catalog(), &target)?.ok_or_else(|| {
-                Refusal::Refused("the request is no longer recognised as a catalogued tool".into())
-            })?;
-            let bytes = recognise::read_body(&mut req, limit).await?;
-            let exchange = mcp::parse(req.headers(), &bytes)?;
-            let (id, name, args) = exchange
-                .single_call()
-                .ok_or_else(|| Refusal::Failed("the held MCP body is not one tools/call".into()))?;
-            let tool = endpoint.tool(engine.catalog(), name).ok_or_else(|| {
-                Refusal::Refused(format!("the MCP tool {name:?} is no longer catalogued"))
-            })?;
-            same_tool(tool.name())?;
-            let tool_name = tool.name().to_owned();
-            let session = shared.guardrails.session_state(&principal);
-            let asker = mcp::Asker {
-                engine: &engine,
-                metrics: &shared.metrics,
-                principal: &principal,
-                target: &target,
-                session: &session,
-            };
-            match asker.call(&endpoint, name, args.clone(), Some(approver))? {
-                Verdict::Allow { .. } => {}
-                Verdict::Escalate { .. } => {
-                    return Err(Refusal::Refused(
-                        "policy still asks for approval after it was given".into(),
-                    ))
-                }
-            }
-            let id = id.cloned();
-            let args = Some(bytes.to_vec());
-            *req.body_mut() = body::full(bytes);
-            (tool_name, args, Some(id.unwrap_or(serde_json::Value::Null)))
-        }
-    };
-    shared.credentials.placeholders(
-        req.headers(),
-        req.uri(),
-        args.as_deref(),
-        &host,
-        &principal,
-        &shared.metrics,
-    )?;
-
-    let upstream_req = inject::prepare(req, &target, false)?;
-    let (mut parts, upstream_body) = upstream_req.into_parts();
-    let injected = shared
-        .credentials
-        .apply(
-            &mut parts,
-            Bound {
-                target: &target,
-                principal: &principal,
-                tool: Some(&tool_name),
-                upgrade: false,
-            },
-            &shared.metrics,
-        )
-        .await?;
-    used.credentials = injected.names();
-    used.leases = injected.leases();
-    // The session's budget: a limit a human was asked about is granted again (as much as
-    // the session started with), and the call is charged whatever the budget says — a
-    // human approved it.
-    for limit in approval
-        .policies
-        .iter()
-        .filter_map(|p| p.strip_prefix("limit:"))
-    {
-        shared.guardrails.meter.grant(&principal.session_id, limit);
+    // The same phases as a live request; what they learn goes into the approval's record.
+    let mut audit = AuditGuard::scratch(&shared.audit, &shared.metrics, &approval.id, "http");
+    let answered = shared
+        .runner
+        .run(approved, principal, held, &mut audit)
+        .await;
+    if let Some(record) = audit.take() {
+        used.credentials = record.credentials;
+        used.leases = record.leases;
+        used.upstream = record.upstream;
     }
-    let cost = engine
-        .catalog()
-        .get(&tool_name)
-        .map_or(0, |t| t.cost_micros());
-    shared
-        .guardrails
-        .meter
-        .charge_approved(&principal.session_id, cost);
-    let key = HeaderValue::from_str(&approval.idempotency_key())
-        .map_err(|e| Refusal::Failed(format!("idempotency key: {e}")))?;
-    parts
-        .headers
-        .insert(HeaderName::from_static(IDEMPOTENCY_KEY), key);
-    // Not executed while its record cannot be written (`failed`, like an upstream failure).
-    shared.audit.ensure_writable()?;
-    let response = shared
-        .upstreams
-        .send(
-            Request::from_parts(parts, upstream_body),
-            false,
-            injected.identity.as_deref(),
-            &shared.metrics,
-        )
-        .await?;
-    if let Some(crate::connector::DialedAddr(addr)) = response.extensions().get() {
-        used.upstream = Some(addr.to_string());
-    }
-    let response = match &injected.scrubber {
-        Some(scrubber) => scrub::scrub_response(scrubber, response)
-            .map_err(|e| Refusal::Failed(format!("scrubbing the response: {e}")))?,
-        None => response.map(body::stream),
-    };
-    let kept = keep(response, shared.config.approvals.max_response_bytes).await?;
-    Ok(match mcp_id {
-        Some(id) => mcp_answer(kept, &id, injected.scrubber.as_ref()),
+    let (response, scrubber) = answered?;
+    let kept = keep(response, shared.queue.config.max_response_bytes).await?;
+    // A held MCP call keeps its JSON-RPC id; its answer is stored as one message.
+    Ok(match &approval.observed.rpc_id {
+        Some(id) => mcp_answer(kept, id, scrubber.as_ref()),
         None => kept,
     })
 }

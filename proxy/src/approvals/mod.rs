@@ -1,4 +1,4 @@
-//! The approval queue (DESIGN §5, §10): requests that policy escalates wait here for a
+//! The approval queue (docs/design.md §5, §10): requests that policy escalates wait here for a
 //! human, then run exactly once.
 //!
 //! - [`model`] — what an approval is and its state machine.
@@ -26,5 +26,6 @@ pub mod slack_callback;
 pub mod store;
 pub mod sweep;
 
+pub use execute::{Approved, Executor, Runner};
 pub use model::{Approval, Channel, HeldRequest, Observed, Status, StoredResponse, Verdict};
 pub use queue::ApprovalQueue;

@@ -9,16 +9,14 @@
 //! the sweep is the safety net, so an approval never waits on a lost wake-up.
 
 use std::future::Future;
-use std::sync::Arc;
 
-use super::execute;
+use super::execute::{self, Executor};
 use super::notify;
-use crate::server::Shared;
+use super::ApprovalQueue;
 use crate::store::now_ms;
 
 /// At start-up: executions interrupted by the previous process go back to `approved`.
-pub async fn recover(shared: &Shared) {
-    let queue = &shared.approvals;
+pub async fn recover(queue: &ApprovalQueue) {
     match queue.store.call(|s| s.recover(now_ms())).await {
         Ok(ids) => {
             for id in ids {
@@ -46,9 +44,9 @@ pub async fn recover(shared: &Shared) {
 
 /// Run the sweep until `shutdown`. Deliveries have a loop of their own: a Slack or SMTP
 /// server that takes its full timeout to fail must not hold up deadlines and executions.
-pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+pub async fn run(shared: Executor, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
-    let period = shared.config.approvals.tick;
+    let period = shared.queue.config.tick;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deliveries = async {
@@ -56,7 +54,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            notify::deliver_due(&shared.approvals).await;
+            notify::deliver_due(&shared.queue).await;
         }
     };
     tokio::pin!(deliveries);
@@ -70,8 +68,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
 }
 
 /// One pass.
-pub async fn sweep(shared: &Arc<Shared>) {
-    let queue = &shared.approvals;
+pub async fn sweep(shared: &Executor) {
+    let queue = &shared.queue;
     let now = now_ms();
     match queue.store.call(move |s| s.expire_due(now)).await {
         Ok(expired) => {

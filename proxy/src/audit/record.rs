@@ -44,7 +44,7 @@ pub struct AuditRecord {
     pub path: Option<String>,
     /// `allow`, `deny`, `error`, `cancel`, or `escalate` (held for a human).
     pub decision: String,
-    /// The `error` kind of DESIGN §5 for refusals and failures.
+    /// The `error` kind of docs/design.md §5 for refusals and failures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -104,6 +104,10 @@ pub struct AuditRecord {
     /// `mcp_message` record in a batch, or on the request's own record for a lone one).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rpc_method: Option<String>,
+    /// What became of a sandboxed run (kind `run`): its exit, the limit that ended it, the
+    /// isolation and limits that applied, what was cleaned up.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub run: Option<serde_json::Value>,
 }
 
 /// A chain that no longer matched its checkpoint, acknowledged by an operator: the record
@@ -156,6 +160,8 @@ pub struct AuditGuard {
     sink: AuditSink,
     /// Requests are counted where they are recorded, so metrics and audit always agree.
     metrics: Arc<Metrics>,
+    /// A scratch record ([`AuditGuard::scratch`]) is never written.
+    keep: bool,
 }
 
 impl AuditGuard {
@@ -171,7 +177,22 @@ impl AuditGuard {
             started: Instant::now(),
             sink: sink.clone(),
             metrics: metrics.clone(),
+            keep: true,
         }
+    }
+
+    /// A record that is filled in like any other but never written: for work that keeps
+    /// its own record (an approved execution's is its approval's transition, which takes
+    /// what it needs from this one with [`AuditGuard::take`]).
+    pub fn scratch(sink: &AuditSink, metrics: &Arc<Metrics>, request_id: &str, kind: &str) -> Self {
+        let mut guard = Self::start(sink, metrics, request_id, kind);
+        guard.keep = false;
+        guard
+    }
+
+    /// The record so far, taken out: nothing is written for it any more.
+    pub fn take(mut self) -> Option<AuditRecord> {
+        self.record.take()
     }
 
     /// Fill in fields as the phases learn them.
@@ -233,6 +254,10 @@ impl AuditGuard {
     }
 
     fn write(&mut self, f: impl FnOnce(&mut AuditRecord)) {
+        if !self.keep {
+            self.record = None;
+            return;
+        }
         if let Some(mut record) = self.record.take() {
             f(&mut record);
             record.duration_us = self.started.elapsed().as_micros() as u64;

@@ -60,6 +60,26 @@ impl std::fmt::Debug for Command {
 const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 
 impl AuditSink {
+    /// Record a session lifecycle event (paused, resumed, ended by a human) in the chain.
+    pub fn session_event(
+        &self,
+        metrics: &Arc<Metrics>,
+        session: &str,
+        agent: &str,
+        tenant: &str,
+        what: &str,
+    ) {
+        let request_id = crate::ids::request_id();
+        let mut audit = super::AuditGuard::start(self, metrics, &request_id, "session");
+        audit.update(|r| {
+            r.session = Some(session.to_owned());
+            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
+            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
+            r.reason = Some(what.to_owned());
+        });
+        audit.allow(0);
+    }
+
     /// Queue one record. Once the queue is full, the refusal of a request refused for that
     /// very reason is counted rather than queued (memory stays bounded during an outage);
     /// every other record is queued. If the writer has stopped, the record is logged.

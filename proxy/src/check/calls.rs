@@ -7,14 +7,21 @@ use std::sync::Arc;
 
 use ostiary_policies::{Action, PolicyEngine};
 
+use ostiary_broker::Broker;
+
 use crate::classify::Target;
 use crate::mcp::plan::Decided;
-use crate::server::Shared;
+use crate::metrics::Metrics;
 use crate::session::Principal;
 
+use super::Checks;
+
 /// Run the checks of every checkable call of `decided`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
-    shared: &Shared,
+    checks: &Checks,
+    broker: &Broker,
+    metrics: &Arc<Metrics>,
     engine: &PolicyEngine,
     principal: &Principal,
     target: &Target,
@@ -23,9 +30,9 @@ pub async fn run(
 ) {
     let secrets = match decided
         .checkable()
-        .any(|call| shared.checks.wants(call.tier, "dlp"))
+        .any(|call| checks.wants(call.tier, "dlp"))
     {
-        true => session_detectors(shared, principal).await,
+        true => session_detectors(checks, broker, principal).await,
         false => None,
     };
     let reports = futures_util::future::join_all(decided.checkable().map(|call| {
@@ -56,10 +63,7 @@ pub async fn run(
                 declared_len: None,
                 detectors,
             };
-            (
-                call.index,
-                shared.checks.run(subject, &shared.metrics).await,
-            )
+            (call.index, checks.run(subject, metrics).await)
         }
     }))
     .await;
@@ -71,13 +75,10 @@ pub async fn run(
 /// The DLP detectors with the values the broker holds for the session added ("any value
 /// of a credential known to the broker"); `None` when it holds none.
 pub async fn session_detectors(
-    shared: &Shared,
+    checks: &Checks,
+    broker: &Broker,
     principal: &Principal,
 ) -> Option<Arc<super::dlp::Detectors>> {
-    let secrets = shared
-        .credentials
-        .broker
-        .secrets_of(&principal.session_id)
-        .await;
-    shared.checks.detectors_with(secrets)
+    let secrets = broker.secrets_of(&principal.session_id).await;
+    checks.detectors_with(secrets)
 }

@@ -1,5 +1,5 @@
-//! Phase `check` (DESIGN §3): the checks a request's risk tier pays for, within the tier's
-//! latency budget, and what happens when the budget runs out (`[tiers.*]`, DESIGN §8).
+//! Phase `check` (docs/design.md §3): the checks a request's risk tier pays for, within the tier's
+//! latency budget, and what happens when the budget runs out (`[tiers.*]`, docs/design.md §8).
 //!
 //! Checks run cheapest first. The local ones (`limits`, `args_schema`, `dlp` on a body in
 //! hand) cost microseconds and run in order, stopping at the first failure; only then do

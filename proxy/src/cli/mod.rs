@@ -1,4 +1,4 @@
-//! The `ostiary` command line (DESIGN §7). Every command takes `--config` (or
+//! The `ostiary` command line (docs/design.md §7). Every command takes `--config` (or
 //! `OSTIARY_CONFIG`); with none, the built-in defaults apply, so `ostiary serve` works on a
 //! fresh machine with no file at all.
 
@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 mod approvals;
 mod cost;
+mod run;
 mod sessions;
+
+pub use run::RunArgs;
 
 use clap::{Args, Parser, Subcommand};
 use ostiary_sdk::{ControlClient, NewSession, Session};
@@ -65,7 +68,9 @@ pub enum Command {
     /// Sessions: create, show, resume, terminate, dead letters.
     #[command(subcommand, visible_alias = "sessions")]
     Session(SessionCommand),
-    /// Run a command inside a new session; the session ends when the command does.
+    /// Run a command inside a new session; the session ends when the command does. Only
+    /// --sandbox is a boundary.
+    #[command(after_help = run::AFTER_HELP)]
     Run(RunArgs),
     /// The interception CA.
     #[command(subcommand)]
@@ -79,6 +84,38 @@ pub enum Command {
     /// The approval queue: list, show, approve, deny, link.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
+    /// Sandbox stage: join the run's cgroups, set its rlimits, exec the runner.
+    #[command(hide = true)]
+    SandboxEnter(crate::sandbox::enter::EnterArgs),
+    /// Sandbox stage: pid 1 inside (forwarder, working-directory copy, reaping).
+    #[command(hide = true)]
+    SandboxInit(crate::sandbox::init::InitArgs),
+    /// Sandbox stage: drop privileges, install seccomp, exec the command.
+    #[command(hide = true)]
+    SandboxExec(crate::sandbox::exec::ExecArgs),
+}
+
+impl Command {
+    /// Whether this is one of the sandbox's own stages, which run before any runtime or
+    /// config ([`run_stage`]).
+    pub fn is_sandbox_stage(&self) -> bool {
+        matches!(
+            self,
+            Command::SandboxEnter(_) | Command::SandboxInit(_) | Command::SandboxExec(_)
+        )
+    }
+}
+
+/// Run a sandbox stage: synchronously, with no config (inside a sandbox there is none to
+/// read) and no multi-threaded runtime (the exec stage's seccomp filter and uid change are
+/// per thread until it execs; the init stage makes its own single-threaded one).
+pub fn run_stage(command: Command) -> ExitCode {
+    match command {
+        Command::SandboxEnter(args) => crate::sandbox::enter::run(args),
+        Command::SandboxInit(args) => crate::sandbox::init::run(args),
+        Command::SandboxExec(args) => crate::sandbox::exec::run(args),
+        _ => ExitCode::from(crate::sandbox::exit::SETUP),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,21 +139,6 @@ pub struct SessionArgs {
     pub max_calls: Option<u64>,
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    #[arg(long)]
-    pub agent: String,
-    #[arg(long)]
-    pub tenant: Option<String>,
-    #[arg(long)]
-    pub ttl: Option<String>,
-    /// The command and its arguments, after `--` (so that its own flags are never taken
-    /// for ostiary's). `last` alone says this; clap refuses it combined with
-    /// `trailing_var_arg` and panics at parse time.
-    #[arg(required = true, last = true)]
-    pub command: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,7 +298,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Session(SessionCommand::Manage(cmd)) => {
             sessions::run(control_client(&config)?, cmd).await
         }
-        Command::Run(args) => run_child(&config, args).await,
+        Command::Run(args) => Ok(run::run(&config, args).await),
         Command::Ca(CaCommand::Export) => {
             print!("{}", state::read_ca_cert(&config.state.dir)?);
             Ok(ExitCode::SUCCESS)
@@ -299,10 +321,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
         Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
         Command::Approvals(cmd) => approvals::run(control_client(&config)?, cmd).await,
+        Command::SandboxEnter(_) | Command::SandboxInit(_) | Command::SandboxExec(_) => Err(
+            CliError::Usage("a sandbox stage runs only as a process's first command".into()),
+        ),
     }
 }
 
 async fn serve(config: Config) -> Result<ExitCode, CliError> {
+    // What the proxy writes (the database, its journal, the audit head) is its own alone,
+    // whatever the operator's umask: the state directory is 0700 and its files 0600.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let proxy_addr = config.listen.proxy;
     let control_addr = config.listen.control;
     let ostiary = Ostiary::build(config, Options::default()).await?;
@@ -316,6 +344,14 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
     };
     let proxy = bind(proxy_addr).await?;
     let control = bind(control_addr).await?;
+    let unix_path = ostiary.control_plane().config.proxy_unix_path();
+    let unix = crate::server::bind_unix(&unix_path)
+        .await
+        .map_err(|source| CliError::Io {
+            what: format!("binding {}", unix_path.display()),
+            source,
+        })?;
+    let ostiary = ostiary.with_unix(unix);
     eprintln!(
         "ostiary: proxy on http://{}, control API on http://{}",
         proxy.local_addr().map_err(|source| CliError::Io {
@@ -332,7 +368,7 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
     let reloader = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(hangups) => Some(tokio::spawn(reload_on_hangup(
             hangups,
-            ostiary.shared().clone(),
+            ostiary.control_plane().reloader.clone(),
         ))),
         Err(e) => {
             tracing::warn!(error = %e, "SIGHUP cannot be handled; policy reload by signal is off");
@@ -351,11 +387,11 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
 /// counts and audits its outcome.
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
-    shared: std::sync::Arc<crate::server::Shared>,
+    reloader: crate::policy_store::Reloader,
 ) {
     use crate::policy_store::{reload, Trigger};
     while hangups.recv().await.is_some() {
-        let _ = reload(shared.clone(), Trigger::Signal).await;
+        let _ = reload(reloader.clone(), Trigger::Signal).await;
     }
 }
 
@@ -435,36 +471,6 @@ async fn session_new(config: &Config, args: SessionArgs) -> Result<ExitCode, Cli
 
 fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', "'\\''"))
-}
-
-async fn run_child(config: &Config, args: RunArgs) -> Result<ExitCode, CliError> {
-    let client = control_client(config)?;
-    let session = client
-        .create_session(&NewSession {
-            agent: args.agent,
-            tenant: args.tenant,
-            ttl: args.ttl,
-            ..Default::default()
-        })
-        .await?;
-    let ca = ca_path(config, &session)?;
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| CliError::Usage("run needs a command after --".into()))?;
-    let status = tokio::process::Command::new(program)
-        .args(rest)
-        .envs(session.env(&ca))
-        .status()
-        .await;
-    // Teardown whatever happened to the child.
-    let teardown = client.delete_session(&session.session_id).await;
-    let status = status.map_err(|source| CliError::Io {
-        what: format!("starting {program}"),
-        source,
-    })?;
-    teardown?;
-    Ok(exit_code_of(status))
 }
 
 fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {

@@ -1,4 +1,4 @@
-//! `[control]`: settings of the control listener (DESIGN §6) beyond where it binds
+//! `[control]`: settings of the control listener (docs/design.md §6) beyond where it binds
 //! (`listen.control`).
 
 use serde::Deserialize;

@@ -1,6 +1,6 @@
 //! `ostiary.toml`: one serde tree, `deny_unknown_fields` everywhere, every field documented.
 //!
-//! The names are the contract of DESIGN §8: fields may be added, none renamed. Sections
+//! The names are the contract of docs/design.md §8: fields may be added, none renamed. Sections
 //! that later capabilities implement (`state.redis`)
 //! are parsed and type-checked now so that a config written against the design loads, and
 //! `ostiary serve` says at start-up which of them are not enforced yet.
@@ -13,10 +13,12 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 mod control;
+pub mod sandbox;
 mod sessions;
 mod tiers;
 
 pub use control::Control;
+pub use sandbox::{Isolation, Profile, Sandbox};
 pub use sessions::{Sessions, Watchdog, LIMIT_NAMES, PENDING_APPROVALS_CEILING};
 pub use tiers::{tier_name, OnBudget, Rate, Tier, TierToml, Tiers, CHECK_NAMES};
 
@@ -46,16 +48,18 @@ pub struct Config {
     pub sessions: Sessions,
     pub proxy: ProxyLimits,
     pub broker: Broker,
-    /// Credential bindings: which secret goes to which hosts, injected how (DESIGN §9).
+    /// Credential bindings: which secret goes to which hosts, injected how (docs/design.md §9).
     pub credential: Vec<ostiary_broker::Binding>,
-    /// The approval queue (DESIGN §10): who decides, through which channels, how long.
+    /// The approval queue (docs/design.md §10): who decides, through which channels, how long.
     pub approvals: Approvals,
-    /// The checks each risk tier pays for, within a latency budget (DESIGN §3, §8).
+    /// The checks each risk tier pays for, within a latency budget (docs/design.md §3, §8).
     pub tiers: Tiers,
     /// Settings of individual checks (the external `webhook`, extra DLP values).
     pub checks: Checks,
     /// The control API's own settings (who may read `/metrics`).
     pub control: Control,
+    /// `ostiary run --sandbox`: isolation levels, limits and views, by profile.
+    pub sandbox: Sandbox,
 }
 
 /// Where the two listeners bind.
@@ -66,6 +70,10 @@ pub struct Listen {
     pub proxy: SocketAddr,
     /// Sessions, audit, metrics; never reachable through the proxy.
     pub control: SocketAddr,
+    /// A Unix socket the proxy also serves, the one way out of a sandbox
+    /// (`ostiary run --sandbox` binds it into the sandbox). Default: `proxy.sock` in the
+    /// state directory, whose `0700` keeps every other local user from reaching it.
+    pub proxy_unix: Option<PathBuf>,
 }
 
 impl Default for Listen {
@@ -73,7 +81,18 @@ impl Default for Listen {
         Self {
             proxy: SocketAddr::from(([127, 0, 0, 1], 8080)),
             control: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            proxy_unix: None,
         }
+    }
+}
+
+impl Config {
+    /// The proxy's Unix socket: `listen.proxy_unix`, or `proxy.sock` in the state directory.
+    pub fn proxy_unix_path(&self) -> PathBuf {
+        self.listen
+            .proxy_unix
+            .clone()
+            .unwrap_or_else(|| self.state.dir.join(crate::state::files::PROXY_SOCKET))
     }
 }
 
@@ -171,7 +190,7 @@ pub struct WebhookCheck {
     pub token_env: Option<String>,
 }
 
-/// The approval queue: escalated requests wait here for a human (DESIGN §10).
+/// The approval queue: escalated requests wait here for a human (docs/design.md §10).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Approvals {
@@ -332,7 +351,7 @@ impl Default for Egress {
     }
 }
 
-/// Connection-level limits of the proxy listener (added by Ostiary; not in DESIGN §8).
+/// Connection-level limits of the proxy listener (added by Ostiary; not in docs/design.md §8).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyLimits {
@@ -410,6 +429,7 @@ impl Config {
             return Err(ConfigError::Invalid("egress.ports contains 0".into()));
         }
         self.sessions.validate().map_err(ConfigError::Invalid)?;
+        self.sandbox.validate().map_err(ConfigError::Invalid)?;
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),

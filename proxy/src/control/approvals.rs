@@ -22,19 +22,20 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{problem, Reply};
+use super::error::ControlError;
+use super::Reply;
 use crate::approvals::slack_callback;
 use crate::approvals::store::DecideError;
 use crate::approvals::{execute, page, Approval, Channel, Status, Verdict};
 use crate::body::{full, ProxyBody};
-use crate::server::Shared;
+use crate::plane::ControlPlane;
 use crate::store::now_ms;
 
 /// Largest form or callback body read.
 const MAX_FORM: usize = 64 * 1024;
 
 /// `GET /v1/approvals?status=&session=&limit=`.
-pub async fn list(shared: &Shared, query: &str) -> Reply {
+pub async fn list(shared: &ControlPlane, query: &str) -> Reply {
     let mut status = None;
     let mut session = None;
     let mut limit = 100usize;
@@ -43,11 +44,7 @@ pub async fn list(shared: &Shared, query: &str) -> Reply {
             "status" => match Status::parse(&value) {
                 Some(s) => status = Some(s),
                 None => {
-                    return problem(
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        format!("unknown status {value:?}"),
-                    )
+                    return ControlError::BadRequest(format!("unknown status {value:?}")).into()
                 }
             },
             "session" => session = Some(value.into_owned()),
@@ -74,28 +71,16 @@ pub async fn list(shared: &Shared, query: &str) -> Reply {
                 },
             }),
         ),
-        (Err(e), _) | (_, Err(e)) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
+        (Err(e), _) | (_, Err(e)) => ControlError::Internal(e.to_string()).into(),
     }
 }
 
 /// One approval, or the problem to answer instead.
-async fn load(shared: &Shared, id: &str) -> Result<Approval, Reply> {
+async fn load(shared: &ControlPlane, id: &str) -> Result<Approval, Reply> {
     match shared.approvals.get(id).await {
         Ok(Some(a)) => Ok(a),
-        Ok(None) => Err(problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no approval {id}"),
-        )),
-        Err(e) => Err(problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        )),
+        Ok(None) => Err(ControlError::NotFound(format!("no approval {id}")).into()),
+        Err(e) => Err(ControlError::Internal(e.to_string()).into()),
     }
 }
 
@@ -115,7 +100,7 @@ fn summary(a: &Approval) -> serde_json::Value {
 }
 
 /// `GET /v1/approvals/{id}`: everything, including notification delivery state.
-pub async fn show(shared: &Shared, id: &str) -> Reply {
+pub async fn show(shared: &ControlPlane, id: &str) -> Reply {
     let approval = match load(shared, id).await {
         Ok(a) => a,
         Err(reply) => return reply,
@@ -146,7 +131,7 @@ struct DecideBody {
 
 /// `POST /v1/approvals/{id}/approve|deny` with `{"approver": "...", "reason": "..."}`.
 pub async fn decide_api(
-    shared: &Arc<Shared>,
+    shared: &Arc<ControlPlane>,
     req: Request<Incoming>,
     id: &str,
     verdict: Verdict,
@@ -167,7 +152,7 @@ pub async fn decide_api(
     .await
     {
         Ok(a) => Reply(StatusCode::OK, summary(&a)),
-        Err(e) => decide_problem(&e),
+        Err(e) => decide_problem(e),
     }
 }
 
@@ -179,7 +164,7 @@ struct LinkBody {
 
 /// `POST /v1/approvals/{id}/link` with `{"approver": "..."}`: a review link for one
 /// approver (the CLI prints it; email and Slack carry their own).
-pub async fn link(shared: &Shared, req: Request<Incoming>, id: &str) -> Reply {
+pub async fn link(shared: &ControlPlane, req: Request<Incoming>, id: &str) -> Reply {
     let body: LinkBody = match super::read_json(req).await {
         Ok(b) => b,
         Err(reply) => return reply,
@@ -189,7 +174,7 @@ pub async fn link(shared: &Shared, req: Request<Incoming>, id: &str) -> Reply {
         Err(reply) => return reply,
     };
     if let Err(e) = shared.approvals.may_decide(&approval, &body.approver) {
-        return decide_problem(&e);
+        return decide_problem(e);
     }
     Reply(
         StatusCode::OK,
@@ -199,7 +184,7 @@ pub async fn link(shared: &Shared, req: Request<Incoming>, id: &str) -> Reply {
 
 /// Decide, and start executing what was approved.
 async fn decide(
-    shared: &Arc<Shared>,
+    shared: &Arc<ControlPlane>,
     id: &str,
     verdict: Verdict,
     approver: &str,
@@ -212,15 +197,15 @@ async fn decide(
         .decide(id, verdict, approver, channel, reason, nonce)
         .await?;
     if decided.status == Status::Approved {
-        tokio::spawn(execute::run(shared.clone(), decided.id.clone()));
+        tokio::spawn(execute::run(shared.executor.clone(), decided.id.clone()));
     }
     // "Resume this paused session?" — no: the session is terminated.
     if decided.status == Status::Denied {
         if let Some(session) = crate::guardrails::pause::resume_target(&decided) {
-            let (shared, session) = (shared.clone(), session.to_owned());
+            let (teardown, session) = (shared.teardown.clone(), session.to_owned());
             let why = format!("terminated by {approver} after a watchdog pause");
             tokio::spawn(async move {
-                if let Err(e) = crate::lifecycle::teardown(&shared, &session, &why).await {
+                if let Err(e) = teardown.tear_down(&session, &why).await {
                     tracing::error!(session, error = %e, "terminating a paused session failed");
                 }
             });
@@ -229,17 +214,8 @@ async fn decide(
     Ok(decided)
 }
 
-fn decide_problem(e: &DecideError) -> Reply {
-    let (status, kind) = match e {
-        DecideError::Unknown(_) => (StatusCode::NOT_FOUND, "not_found"),
-        DecideError::NotPending(_) => (StatusCode::CONFLICT, "not_pending"),
-        DecideError::LinkUsed => (StatusCode::GONE, "link_used"),
-        DecideError::NotApprover(_) | DecideError::SelfApproval => {
-            (StatusCode::FORBIDDEN, "not_an_approver")
-        }
-        DecideError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
-    };
-    problem(status, kind, e.to_string())
+fn decide_problem(e: DecideError) -> Reply {
+    ControlError::from(e).into()
 }
 
 /// An HTML response with the page's security headers.
@@ -261,7 +237,7 @@ fn html(status: StatusCode, text: String, head_only: bool) -> Response<ProxyBody
 
 /// `GET`, `HEAD` and `POST /approve/<token>`.
 pub async fn review(
-    shared: &Arc<Shared>,
+    shared: &Arc<ControlPlane>,
     req: Request<Incoming>,
     token: &str,
 ) -> Response<ProxyBody> {
@@ -375,8 +351,9 @@ pub async fn review(
                     html(StatusCode::OK, page::outcome(title, &message), false)
                 }
                 Err(e) => {
-                    let Reply(status, _) = decide_problem(&e);
-                    refuse(status, "Not recorded", &e.to_string())
+                    let message = e.to_string();
+                    let Reply(status, _) = decide_problem(e);
+                    refuse(status, "Not recorded", &message)
                 }
             }
         }
@@ -404,17 +381,16 @@ async fn read_form(req: Request<Incoming>) -> Result<Bytes, String> {
 }
 
 /// `POST /v1/slack/interactions`.
-pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
+pub async fn slack(shared: &Arc<ControlPlane>, req: Request<Incoming>) -> Reply {
     let config = &shared.config.approvals;
     let secret = std::env::var(&config.slack_signing_secret_env)
         .ok()
         .filter(|s| !s.is_empty());
     let Some(secret) = secret else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "Slack callbacks are not configured (no signing secret)",
-        );
+        return ControlError::NotFound(
+            "Slack callbacks are not configured (no signing secret)".into(),
+        )
+        .into();
     };
     let header = |name: &str| {
         req.headers()
@@ -432,14 +408,14 @@ pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
     let body = match read_form(req).await {
         Ok(b) => b,
-        Err(m) => return problem(StatusCode::BAD_REQUEST, "bad_request", m),
+        Err(m) => return ControlError::BadRequest(m).into(),
     };
     let now_secs = now_ms() / 1000;
     if let Err(e) =
         slack_callback::verify(secret.as_bytes(), &timestamp, &signature, &body, now_secs)
     {
         tracing::warn!(error = %e, "slack callback refused");
-        return problem(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string());
+        return ControlError::Unauthenticated(e.to_string()).into();
     }
     // A valid signature seen before is a replay, even within the 5-minute window.
     let fresh = {
@@ -454,26 +430,18 @@ pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!("slack callback replayed");
-            return problem(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "this callback was already received (replay)",
-            );
-        }
-        Err(e) => {
-            return problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                e.to_string(),
+            return ControlError::Unauthenticated(
+                "this callback was already received (replay)".into(),
             )
+            .into();
         }
+        Err(e) => return ControlError::Internal(e.to_string()).into(),
     }
     if !form {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "Slack callbacks are application/x-www-form-urlencoded",
-        );
+        return ControlError::BadRequest(
+            "Slack callbacks are application/x-www-form-urlencoded".into(),
+        )
+        .into();
     }
     let action = match slack_callback::parse(&body) {
         Ok(a) => a,
@@ -482,17 +450,14 @@ pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
         Err(slack_callback::CallbackError::UnknownAction(id)) if id.starts_with("review-") => {
             return Reply(StatusCode::OK, json!({ "text": "opened the review page" }))
         }
-        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e) => return ControlError::BadRequest(e.to_string()).into(),
     };
     let Some(approver) = config.slack_users.get(&action.user_id) else {
-        return problem(
-            StatusCode::FORBIDDEN,
-            "not_an_approver",
-            format!(
-                "Slack user {} is not mapped to an approver (approvals.slack_users)",
-                action.user_id
-            ),
-        );
+        return ControlError::NotAnApprover(format!(
+            "Slack user {} is not mapped to an approver (approvals.slack_users)",
+            action.user_id
+        ))
+        .into();
     };
     match decide(
         shared,
@@ -516,7 +481,7 @@ pub async fn slack(shared: &Arc<Shared>, req: Request<Incoming>) -> Reply {
                 "status": a.status.as_str(),
             }),
         ),
-        Err(e) => decide_problem(&e),
+        Err(e) => decide_problem(e),
     }
 }
 

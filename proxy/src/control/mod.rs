@@ -1,4 +1,4 @@
-//! The control API (DESIGN §6), on its own listener that the egress guard never lets the
+//! The control API (docs/design.md §6), on its own listener that the egress guard never lets the
 //! proxy reach: sessions, approvals ([`approvals`]), audit, policy reload, metrics, health.
 //!
 //! Admin calls carry `Authorization: Bearer <admin token>`, compared in constant time.
@@ -21,21 +21,28 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 mod approvals;
+mod error;
 mod sessions;
+
+use error::ControlError;
 
 use crate::approvals::Verdict;
 use crate::audit::verify::{self, Query};
 use crate::body::{full, ProxyBody};
 use crate::ids;
+use crate::plane::ControlPlane;
 use crate::policy_store::{self, ReloadError, Trigger};
 use crate::respond::json_response;
-use crate::server::Shared;
 
 /// Largest control request body accepted.
 const MAX_BODY: usize = 64 * 1024;
 
 /// Serve the control listener until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<ControlPlane>,
+    shutdown: impl Future<Output = ()>,
+) {
     let tracker = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
@@ -64,11 +71,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
 
 pub(crate) struct Reply(StatusCode, serde_json::Value);
 
-pub(crate) fn problem(status: StatusCode, error: &str, message: impl Into<String>) -> Reply {
-    Reply(status, json!({ "error": error, "message": message.into() }))
-}
-
-async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
+async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<ProxyBody> {
     let request_id = ids::request_id();
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -107,22 +110,20 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         if let Some(parent) = sessions::bearer_session(&shared, &req) {
             let Reply(status, mut body) = match parent {
                 Ok(parent) => sessions::create(&shared, req, Some(parent)).await,
-                Err(e) => problem(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    format!("the session token is not valid: {e}"),
-                ),
+                Err(e) => {
+                    ControlError::Unauthenticated(format!("the session token is not valid: {e}"))
+                        .into()
+                }
             };
             body["request_id"] = json!(request_id);
             return json_response(status, &body, &request_id);
         }
     }
     if !admin {
-        let Reply(status, mut body) = problem(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "this call needs Authorization: Bearer <admin token>",
-        );
+        let Reply(status, mut body) = ControlError::Unauthenticated(
+            "this call needs Authorization: Bearer <admin token>".into(),
+        )
+        .into();
         body["request_id"] = json!(request_id);
         return json_response(status, &body, &request_id);
     }
@@ -134,13 +135,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
             sessions::terminate(&shared, id, "session revoked", "revoked").await
         }
         (Method::POST, ["v1", "sessions", id, "terminate"]) => {
-            sessions::terminate(
-                &shared,
-                id,
-                "session terminated by an operator",
-                "terminated",
-            )
-            .await
+            sessions::terminate_as_told(&shared, req, id).await
         }
         (Method::POST, ["v1", "sessions", id, "resume"]) => {
             sessions::resume(&shared, id, "an operator").await
@@ -163,11 +158,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
         (Method::GET, ["v1", "audit"]) => {
             return audit_lines(&shared, req.uri().query().unwrap_or(""), &request_id).await
         }
-        _ => problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no route {path}"),
-        ),
+        _ => ControlError::NotFound(format!("no route {path}")).into(),
     };
     let Reply(status, mut body) = reply;
     if status.is_client_error() || status.is_server_error() {
@@ -177,7 +168,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBod
 }
 
 /// `GET /metrics`: the Prometheus (OpenMetrics) text.
-fn metrics(shared: &Shared) -> Response<ProxyBody> {
+fn metrics(shared: &ControlPlane) -> Response<ProxyBody> {
     let mut response = Response::new(full(shared.metrics.encode()));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -188,7 +179,7 @@ fn metrics(shared: &Shared) -> Response<ProxyBody> {
     response
 }
 
-fn is_admin<B>(shared: &Shared, req: &Request<B>) -> bool {
+fn is_admin<B>(shared: &ControlPlane, req: &Request<B>) -> bool {
     let Some(value) = req.headers().get(AUTHORIZATION) else {
         return false;
     };
@@ -204,16 +195,16 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     let bytes: Bytes = Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
-        .map_err(|e| problem(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))?
+        .map_err(|e| Reply::from(ControlError::BadRequest(format!("body: {e}"))))?
         .to_bytes();
     serde_json::from_slice(&bytes)
-        .map_err(|e| problem(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))
+        .map_err(|e| ControlError::BadRequest(format!("body: {e}")).into())
 }
 
 /// `POST /v1/policy/reload`: the same reload as a file change or `SIGHUP`. An invalid set
 /// answers 422 and leaves the set in force untouched.
-async fn reload_policies(shared: &Arc<Shared>) -> Reply {
-    match policy_store::reload(shared.clone(), Trigger::Api).await {
+async fn reload_policies(shared: &Arc<ControlPlane>) -> Reply {
+    match policy_store::reload(shared.reloader.clone(), Trigger::Api).await {
         Ok(report) => Reply(
             StatusCode::OK,
             json!({
@@ -222,27 +213,19 @@ async fn reload_policies(shared: &Arc<Shared>) -> Reply {
                 "generation": report.generation,
             }),
         ),
-        Err(ReloadError::Invalid(e)) => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "policy_invalid",
-            e.to_string(),
-        ),
-        Err(e @ ReloadError::Interrupted(_)) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
+        Err(ReloadError::Invalid(e)) => ControlError::PolicyInvalid(e.to_string()).into(),
+        Err(e @ ReloadError::Interrupted(_)) => ControlError::Internal(e.to_string()).into(),
     }
 }
 
 /// The placeholder variables of the credentials a session may use: every binding with a
-/// host that some policy could permit (DESIGN §9). Values are worthless by design; a child
+/// host that some policy could permit (docs/design.md §9). Values are worthless by design; a child
 /// session's carry its own id (`ostiary:github@ses_…`), so its parent's do not work in it.
 pub(crate) fn placeholders(
-    shared: &Shared,
+    shared: &ControlPlane,
     child: Option<&str>,
 ) -> serde_json::Map<String, serde_json::Value> {
-    let engine = shared.policies.current();
+    let engine = shared.reloader.policies.current();
     shared
         .credentials
         .broker
@@ -263,7 +246,7 @@ pub(crate) fn placeholders(
         .collect()
 }
 
-async fn audit_lines(shared: &Shared, query: &str, request_id: &str) -> Response<ProxyBody> {
+async fn audit_lines(shared: &ControlPlane, query: &str, request_id: &str) -> Response<ProxyBody> {
     let mut q = Query::default();
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match key.as_ref() {
@@ -272,11 +255,7 @@ async fn audit_lines(shared: &Shared, query: &str, request_id: &str) -> Response
             "since" => match parse_since(&value) {
                 Some(ms) => q.since_ms = Some(ms),
                 None => {
-                    let Reply(s, b) = problem(
-                        StatusCode::BAD_REQUEST,
-                        "bad_request",
-                        "since must be milliseconds since the epoch, RFC 3339, or a duration like 15m",
-                    );
+                    let Reply(s, b) = ControlError::BadRequest("since must be milliseconds since the epoch, RFC 3339, or a duration like 15m".into()).into();
                     return json_response(s, &b, request_id);
                 }
             },
@@ -308,19 +287,11 @@ async fn audit_lines(shared: &Shared, query: &str, request_id: &str) -> Response
             response
         }
         Ok(Err(e)) => {
-            let Reply(s, b) = problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                e.to_string(),
-            );
+            let Reply(s, b) = ControlError::Internal(e.to_string()).into();
             json_response(s, &b, request_id)
         }
         Err(e) => {
-            let Reply(s, b) = problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                e.to_string(),
-            );
+            let Reply(s, b) = ControlError::Internal(e.to_string()).into();
             json_response(s, &b, request_id)
         }
     }
@@ -344,7 +315,7 @@ pub fn parse_since(text: &str) -> Option<i64> {
 
 /// `GET /readyz`: 200 while the proxy can serve, else 503 naming each component that cannot
 /// (today the audit trail: while its records cannot be written, nothing is forwarded).
-fn ready(shared: &Shared, request_id: &str) -> Response<ProxyBody> {
+fn ready(shared: &ControlPlane, request_id: &str) -> Response<ProxyBody> {
     let audit = shared.audit.status();
     let status = if audit.available {
         StatusCode::OK

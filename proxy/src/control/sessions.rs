@@ -1,4 +1,4 @@
-//! The control API's sessions (DESIGN §6): create (by an operator, or by a session for a
+//! The control API's sessions (docs/design.md §6): create (by an operator, or by a session for a
 //! child of its own), show, resume after a watchdog pause, terminate, and the dead letters
 //! the watchdog wrote.
 //!
@@ -11,18 +11,18 @@ use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
-use super::{problem, read_json, Reply};
+use super::error::ControlError;
+use super::{read_json, Reply};
 use crate::approvals::queue::CapRefused;
 use crate::audit::AuditGuard;
 use crate::guardrails::meter::Limits;
-use crate::lifecycle;
-use crate::server::Shared;
+use crate::plane::ControlPlane;
 use crate::session::spawn::{self, ChildAgent};
 use crate::session::{limits, registry, NewSession, Principal, SessionError};
 
 /// The session a `Bearer` token on a control request stands for, if it is a session token.
 pub(super) fn bearer_session<B>(
-    shared: &Shared,
+    shared: &ControlPlane,
     req: &Request<B>,
 ) -> Option<Result<std::sync::Arc<Principal>, SessionError>> {
     let value = req.headers().get(AUTHORIZATION)?;
@@ -33,7 +33,7 @@ pub(super) fn bearer_session<B>(
 /// `POST /v1/sessions`. `parent` is the session whose token authenticated the call, if a
 /// session did; an operator may name one in the body instead.
 pub(super) async fn create(
-    shared: &Shared,
+    shared: &ControlPlane,
     req: Request<Incoming>,
     parent: Option<std::sync::Arc<Principal>>,
 ) -> Reply {
@@ -43,25 +43,29 @@ pub(super) async fn create(
     };
     // Every number first: a negative or absurd budget must not reach the carving below.
     if let Err(e) = limits::check(&new) {
-        return problem(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
+        return ControlError::BadRequest(e.to_string()).into();
+    }
+    // A profile policies will be told about must be one the sandbox knows.
+    if let Some(name) = new.profile.as_deref() {
+        if shared.config.sandbox.profile(name).is_none() {
+            return ControlError::BadRequest(format!(
+                "profile {name:?} is not a sandbox profile (known: {})",
+                shared.config.sandbox.profile_names().join(", ")
+            ))
+            .into();
+        }
     }
     let parent = match (parent, new.parent.as_deref()) {
         (Some(p), Some(named)) if named != p.session_id => {
-            return problem(
-                StatusCode::FORBIDDEN,
-                "denied",
-                "a session may only create children of its own",
-            )
+            return ControlError::Denied("a session may only create children of its own".into())
+                .into()
         }
         (Some(p), _) => Some(p),
         (None, Some(named)) => match shared.sessions.get(named) {
             Some(p) => Some(p),
             None => {
-                return problem(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!("parent session {named} is not active"),
-                )
+                return ControlError::NotFound(format!("parent session {named} is not active"))
+                    .into()
             }
         },
         (None, None) => None,
@@ -73,11 +77,11 @@ pub(super) async fn create(
         }
         // A paused session spawns nothing: a child would be a way around the pause.
         if let Some(paused) = shared.guardrails.paused(&p.session_id) {
-            return problem(
-                StatusCode::LOCKED,
-                "session_paused",
-                format!("the parent session is paused: {}", paused.reason),
-            );
+            return ControlError::SessionPaused(format!(
+                "the parent session is paused: {}",
+                paused.reason
+            ))
+            .into();
         }
     }
     // spawn — who the child runs as, before anything is carved for it: its parent's agent,
@@ -101,14 +105,8 @@ pub(super) async fn create(
         .await
     {
         Ok(n) => n,
-        Err(CapRefused::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, "bad_request", m),
-        Err(e) => {
-            return problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                e.to_string(),
-            )
-        }
+        Err(CapRefused::Invalid(m)) => return ControlError::BadRequest(m).into(),
+        Err(e) => return ControlError::Internal(e.to_string()).into(),
     };
     let named = Limits {
         max_calls: new.max_calls,
@@ -138,15 +136,11 @@ pub(super) async fn create(
                 shared.guardrails.meter.uncarve(&p.session_id, &limits);
             }
             return match e {
-                SessionError::Invalid(m) => problem(StatusCode::BAD_REQUEST, "bad_request", m),
+                SessionError::Invalid(m) => ControlError::BadRequest(m).into(),
                 SessionError::Bound { limit, used, max } => {
                     limit_reply(limit.to_owned(), json!(used), json!(max))
                 }
-                e => problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal_error",
-                    e.to_string(),
-                ),
+                e => ControlError::Internal(e.to_string()).into(),
             };
         }
     };
@@ -161,14 +155,14 @@ pub(super) async fn create(
     if let Err(e) = capped {
         // Unstored, its holds would not count against its ancestors' caps: fail closed.
         let why = "its cap of pending approvals could not be stored";
-        let _ = lifecycle::teardown(shared, &principal.session_id, why).await;
-        return problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            format!("storing the session's cap of pending approvals: {e}"),
-        );
+        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
+        return ControlError::Internal(format!(
+            "storing the session's cap of pending approvals: {e}"
+        ))
+        .into();
     }
-    shared.audit_session_event(
+    shared.audit.session_event(
+        &shared.metrics,
         &principal.session_id,
         &principal.agent,
         &principal.tenant,
@@ -193,6 +187,7 @@ pub(super) async fn create(
             "tenant": principal.tenant,
             "parent": principal.parent,
             "depth": principal.depth,
+            "profile": principal.profile,
             "token": token,
             "expires_at": principal.expires_at,
             "proxy_url": shared.proxy_url(&token),
@@ -209,20 +204,16 @@ pub(super) async fn create(
 /// The agent a child of `parent` runs as (`asked` by its creator, or none), or the reply
 /// refusing it. A refused spawn is audited (kind `spawn`) under the parent's session.
 fn child_agent(
-    shared: &Shared,
+    shared: &ControlPlane,
     parent: &Principal,
     asked: Option<&str>,
 ) -> Result<ChildAgent, Reply> {
     if let Some(name) = asked {
         if let Err(e) = registry::valid_name("agent", name) {
-            return Err(problem(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                e.to_string(),
-            ));
+            return Err(ControlError::BadRequest(e.to_string()).into());
         }
     }
-    let engine = shared.policies.current();
+    let engine = shared.reloader.policies.current();
     let session = shared.guardrails.session_state(parent);
     let resolved = spawn::resolve(&engine, &shared.metrics, parent, &session, asked);
     if let Some(name) = asked.filter(|name| *name != parent.agent) {
@@ -234,26 +225,11 @@ fn child_agent(
         });
         audit.decided(resolved.as_ref().map(ChildAgent::policies));
     }
-    resolved.map_err(|e| {
-        Reply(
-            crate::respond::status(&e),
-            crate::respond::error_body(&e, ""),
-        )
-    })
+    resolved.map_err(|e| ControlError::Proxy(e).into())
 }
 
 fn limit_reply(limit: String, used: Value, max: Value) -> Reply {
-    Reply(
-        StatusCode::TOO_MANY_REQUESTS,
-        json!({
-            "error": "limit_exceeded",
-            "message": format!("the {limit} limit is reached ({used} of {max})"),
-            "limit": limit,
-            "used": used,
-            "max": max,
-            "retry_after": null,
-        }),
-    )
+    ControlError::LimitExceeded { limit, used, max }.into()
 }
 
 fn limits_json(l: &Limits) -> Value {
@@ -266,13 +242,9 @@ fn limits_json(l: &Limits) -> Value {
 }
 
 /// `GET /v1/sessions/{id}`.
-pub(super) fn show(shared: &Shared, id: &str) -> Reply {
+pub(super) fn show(shared: &ControlPlane, id: &str) -> Reply {
     let Some(principal) = shared.sessions.get(id) else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("session {id} is not active"),
-        );
+        return ControlError::NotFound(format!("session {id} is not active")).into();
     };
     let account = shared.guardrails.meter.snapshot(id).unwrap_or_default();
     let paused = shared.guardrails.paused(id);
@@ -284,6 +256,7 @@ pub(super) fn show(shared: &Shared, id: &str) -> Reply {
             "tenant": principal.tenant,
             "parent": principal.parent,
             "depth": principal.depth,
+            "profile": principal.profile,
             "expires_at": principal.expires_at,
             "state": if paused.is_some() { "paused" } else { "live" },
             "paused": paused.map(|p| json!({
@@ -311,51 +284,106 @@ pub(super) fn show(shared: &Shared, id: &str) -> Reply {
 }
 
 /// `POST /v1/sessions/{id}/resume`: a human lifted a watchdog pause.
-pub(super) async fn resume(shared: &Shared, id: &str, by: &str) -> Reply {
+pub(super) async fn resume(shared: &ControlPlane, id: &str, by: &str) -> Reply {
     let Some(principal) = shared.sessions.get(id) else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("session {id} is not active"),
-        );
+        return ControlError::NotFound(format!("session {id} is not active")).into();
     };
-    match crate::guardrails::pause::resume(shared, &principal.session_id, by).await {
+    match shared.desk.resume(&principal.session_id, by).await {
         Ok(true) => Reply(
             StatusCode::OK,
             json!({"session_id": id, "status": "resumed"}),
         ),
-        Ok(false) => problem(
-            StatusCode::CONFLICT,
-            "conflict",
-            format!("session {id} is not paused"),
-        ),
-        Err(e) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
+        Ok(false) => ControlError::Conflict(format!("session {id} is not paused")).into(),
+        Err(e) => ControlError::Internal(e.to_string()).into(),
     }
 }
 
+/// The optional body of `POST /v1/sessions/{id}/terminate`: why, and what became of the run
+/// the session was made for (`ostiary run` reports its exit, the limit that ended it and
+/// what it cleaned up; the report is sealed into the audit trail as a `run` record).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Termination {
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    run: Option<serde_json::Map<String, Value>>,
+}
+
+/// The longest `reason` and `run` report a terminate may carry (they go into the audit).
+const MAX_TERMINATION: usize = 16 * 1024;
+
+/// `POST /v1/sessions/{id}/terminate`, with an optional [`Termination`] body.
+pub(super) async fn terminate_as_told(
+    shared: &ControlPlane,
+    req: Request<Incoming>,
+    id: &str,
+) -> Reply {
+    use http_body_util::BodyExt;
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_TERMINATION)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return ControlError::BadRequest(format!("body: {e}")).into(),
+    };
+    let told: Termination = if body.iter().all(u8::is_ascii_whitespace) {
+        Termination::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(told) => told,
+            Err(e) => return ControlError::BadRequest(format!("body: {e}")).into(),
+        }
+    };
+    let why = match told.reason.as_deref().map(str::trim) {
+        Some(reason) if !reason.is_empty() => {
+            format!(
+                "session terminated: {}",
+                reason.chars().take(500).collect::<String>()
+            )
+        }
+        _ => "session terminated by an operator".to_owned(),
+    };
+    let principal = shared.sessions.get(id);
+    let reply = terminate(shared, id, &why, "terminated").await;
+    if let (Some(mut run), Some(principal), StatusCode::OK) = (told.run, principal, reply.0) {
+        // The session's own end (its leases, its record) is the proxy's to vouch for.
+        let cleaned = run
+            .entry("cleaned")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(steps) = cleaned {
+            steps.push(json!("session"));
+        }
+        let limit = run.get("limit").and_then(Value::as_str).map(str::to_owned);
+        let request_id = crate::ids::request_id();
+        let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "run");
+        audit.update(|r| {
+            r.set_principal(&principal);
+            r.reason = Some(match &limit {
+                Some(limit) => format!("the run was ended by its {limit} limit"),
+                None => "the run ended".to_owned(),
+            });
+            r.run = Some(Value::Object(run));
+        });
+        match limit {
+            Some(_) => audit.event("deny", Some("limit_exceeded")),
+            None => audit.event("allow", None),
+        }
+    }
+    reply
+}
+
 /// `DELETE /v1/sessions/{id}` and `POST /v1/sessions/{id}/terminate`.
-pub(super) async fn terminate(shared: &Shared, id: &str, why: &str, status: &str) -> Reply {
-    match lifecycle::teardown(shared, id, why).await {
+pub(super) async fn terminate(shared: &ControlPlane, id: &str, why: &str, status: &str) -> Reply {
+    match shared.teardown.tear_down(id, why).await {
         Ok(true) => Reply(StatusCode::OK, json!({"session_id": id, "status": status})),
-        Ok(false) => problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("session {id} is not active"),
-        ),
-        Err(e) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
+        Ok(false) => ControlError::NotFound(format!("session {id} is not active")).into(),
+        Err(e) => ControlError::Internal(e.to_string()).into(),
     }
 }
 
 /// `GET /v1/dead-letters?session=ID`.
-pub(super) async fn dead_letters(shared: &Shared, query: &str) -> Reply {
+pub(super) async fn dead_letters(shared: &ControlPlane, query: &str) -> Reply {
     let session = url::form_urlencoded::parse(query.as_bytes())
         .find(|(k, _)| k == "session")
         .map(|(_, v)| v.into_owned());
@@ -366,10 +394,6 @@ pub(super) async fn dead_letters(shared: &Shared, query: &str) -> Reply {
         .await
     {
         Ok(letters) => Reply(StatusCode::OK, json!({ "dead_letters": letters })),
-        Err(e) => problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            e.to_string(),
-        ),
+        Err(e) => ControlError::Internal(e.to_string()).into(),
     }
 }

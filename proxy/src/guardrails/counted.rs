@@ -2,17 +2,18 @@
 //! request in flight ([`Ticket`]) until it ends — so teardown waits for an answer still
 //! streaming, and cuts it when the grace period is over.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::inflight::Ticket;
 use super::meter::Meter;
+use crate::body::filter::{ChunkFilter, Filtered, Length};
 use crate::body::BoxError;
 
 /// Which way the bytes flow.
@@ -22,9 +23,11 @@ pub enum Direction {
     Received,
 }
 
-/// A body counted into `session`'s usage as it flows.
-pub struct Counted<B> {
-    inner: B,
+/// A body counted into its session's usage as it flows.
+pub type Counted<B> = Filtered<B, Counter>;
+
+/// Counts the bytes passing into `session`'s usage.
+pub struct Counter {
     meter: Arc<Meter>,
     session: Arc<str>,
     direction: Direction,
@@ -33,9 +36,9 @@ pub struct Counted<B> {
     cancelled: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
-impl<B> std::fmt::Debug for Counted<B> {
+impl std::fmt::Debug for Counter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counted")
+        f.debug_struct("Counter")
             .field("session", &self.session)
             .field("direction", &self.direction)
             .finish_non_exhaustive()
@@ -53,14 +56,14 @@ impl<B> Counted<B> {
         let cancelled = ticket
             .as_ref()
             .map(|t| Box::pin(t.cancelled.clone().cancelled_owned()));
-        Self {
-            inner,
+        let counter = Counter {
             meter,
             session: Arc::from(session),
             direction,
             ticket,
             cancelled,
-        }
+        };
+        Filtered::wrap(inner, counter)
     }
 }
 
@@ -69,56 +72,45 @@ impl<B> Counted<B> {
 #[error("the session was torn down while the body was still flowing")]
 pub struct TornDown;
 
-impl<B> Body for Counted<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
+impl ChunkFilter for Counter {
+    type Error = TornDown;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(cancelled) = self.cancelled.as_mut() {
-            if cancelled.as_mut().poll(cx).is_ready() {
-                self.cancelled = None;
-                self.ticket = None;
-                return Poll::Ready(Some(Err(Box::new(TornDown))));
-            }
+    fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) -> Result<(), TornDown> {
+        let n = chunk.len() as u64;
+        match self.direction {
+            Direction::Sent => self.meter.add_bytes(&self.session, n, 0),
+            Direction::Received => self.meter.add_bytes(&self.session, 0, n),
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let n = data.len() as u64;
-                    match self.direction {
-                        Direction::Sent => self.meter.add_bytes(&self.session, n, 0),
-                        Direction::Received => self.meter.add_bytes(&self.session, 0, n),
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.ticket = None;
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(None) => {
-                // Out of flight as soon as the last byte left, not when the connection
-                // gets round to dropping the body.
-                self.ticket = None;
-                self.cancelled = None;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        out.push_back(chunk);
+        Ok(())
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+    fn finish(&mut self, _: &mut VecDeque<Bytes>) -> Result<(), TornDown> {
+        // Out of flight as soon as the last byte left, not when the connection gets round
+        // to dropping the body.
+        self.ticket = None;
+        self.cancelled = None;
+        Ok(())
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn failed(&mut self, error: BoxError) -> BoxError {
+        self.ticket = None;
+        error
+    }
+
+    fn poll_cut(&mut self, cx: &mut Context<'_>) -> Poll<TornDown> {
+        let Some(cancelled) = self.cancelled.as_mut() else {
+            return Poll::Pending;
+        };
+        if cancelled.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.cancelled = None;
+        self.ticket = None;
+        Poll::Ready(TornDown)
+    }
+
+    fn length(&self) -> Length {
+        Length::Unchanged
     }
 }

@@ -1,4 +1,4 @@
-//! `Idempotency-Key` on a mutating request (DESIGN §5): within one session, a retry with
+//! `Idempotency-Key` on a mutating request (docs/design.md §5): within one session, a retry with
 //! the same key gets the stored outcome instead of a second execution; the same key on a
 //! different request is refused (`422 idempotency_mismatch`).
 //!

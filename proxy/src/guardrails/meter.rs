@@ -46,7 +46,7 @@ pub struct Usage {
     pub bytes_received: u64,
 }
 
-/// A limit reached: the body of `429 limit_exceeded` (DESIGN §5).
+/// A limit reached: the body of `429 limit_exceeded` (docs/design.md §5).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitHit {
     /// `calls`, `cost`, `bytes_sent`, `bytes_received`, `rate:agent`, `rate:tenant`,

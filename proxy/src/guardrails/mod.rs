@@ -1,4 +1,4 @@
-//! Session guardrails (DESIGN §5, §6): every session is bounded by the proxy, not by luck.
+//! Session guardrails (docs/design.md §5, §6): every session is bounded by the proxy, not by luck.
 //!
 //! - [`meter`] — budgets: tool calls, cost, bytes; children carved out of their parent.
 //! - [`rate`] — GCRA rate limits per agent and per tenant, per tier.
@@ -171,8 +171,7 @@ impl Guardrails {
             cost_micros: usage.cost_micros,
             depth: i64::from(principal.depth),
             parent_agent: principal.parent_agent.clone().unwrap_or_default(),
-            // Sandbox profiles are not there yet (issue 14): no session runs under one.
-            profile: String::new(),
+            profile: principal.profile.clone().unwrap_or_default(),
         }
     }
 

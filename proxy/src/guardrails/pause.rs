@@ -14,14 +14,111 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
 use crate::approvals::model::{Approval, Ask, HeldRequest, Observed};
+use crate::approvals::ApprovalQueue;
+use crate::audit::AuditSink;
+use crate::config;
 use crate::error::ProxyError;
-use crate::server::Shared;
+use crate::metrics::Metrics;
+use crate::policy_store::PolicyStore;
 use crate::session::watchdog::{Event, Trip};
-use crate::session::Principal;
+use crate::session::{Principal, SessionRegistry};
 use crate::store::now_ms;
 
 use super::store::Paused;
+use super::Guardrails;
+
+/// A trip on its way to the [`Desk`], with the request that tripped it waiting on `done`.
+#[derive(Debug)]
+struct Tripped {
+    principal: Principal,
+    trip: Trip,
+    done: oneshot::Sender<()>,
+}
+
+/// The request path's end of the watchdog: where a trip goes to be put before a human. The
+/// request path never touches the approval queue itself.
+#[derive(Debug, Clone)]
+pub struct Trips {
+    tx: mpsc::Sender<Tripped>,
+}
+
+/// A trip is rare: a handful queued is plenty (a full queue waits, it never drops one).
+const TRIPS_QUEUED: usize = 64;
+
+impl Trips {
+    /// The request path's end and the [`Desk`]'s, to be run with [`Desk::serve`].
+    pub fn channel() -> (Self, TripQueue) {
+        let (tx, rx) = mpsc::channel(TRIPS_QUEUED);
+        (Self { tx }, TripQueue { rx })
+    }
+
+    /// Hand a trip to the desk and wait until its pause is written (or the desk is gone).
+    async fn send(&self, principal: &Principal, trip: Trip) {
+        let (done, written) = oneshot::channel();
+        let tripped = Tripped {
+            principal: principal.clone(),
+            trip,
+            done,
+        };
+        if self.tx.send(tripped).await.is_err() {
+            // Shutting down: the pause holds in memory for as long as the process does.
+            tracing::error!(session = %principal.session_id, "the watchdog desk is gone; the pause is not stored");
+            return;
+        }
+        let _ = written.await;
+    }
+}
+
+/// The desk's end of [`Trips`].
+#[derive(Debug)]
+pub struct TripQueue {
+    rx: mpsc::Receiver<Tripped>,
+}
+
+/// Where a paused session is put before a human and resumed: the dead letter and the
+/// pause (guardrails' store), the audit record, the "resume?" approval (the queue).
+#[derive(Debug, Clone)]
+pub struct Desk {
+    pub guardrails: Arc<Guardrails>,
+    pub sessions: Arc<SessionRegistry>,
+    pub approvals: Arc<ApprovalQueue>,
+    /// The generation a "resume?" approval is held under.
+    pub policies: Arc<PolicyStore>,
+    pub audit: AuditSink,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Desk {
+    /// Take trips off `queue` until every [`Trips`] is dropped or `shutdown` resolves.
+    pub async fn serve(
+        self,
+        mut queue: TripQueue,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            let tripped = tokio::select! {
+                () = &mut shutdown => return,
+                tripped = queue.rx.recv() => match tripped {
+                    Some(t) => t,
+                    None => return,
+                },
+            };
+            persist(&self, &tripped.principal, tripped.trip).await;
+            let _ = tripped.done.send(());
+        }
+    }
+
+    /// Lift a pause (a human said so). Returns false when the session was not paused.
+    pub async fn resume(&self, session: &str, by: &str) -> Result<bool, crate::store::StoreError> {
+        resume(self, session, by).await
+    }
+}
 
 /// The URL scheme of a held "resume this session" approval: never sent anywhere.
 pub const RESUME_URL: &str = "ostiary:session/";
@@ -131,19 +228,20 @@ fn rank(tier: &str) -> u8 {
 /// answered): whoever looks next finds the dead letter. `refused` and `held` are the
 /// request's own outcome, for calls that do not say theirs.
 pub async fn observe(
-    shared: &Shared,
+    guardrails: &Guardrails,
+    tiers: &config::Tiers,
+    trips: &Trips,
     principal: &Principal,
     calls: Vec<Seen>,
     refused: bool,
     held: bool,
 ) {
-    let guardrails = &shared.guardrails;
     if !guardrails.settings().watchdog.enabled {
         return;
     }
     let now = Instant::now();
     for seen in calls {
-        let tier = shared.config.tiers.get(seen.tier);
+        let tier = tiers.get(seen.tier);
         let trip = guardrails.watchdog.observe(
             &principal.session_id,
             Event {
@@ -176,9 +274,8 @@ pub async fn observe(
                     dead_letter: 0,
                 },
             );
-            shared.metrics.watchdog_trip(&kind_name(&trip));
             tracing::warn!(session = %principal.session_id, reason = %trip.reason, "watchdog paused a session");
-            persist(shared, principal, trip).await;
+            trips.send(principal, trip).await;
             return;
         }
     }
@@ -192,7 +289,8 @@ fn kind_name(trip: &Trip) -> String {
 }
 
 /// Write the dead letter and the pause, audit it, and ask the approvers.
-async fn persist(shared: &Shared, principal: &Principal, trip: Trip) {
+async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
+    shared.metrics.watchdog_trip(&kind_name(&trip));
     let session = principal.session_id.clone();
     // The request that tripped it is in the snapshot too.
     shared.audit.flush().await;
@@ -250,7 +348,8 @@ async fn persist(shared: &Shared, principal: &Principal, trip: Trip) {
         return;
     }
     guardrails.set_paused(&session, paused.clone());
-    shared.audit_session_event(
+    shared.audit.session_event(
+        &shared.metrics,
         &session,
         &principal.agent,
         &principal.tenant,
@@ -267,13 +366,13 @@ async fn persist(shared: &Shared, principal: &Principal, trip: Trip) {
 
 /// Put "resume this session?" before the approvers, through the approval queue.
 async fn ask_approvers(
-    shared: &Shared,
+    shared: &Desk,
     principal: &Principal,
     kind: &str,
     reason: &str,
     dead_letter: i64,
 ) -> Result<(), crate::store::StoreError> {
-    let config = &shared.config.approvals;
+    let config = &shared.approvals.config;
     let args = json!({
         "session": principal.session_id,
         "watchdog": kind,
@@ -295,7 +394,7 @@ async fn ask_approvers(
                 url,
                 headers: Vec::new(),
                 body: Vec::new(),
-                body_digest: crate::escalate::digest(b""),
+                body_digest: crate::approvals::model::digest(b""),
             },
             observed: Observed {
                 host: "ostiary".into(),
@@ -324,11 +423,7 @@ pub fn resume_target(approval: &Approval) -> Option<&str> {
 }
 
 /// Lift a pause (a human said so). Returns false when the session was not paused.
-pub async fn resume(
-    shared: &Shared,
-    session: &str,
-    by: &str,
-) -> Result<bool, crate::store::StoreError> {
+async fn resume(shared: &Desk, session: &str, by: &str) -> Result<bool, crate::store::StoreError> {
     let owned = session.to_owned();
     let was = shared
         .guardrails
@@ -343,7 +438,13 @@ pub async fn resume(
             .as_ref()
             .map(|p| (p.agent.as_str(), p.tenant.as_str()))
             .unwrap_or_default();
-        shared.audit_session_event(session, agent, tenant, &format!("session resumed by {by}"));
+        shared.audit.session_event(
+            &shared.metrics,
+            session,
+            agent,
+            tenant,
+            &format!("session resumed by {by}"),
+        );
         // The approvers' "resume?" question is answered: withdraw it (a no-op when the
         // approval itself is what resumed it — it is executing, not pending).
         let (owned, reason) = (

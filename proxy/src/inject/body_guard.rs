@@ -12,16 +12,15 @@
 //! `placeholder_exfiltration` as for a misplaced placeholder in the head. (A bound upstream
 //! that stores bodies would otherwise be a place to leave it for a later lookup.)
 
-use std::pin::Pin;
+use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use bytes::Bytes;
-use http_body::{Body, Frame};
 use ostiary_broker::{Broker, PLACEHOLDER_PREFIX};
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::filter::{ChunkFilter, Filtered, Length};
+use crate::body::ProxyBody;
 
 /// The placeholders of every binding, compiled once.
 #[derive(Debug, Clone)]
@@ -79,23 +78,25 @@ impl BodyGuard {
         };
         let tripped: Tripped = Arc::new(OnceLock::new());
         let guarded = Guarded {
-            source: body,
             patterns: patterns.clone(),
             tail: Vec::new(),
             tripped: tripped.clone(),
-            done: false,
         };
-        Ok((http_body_util::BodyExt::boxed(guarded), tripped))
+        let body = Filtered::wrap(body, guarded);
+        Ok((http_body_util::BodyExt::boxed(body), tripped))
     }
 }
 
+/// What a guarded body ends with: the credential whose placeholder it carried.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body carries the placeholder of credential {0}")]
+struct PlaceholderInBody(String);
+
 struct Guarded {
-    source: ProxyBody,
     patterns: Arc<Patterns>,
     /// The last bytes already passed on, to find placeholders split across chunks.
     tail: Vec<u8>,
     tripped: Tripped,
-    done: bool,
 }
 
 impl Guarded {
@@ -127,42 +128,20 @@ impl Guarded {
     }
 }
 
-impl Body for Guarded {
-    type Data = Bytes;
-    type Error = BoxError;
+impl ChunkFilter for Guarded {
+    type Error = PlaceholderInBody;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(None);
+    fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) -> Result<(), PlaceholderInBody> {
+        if let Some(name) = self.scan(&chunk) {
+            let _ = self.tripped.set(name.clone());
+            return Err(PlaceholderInBody(name));
         }
-        match Pin::new(&mut this.source).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    if let Some(name) = this.scan(data) {
-                        this.done = true;
-                        let _ = this.tripped.set(name.clone());
-                        return Poll::Ready(Some(Err(format!(
-                            "the request body carries the placeholder of credential {name}"
-                        )
-                        .into())));
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            other => other,
-        }
+        out.push_back(chunk);
+        Ok(())
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.done || self.source.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.source.size_hint()
+    fn length(&self) -> Length {
+        Length::Unchanged
     }
 }
 
@@ -170,7 +149,9 @@ impl Body for Guarded {
 mod tests {
     use super::*;
     use crate::body;
+    use crate::body::BoxError;
     use futures_util::stream;
+    use http_body::Frame;
     use http_body_util::{BodyExt, StreamBody};
 
     fn broker() -> Broker {

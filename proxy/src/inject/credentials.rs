@@ -529,6 +529,7 @@ mod tests {
             depth: 0,
             parent: None,
             parent_agent: None,
+            profile: None,
             expires_at: i64::MAX,
         }
     }

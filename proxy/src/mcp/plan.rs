@@ -161,7 +161,8 @@ impl Exchange {
                         Some(false),
                         catalogued.is_some(),
                     );
-                    let (outcome, passed) = match asker.call(endpoint, &name, args, None) {
+                    let approval = asker.approval.map(str::to_owned);
+                    let (outcome, passed) = match asker.call(endpoint, &name, args, approval) {
                         Ok(Verdict::Allow { policies, action }) => (
                             Ok(policies.clone()),
                             Some(Passed {

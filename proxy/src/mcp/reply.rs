@@ -21,25 +21,23 @@
 //! more as written, with the same [`Scrubber`].
 //!
 //! A listed tool stays when its call with empty arguments would be allowed or escalated
-//! (DESIGN §4: escalatable tools stay), or cannot be decided without arguments (its
+//! (docs/design.md §4: escalatable tools stay), or cannot be decided without arguments (its
 //! schema requires some): the list is a courtesy to the agent, every call is still decided
 //! on its own. Tools the catalog does not list for the endpoint are removed.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
-use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use ostiary_policies::PolicyEngine;
 use serde_json::Value;
 
 use super::{Asker, Endpoint};
-use crate::body::{self, BoxError, ProxyBody};
+use crate::body::filter::{ChunkFilter, Filtered};
+use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::{McpRefusal, ProxyError};
 use crate::metrics::Metrics;
@@ -74,6 +72,7 @@ impl ToolFilter {
             target: &self.target,
             // Every call is still decided with the session's usage when it is made.
             session: &self.session,
+            approval: None,
         };
         // Allowed and escalatable tools stay listed (a call is decided when it is made).
         matches!(
@@ -211,16 +210,14 @@ impl ReplyPlan {
                     .flat_map(|e| format!("event: message\ndata: {e}\n\n").into_bytes())
                     .collect();
                 let filter = SseFilter {
-                    upstream: incoming,
-                    pending: VecDeque::from([Bytes::from(prelude)]),
                     buffer: Vec::new(),
                     scanned: 0,
                     listed: self.listed,
                     filter: self.filter,
                     scrubber: scrubber.cloned(),
-                    done: false,
                 };
-                Ok(Response::from_parts(parts, filter.boxed()))
+                let body = Filtered::wrap(incoming, filter).with_prefix(Bytes::from(prelude));
+                Ok(Response::from_parts(parts, body.boxed()))
             }
             _ => Ok(Response::from_parts(parts, incoming)),
         }
@@ -270,11 +267,8 @@ async fn collect(mut incoming: ProxyBody, limit: usize) -> Result<Bytes, ProxyEr
     Ok(Bytes::from(buffer))
 }
 
-/// An SSE body that rewrites the events answering `listed` and passes the rest through.
+/// The events of an SSE body that answer `listed` rewritten, the rest passed through.
 struct SseFilter {
-    upstream: ProxyBody,
-    /// Bytes ready to go out, in order.
-    pending: VecDeque<Bytes>,
     /// Bytes of the event being assembled.
     buffer: Vec<u8>,
     /// How much of `buffer` holds no event end, so each byte is scanned once.
@@ -283,8 +277,12 @@ struct SseFilter {
     filter: Arc<ToolFilter>,
     /// What a rewritten event is scrubbed with.
     scrubber: Option<Scrubber>,
-    done: bool,
 }
+
+/// What an SSE answer ends with when one event outgrows the buffer.
+#[derive(Debug, thiserror::Error)]
+#[error("an SSE event from the MCP server is larger than {MAX_EVENT_BYTES} bytes")]
+struct EventTooLarge;
 
 /// `text` written by the proxy from decoded upstream data, scrubbed.
 fn rescrub(scrubber: Option<&Scrubber>, text: String) -> String {
@@ -344,75 +342,37 @@ impl SseFilter {
     }
 }
 
-impl Body for SseFilter {
-    type Data = Bytes;
-    type Error = BoxError;
+impl ChunkFilter for SseFilter {
+    type Error = EventTooLarge;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(bytes) = this.pending.pop_front() {
-                if !bytes.is_empty() {
-                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
-                }
-                continue;
-            }
-            if this.listed.is_empty() && !this.buffer.is_empty() {
-                // Every list answered: what is buffered goes out as it came.
-                this.scanned = 0;
-                let rest = std::mem::take(&mut this.buffer);
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
-            }
-            if let Some(end) = event_end(&this.buffer, this.scanned) {
-                let rest = this.buffer.split_off(end);
-                let event = std::mem::replace(&mut this.buffer, rest);
-                this.scanned = 0;
-                let out = this.rewrite(event);
-                return Poll::Ready(Some(Ok(Frame::data(out))));
-            }
-            this.scanned = this.buffer.len().saturating_sub(3);
-            if this.done {
-                // An unterminated last event cannot be an answer to dispatch; pass it on.
-                if this.buffer.is_empty() {
-                    return Poll::Ready(None);
-                }
-                let rest = std::mem::take(&mut this.buffer);
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
-            }
-            match Pin::new(&mut this.upstream).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => this.done = true,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        if this.buffer.len() + data.len() > MAX_EVENT_BYTES
-                            && !this.listed.is_empty()
-                        {
-                            return Poll::Ready(Some(Err(format!(
-                                "an SSE event from the MCP server is larger than \
-                                 {MAX_EVENT_BYTES} bytes"
-                            )
-                            .into())));
-                        }
-                        this.buffer.extend_from_slice(&data);
-                    }
-                    // Trailers end the body: flush what is buffered first.
-                    Err(trailers) => {
-                        let rest = std::mem::take(&mut this.buffer);
-                        this.pending.push_back(Bytes::from(rest));
-                        this.done = true;
-                        if this.pending.iter().all(Bytes::is_empty) {
-                            return Poll::Ready(Some(Ok(trailers)));
-                        }
-                        // Rare enough (SSE over trailers) that dropping them is acceptable.
-                        tracing::debug!("trailers of an MCP SSE answer dropped");
-                    }
-                },
+    fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) -> Result<(), EventTooLarge> {
+        if self.listed.is_empty() {
+            // Every list answered: the rest goes out as it comes.
+            out.push_back(chunk);
+            return Ok(());
+        }
+        if self.buffer.len() + chunk.len() > MAX_EVENT_BYTES {
+            return Err(EventTooLarge);
+        }
+        self.buffer.extend_from_slice(&chunk);
+        while let Some(end) = event_end(&self.buffer, self.scanned) {
+            let rest = self.buffer.split_off(end);
+            let event = std::mem::replace(&mut self.buffer, rest);
+            self.scanned = 0;
+            out.push_back(self.rewrite(event));
+            if self.listed.is_empty() {
+                out.push_back(Bytes::from(std::mem::take(&mut self.buffer)));
+                return Ok(());
             }
         }
+        self.scanned = self.buffer.len().saturating_sub(3);
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) -> Result<(), EventTooLarge> {
+        // An unterminated last event cannot be an answer to dispatch; pass it on.
+        out.push_back(Bytes::from(std::mem::take(&mut self.buffer)));
+        Ok(())
     }
 }
 

@@ -8,12 +8,12 @@ use http::{Response, StatusCode};
 use crate::audit::AuditGuard;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::plane::DataPlane;
 use crate::respond;
-use crate::server::Shared;
 
 /// The response to the agent, with the request's audit record finished.
 pub(super) async fn answer(
-    shared: &Shared,
+    plane: &DataPlane,
     result: Result<Response<ProxyBody>, ProxyError>,
     mut audit: AuditGuard,
     request_id: &str,
@@ -38,7 +38,7 @@ pub(super) async fn answer(
             }
             tracing::info!(request_id, error = %err, "request refused");
             if let ProxyError::LimitExceeded(hit) = &err {
-                shared.metrics.limit_exceeded(&hit.limit);
+                plane.metrics.limit_exceeded(&hit.limit);
             }
             // An exfiltration attempt names the credential whose placeholder it carried, so
             // `audit query` can find every attempt on one credential.
@@ -50,7 +50,7 @@ pub(super) async fn answer(
             // A 202 promises the request is held: its record is on disk before the agent
             // hears so, or a crash right after could leave an approval the audit never saw.
             if held {
-                shared.audit.flush().await;
+                plane.audit.flush().await;
             }
             response
         }

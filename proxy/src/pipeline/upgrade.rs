@@ -9,8 +9,7 @@ use http::{Request, Version};
 use hyper_util::rt::TokioIo;
 
 use crate::classify::{Target, Tunnel};
-use crate::lifecycle;
-use crate::server::Shared;
+use crate::plane::DataPlane;
 use crate::session::Principal;
 use crate::tunnel::{self, Bounds, Ended};
 
@@ -33,7 +32,7 @@ pub(super) fn is_websocket<B>(req: &Request<B>) -> bool {
 /// Join the agent's and the upstream's upgraded connections once both sides switched, for
 /// as long as `principal`'s session lives and its byte budgets last.
 pub(super) fn splice(
-    shared: &Arc<Shared>,
+    plane: &Arc<DataPlane>,
     principal: &Arc<Principal>,
     target: &Target,
     agent: hyper::upgrade::OnUpgrade,
@@ -45,29 +44,29 @@ pub(super) fn splice(
         principal: principal.clone(),
     };
     // Dropping both halves unspliced closes both connections right after the 101.
-    let Some(watch) = lifecycle::watch_stream(shared, principal) else {
-        return lifecycle::record_cut(shared, &at, "websocket", Ended::SessionOver);
+    let Some(watch) = plane.watch_stream(principal) else {
+        return plane.record_cut(&at, "websocket", Ended::SessionOver);
     };
-    let shared = shared.clone();
+    let plane = plane.clone();
     tokio::spawn(async move {
         let upgraded = tokio::select! {
             upgraded = async { tokio::try_join!(agent, upstream) } => upgraded,
             () = watch.ended() => {
-                return lifecycle::record_cut(&shared, &at, "websocket", Ended::SessionOver)
+                return plane.record_cut(&at, "websocket", Ended::SessionOver)
             }
         };
         match upgraded {
             Ok((agent, upstream)) => {
                 let bounds = Bounds {
                     watch,
-                    meter: shared.guardrails.meter.clone(),
+                    meter: plane.guardrails.meter.clone(),
                     session: at.principal.session_id.clone(),
                     idle: None,
                 };
                 let ended =
                     tunnel::splice(TokioIo::new(agent), TokioIo::new(upstream), bounds).await;
                 if ended.is_cut() {
-                    lifecycle::record_cut(&shared, &at, "websocket", ended);
+                    plane.record_cut(&at, "websocket", ended);
                 }
             }
             Err(e) => tracing::debug!(error = %e, "upgrade did not complete"),

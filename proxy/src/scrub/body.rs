@@ -10,19 +10,20 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZlibDecoder, ZstdDecoder};
 use bytes::Bytes;
 use futures_util::Stream;
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{HeaderMap, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncBufRead, AsyncRead, BufReader};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::{ScrubError, Scrubber, StreamScrubber, MAX_ENCODINGS, REDACTED};
+use crate::body::filter::{ChunkFilter, Filtered};
 use crate::body::{self, BoxError, ProxyBody};
 
 /// Size of the decoded pieces: large enough that scanning dominates per-frame costs.
@@ -140,242 +141,171 @@ fn decoder(coding: Coding, input: BufRead) -> Reader {
 /// The body decoded, `codings` undone last-applied first. Trailers of the encoded body
 /// follow the decoded data.
 fn decode(source: ProxyBody, codings: &[Coding]) -> ProxyBody {
-    let shared = Arc::new(Mutex::new(Source {
-        body: source,
-        trailers: None,
-        finished: false,
-    }));
-    let mut input: BufRead = Box::pin(StreamReader::new(DataFrames(shared.clone())));
+    let input = Arc::new(Mutex::new(Input::default()));
+    let mut reader: BufRead = Box::pin(StreamReader::new(Fed(input.clone())));
     let mut layers = codings.iter().rev();
     let outermost = *layers.next().expect("decode is called with codings");
-    let mut reader = decoder(outermost, input);
+    let mut decoded = decoder(outermost, reader);
     for &coding in layers {
-        input = Box::pin(BufReader::with_capacity(DECODED_CHUNK, reader));
-        reader = decoder(coding, input);
+        reader = Box::pin(BufReader::with_capacity(DECODED_CHUNK, decoded));
+        decoded = decoder(coding, reader);
     }
-    Decoded {
-        reader: ReaderStream::with_capacity(reader, DECODED_CHUNK),
-        source: shared,
+    let decode = Decode {
+        input,
+        output: ReaderStream::with_capacity(decoded, DECODED_CHUNK),
         name: codings
             .iter()
             .map(|c| c.name())
             .collect::<Vec<_>>()
             .join(", "),
-        state: DecodeState::Decoding,
-    }
-    .boxed()
+        waiting: true,
+        done: false,
+    };
+    Filtered::wrap(source, decode).boxed()
 }
 
-/// The encoded body, shared between the decoders reading it and [`Decoded`], which reads
-/// what is left once they are done (a decoder stops at the end of its format, before the
-/// trailers).
-struct Source {
-    body: ProxyBody,
-    trailers: Option<HeaderMap>,
-    finished: bool,
+/// The encoded bytes fed to the decoders and not yet read by them.
+#[derive(Default)]
+struct Input {
+    chunks: VecDeque<Bytes>,
+    /// The body has ended: no more will come.
+    ended: bool,
 }
 
-fn lock(source: &Mutex<Source>) -> std::sync::MutexGuard<'_, Source> {
-    source.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(input: &Mutex<Input>) -> std::sync::MutexGuard<'_, Input> {
+    input.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Source {
-    /// The next data of the body; `None` at its end, trailers put aside.
-    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
-        loop {
-            if self.finished {
-                return Poll::Ready(None);
-            }
-            let frame = match Pin::new(&mut self.body).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => None,
-                Poll::Ready(Some(Err(e))) => {
-                    self.finished = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(Some(Ok(frame))) => Some(frame),
-            };
-            match frame.map(Frame::into_data) {
-                None => self.finished = true,
-                Some(Ok(data)) if data.is_empty() => {}
-                Some(Ok(data)) => return Poll::Ready(Some(Ok(data))),
-                Some(Err(frame)) => {
-                    self.finished = true;
-                    self.trailers = frame.into_trailers().ok();
-                }
-            }
-        }
-    }
-}
+/// [`Input`] as a byte stream for the decoders: pending when it is empty and more may
+/// come. It registers no waker: [`Decode`] polls the decoders again itself once it has fed
+/// them.
+struct Fed(Arc<Mutex<Input>>);
 
-/// The data of the encoded body as a byte stream for the decoders.
-struct DataFrames(Arc<Mutex<Source>>);
-
-impl Stream for DataFrames {
+impl Stream for Fed {
     type Item = std::io::Result<Bytes>;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        lock(&self.0)
-            .poll_data(cx)
-            .map(|d| d.map(|r| r.map_err(std::io::Error::other)))
+    fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut input = lock(&self.0);
+        match input.chunks.pop_front() {
+            Some(chunk) => Poll::Ready(Some(Ok(chunk))),
+            None if input.ended => Poll::Ready(None),
+            None => Poll::Pending,
+        }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DecodeState {
-    Decoding,
-    /// The decoders are done: read the rest of the encoded body for its trailers.
-    Draining,
-    Done,
-}
-
-/// The decoded body, as frames.
-struct Decoded {
-    reader: ReaderStream<Reader>,
-    source: Arc<Mutex<Source>>,
+/// Decodes a body as it streams. Each chunk is handed to the decoders, and what they make
+/// of it passes on a piece at a time as the reader takes it: a few KiB of input can inflate
+/// to gigabytes, and are never decoded further ahead than one piece.
+struct Decode {
+    input: Arc<Mutex<Input>>,
+    output: ReaderStream<Reader>,
     /// The codings, as the header named them (for errors).
     name: String,
-    state: DecodeState,
+    /// The decoders wait for more input.
+    waiting: bool,
+    /// The decoders reached the end of the encoded stream, or failed.
+    done: bool,
 }
 
-impl Decoded {
-    fn fail(&mut self, source: std::io::Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.state = DecodeState::Done;
-        let error = ScrubError::Decode {
+impl Decode {
+    fn error(&self, source: std::io::Error) -> ScrubError {
+        ScrubError::Decode {
             encoding: self.name.clone(),
             source,
-        };
-        Poll::Ready(Some(Err(error.into())))
+        }
     }
 }
 
-impl Body for Decoded {
-    type Data = Bytes;
-    type Error = BoxError;
+impl ChunkFilter for Decode {
+    type Error = ScrubError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        loop {
-            match this.state {
-                DecodeState::Done => return Poll::Ready(None),
-                DecodeState::Decoding => match Pin::new(&mut this.reader).poll_next(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Some(Ok(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                    Poll::Ready(Some(Err(e))) => return this.fail(e),
-                    Poll::Ready(None) => this.state = DecodeState::Draining,
-                },
-                DecodeState::Draining => {
-                    let mut source = lock(&this.source);
-                    match source.poll_data(cx) {
-                        Poll::Pending => return Poll::Pending,
-                        // Bytes after the end of the encoded stream: not part of the
-                        // representation, and never passed on undecoded.
-                        Poll::Ready(Some(Ok(_))) => continue,
-                        Poll::Ready(Some(Err(e))) => {
-                            drop(source);
-                            return this.fail(std::io::Error::other(e));
-                        }
-                        Poll::Ready(None) => {
-                            let trailers = source.trailers.take();
-                            drop(source);
-                            this.state = DecodeState::Done;
-                            return Poll::Ready(trailers.map(|t| Ok(Frame::trailers(t))));
-                        }
-                    }
-                }
-            }
+    fn feed(&mut self, chunk: Bytes, _: &mut VecDeque<Bytes>) -> Result<(), ScrubError> {
+        if self.done {
+            // Bytes after the end of the encoded stream: not part of the representation,
+            // and never passed on undecoded.
+            return Ok(());
         }
+        lock(&self.input).chunks.push_back(chunk);
+        self.waiting = false;
+        Ok(())
+    }
+
+    fn finish(&mut self, _: &mut VecDeque<Bytes>) -> Result<(), ScrubError> {
+        lock(&self.input).ended = true;
+        self.waiting = false;
+        Ok(())
+    }
+
+    fn resume(&mut self, out: &mut VecDeque<Bytes>) -> Result<(), ScrubError> {
+        // The decoders' only input is [`Input`], in memory: they wait only for it to be
+        // fed, and are polled again when it is, so no waker is needed.
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self.output).poll_next(&mut cx) {
+            Poll::Pending => self.waiting = true,
+            Poll::Ready(Some(Ok(data))) => out.push_back(data),
+            Poll::Ready(Some(Err(e))) => {
+                self.done = true;
+                return Err(self.error(e));
+            }
+            Poll::Ready(None) => self.done = true,
+        }
+        Ok(())
+    }
+
+    fn has_more(&self) -> bool {
+        !self.waiting && !self.done
+    }
+
+    fn failed(&mut self, error: BoxError) -> BoxError {
+        self.error(std::io::Error::other(error)).into()
     }
 }
 
 /// A body whose data and trailers are scrubbed as they stream through.
-pub struct ScrubBody {
-    source: ProxyBody,
+pub type ScrubBody = Filtered<ProxyBody, Scrub>;
+
+/// The scrub of a [`ScrubBody`].
+#[derive(Debug)]
+pub struct Scrub {
     stream: StreamScrubber,
     scrubber: Scrubber,
-    /// Scrubbed data ready to go out, in order.
-    pending: VecDeque<Bytes>,
-    /// Scrubbed trailers, after the pending data.
-    trailers: Option<HeaderMap>,
-    /// The source is finished (ended, or failed).
-    ended: bool,
-}
-
-impl std::fmt::Debug for ScrubBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ScrubBody")
-            .field("stream", &self.stream)
-            .field("ended", &self.ended)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ScrubBody {
     /// Scrub `source` (already identity-encoded) with `scrubber`.
     pub fn new(scrubber: Scrubber, source: ProxyBody) -> Self {
-        Self {
-            source,
+        let scrub = Scrub {
             stream: StreamScrubber::new(scrubber.clone()),
             scrubber,
-            pending: VecDeque::new(),
-            trailers: None,
-            ended: false,
-        }
+        };
+        Filtered::wrap(source, scrub)
     }
 }
 
-impl Body for ScrubBody {
-    type Data = Bytes;
-    type Error = BoxError;
+impl ChunkFilter for Scrub {
+    type Error = std::convert::Infallible;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(data) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-            if let Some(trailers) = this.trailers.take() {
-                return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-            }
-            if this.ended {
-                return Poll::Ready(None);
-            }
-            match Pin::new(&mut this.source).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    this.stream.finish(&mut this.pending);
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    // The held-back bytes may be half a secret: dropped, never flushed.
-                    this.ended = true;
-                    this.stream.discard();
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => this.stream.feed(data, &mut this.pending),
-                    Err(frame) => {
-                        // Trailers end the body: what is held back is final.
-                        this.ended = true;
-                        this.stream.finish(&mut this.pending);
-                        if let Ok(mut trailers) = frame.into_trailers() {
-                            this.scrubber.scrub_headers(&mut trailers);
-                            this.trailers = Some(trailers);
-                        }
-                    }
-                },
-            }
-        }
+    fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) -> Result<(), Self::Error> {
+        self.stream.feed(chunk, out);
+        Ok(())
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.ended && self.pending.is_empty() && self.trailers.is_none()
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) -> Result<(), Self::Error> {
+        // Trailers end the body too: what is held back is final.
+        self.stream.finish(out);
+        Ok(())
+    }
+
+    fn trailers(&mut self, mut trailers: HeaderMap) -> Result<Option<HeaderMap>, Self::Error> {
+        self.scrubber.scrub_headers(&mut trailers);
+        Ok(Some(trailers))
+    }
+
+    fn failed(&mut self, error: BoxError) -> BoxError {
+        // The held-back bytes may be half a secret: dropped, never flushed.
+        self.stream.discard();
+        error
     }
 }
 
@@ -393,5 +323,33 @@ fn describe_coding(token: &str) -> String {
         token.to_owned()
     } else {
         "an unregistered content coding".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_compression::tokio::bufread::GzipEncoder;
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_small_body_that_inflates_is_decoded_only_as_it_is_read() {
+        let plain = vec![b'a'; 16 * 1024 * 1024];
+        let mut gz = Vec::new();
+        GzipEncoder::new(&plain[..])
+            .read_to_end(&mut gz)
+            .await
+            .unwrap();
+        assert!(gz.len() < 64 * 1024, "{}", gz.len());
+        let mut decoded = decode(body::full(gz), &[Coding::Gzip]);
+        let first = decoded.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(first.len() <= DECODED_CHUNK);
+        // Nothing more was decoded ahead of the reader.
+        assert_eq!(decoded.size_hint().lower(), 0);
+        assert_eq!(decoded.size_hint().upper(), None);
+        let rest = decoded.collect().await.unwrap().to_bytes();
+        assert_eq!(first.len() + rest.len(), plain.len());
     }
 }

@@ -1,5 +1,5 @@
 //! Response scrubbing: an injected secret that comes back in an upstream's answer is
-//! redacted before the agent sees it (DESIGN §9).
+//! redacted before the agent sees it (docs/design.md §9).
 //!
 //! An upstream may echo what it was sent — a debug endpoint reflecting headers, an error
 //! quoting the request, a redirect carrying a token. The agent must never learn a secret

@@ -26,6 +26,9 @@ pub struct Principal {
     pub parent: Option<String>,
     /// That session's agent (`context.session.parent_agent`); `None` for a root.
     pub parent_agent: Option<String>,
+    /// The sandbox profile the session runs under (`context.session.profile`); a child's is
+    /// its parent's.
+    pub profile: Option<String>,
     /// Seconds since the epoch.
     pub expires_at: i64,
 }
@@ -63,6 +66,19 @@ pub struct NewSession {
     /// creating its own child authenticates with its token instead).
     #[serde(default)]
     pub parent: Option<String>,
+    /// The sandbox profile the session's agent runs under (`ostiary run --sandbox=NAME`):
+    /// policies see it as `context.session.profile`. A child's is its parent's.
+    #[serde(default)]
+    pub profile: Option<String>,
+}
+
+/// Whether `name` may be a sandbox profile's name: 1-64 characters of `a-z 0-9 _ -`.
+pub fn valid_profile_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// Why a session operation failed.
@@ -137,7 +153,8 @@ impl SessionRegistry {
                 // The parent's row stays after it ends (revoked, not deleted): its agent is
                 // the child's `parent_agent`.
                 .prepare(
-                    "SELECT s.id, s.agent, s.tenant, s.depth, s.expires_at, s.parent, p.agent
+                    "SELECT s.id, s.agent, s.tenant, s.depth, s.expires_at, s.parent, p.agent,
+                            s.profile
                      FROM sessions s LEFT JOIN sessions p ON p.id = s.parent
                      WHERE s.revoked_at IS NULL AND s.expires_at > ?1",
                 )
@@ -152,6 +169,7 @@ impl SessionRegistry {
                         expires_at: row.get(4)?,
                         parent: row.get(5)?,
                         parent_agent: row.get(6)?,
+                        profile: row.get(7)?,
                     })
                 })
                 .map_err(StoreError::from)?;
@@ -193,6 +211,24 @@ impl SessionRegistry {
         };
         let parent = parent.map(|(p, _)| p);
         valid_name("agent", &agent)?;
+        // A child cannot leave its parent's sandbox profile for a laxer one (its own
+        // process may run elsewhere, but policy must not be told otherwise).
+        let profile = match (parent, new.profile) {
+            (Some(p), None) => p.profile.clone(),
+            (Some(p), Some(named)) if p.profile.as_deref() == Some(named.as_str()) => Some(named),
+            (Some(p), Some(named)) => {
+                return Err(SessionError::Invalid(format!(
+                    "a child session runs under its parent's sandbox profile ({}), not {named:?}",
+                    p.profile.as_deref().unwrap_or("none")
+                )))
+            }
+            (None, named) => named,
+        };
+        if let Some(name) = profile.as_deref().filter(|n| !valid_profile_name(n)) {
+            return Err(SessionError::Invalid(format!(
+                "profile {name:?}: a profile name is 1-64 characters of a-z 0-9 _ -"
+            )));
+        }
         let tenant = match (parent, new.tenant) {
             (Some(p), Some(t)) if t != p.tenant => {
                 return Err(SessionError::Invalid(format!(
@@ -232,6 +268,7 @@ impl SessionRegistry {
             expires_at,
             parent: parent.map(|p| p.session_id.clone()),
             parent_agent: parent.map(|p| p.agent.clone()),
+            profile,
         });
         let token = self.keys.sign(&Claims {
             iss: ISSUER.into(),
@@ -250,9 +287,9 @@ impl SessionRegistry {
         tokio::task::spawn_blocking(move || {
             let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
             conn.execute(
-                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost, parent)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost, row.parent],
+                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost, parent, profile)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost, row.parent, row.profile],
             )
             .map_err(StoreError::from)?;
             Ok::<_, StoreError>(())

@@ -1,4 +1,4 @@
-//! Who a child session runs as (DESIGN §4, `Action::"spawn"`): identity only narrows.
+//! Who a child session runs as (docs/design.md §4, `Action::"spawn"`): identity only narrows.
 //!
 //! A session creating a child (`POST /v1/sessions` with its own token, or an operator naming
 //! it as `parent`) gets a child that runs as the parent's own agent. A child under another
@@ -122,6 +122,7 @@ mod tests {
             depth: 0,
             parent: None,
             parent_agent: None,
+            profile: None,
             expires_at: i64::MAX,
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! hyper (through httparse) accepts shapes our contract forbids: bare LF line endings,
 //! duplicate equal `Content-Length`s, zero-padded chunk sizes, non-UTF-8 header values.
-//! A request smuggling shape must be answered `400` and never forwarded (DESIGN.md §5,
+//! A request smuggling shape must be answered `400` and never forwarded (docs/design.md §5,
 //! THREATS.md "HTTP and TLS parsing"), so [`StrictH1`] wraps the accepted stream and tracks
 //! request framing itself: it holds each request head until it is complete and valid, streams
 //! bodies through while checking their framing, and answers a bad head on the wire itself and

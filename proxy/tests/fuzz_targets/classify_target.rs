@@ -63,6 +63,7 @@ fn principal() -> Arc<Principal> {
         depth: 0,
         parent: None,
         parent_agent: None,
+        profile: None,
         expires_at: i64::MAX,
     })
 }

@@ -1,5 +1,5 @@
 //! A digest: the notices that came due for one recipient while its rate limit was closed,
-//! sent as one message when it opens (DESIGN §10 as amended: a flood of holds must not
+//! sent as one message when it opens (docs/design.md §10 as amended: a flood of holds must not
 //! become a flood of mail and Slack posts).
 //!
 //! Each approval is listed with the same short facts and, as in a single notice, the

@@ -62,7 +62,7 @@ impl Mailer {
         let parsed = url::Url::parse(&config.url)
             .map_err(|e| NotifyError::Config(format!("smtp.url does not parse: {e}")))?;
         if parsed.password().is_some() {
-            // lettre would accept it, but the config must not hold secrets (DESIGN §8).
+            // lettre would accept it, but the config must not hold secrets (docs/design.md §8).
             return Err(NotifyError::Config(
                 "smtp.url carries a password; name environment variables in \
                  smtp.username_env / smtp.password_env instead"

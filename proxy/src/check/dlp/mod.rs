@@ -1,5 +1,5 @@
 //! The `dlp` check's scanner: secrets in request bodies going to an upstream (issue 6,
-//! DESIGN §3 `check`), found while the body streams, before the bytes that carry them
+//! docs/design.md §3 `check`), found while the body streams, before the bytes that carry them
 //! leave the proxy.
 //!
 //! - [`patterns`]: the default detectors — private keys, AWS, GCP, GitHub, Slack, Stripe,

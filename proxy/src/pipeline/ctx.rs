@@ -1,0 +1,112 @@
+//! What the phases of one request share: the per-request context, and the mode that says
+//! whether the request is an agent's, live, or an approved one being executed.
+
+use std::sync::Arc;
+
+use ostiary_policies::PolicyEngine;
+
+use crate::approvals::Approved;
+use crate::audit::AuditGuard;
+use crate::classify::Target;
+use crate::guardrails::inflight::Ticket;
+use crate::guardrails::pause::Seen;
+use crate::plane::DataPlane;
+use crate::session::Principal;
+
+/// Whose request this is, and when.
+#[derive(Debug, Clone)]
+pub(crate) enum Mode {
+    /// An agent's request, now.
+    Live {
+        /// It came in absolute form on the proxy listener (not inside a tunnel, whose
+        /// port was decided at CONNECT).
+        plain: bool,
+    },
+    /// A held request a human approved, being executed once.
+    Approved(Approved),
+}
+
+impl Mode {
+    pub(crate) fn approved(&self) -> Option<&Approved> {
+        match self {
+            Mode::Approved(approved) => Some(approved),
+            Mode::Live { .. } => None,
+        }
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        matches!(self, Mode::Live { .. })
+    }
+}
+
+/// What the watchdog learns from a request once it is answered.
+#[derive(Debug, Default)]
+pub(crate) struct Note {
+    /// Whose request it was, once past the session's gate.
+    pub principal: Option<Arc<Principal>>,
+    /// What the watchdog compares, one per decided call (an MCP batch has several).
+    pub calls: Vec<Seen>,
+}
+
+/// One request, from the moment its target is known.
+pub(crate) struct RequestCtx<'a> {
+    pub plane: &'a Arc<DataPlane>,
+    pub request_id: &'a str,
+    pub mode: &'a Mode,
+    pub audit: &'a mut AuditGuard,
+    pub note: &'a mut Note,
+    pub principal: Arc<Principal>,
+    pub target: Target,
+    /// The target's host as text, made once: audit, placeholder checks and errors name it.
+    pub host: String,
+    /// The policy set the whole request is recognised and decided under (taken once: the
+    /// catalog comes with the policies it was validated with).
+    pub engine: &'a Arc<PolicyEngine>,
+    /// In flight until the answer's last byte (live requests), so teardown can wait for it.
+    pub ticket: Option<Ticket>,
+}
+
+impl<'a> RequestCtx<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        plane: &'a Arc<DataPlane>,
+        request_id: &'a str,
+        mode: &'a Mode,
+        audit: &'a mut AuditGuard,
+        note: &'a mut Note,
+        principal: Arc<Principal>,
+        target: Target,
+        engine: &'a Arc<PolicyEngine>,
+    ) -> Self {
+        let host = target.host.to_string();
+        audit.update(|r| {
+            r.method = Some(target.method.to_string());
+            r.scheme = Some(target.scheme.into());
+            r.host = Some(host.clone());
+            r.port = Some(target.port);
+            r.path = Some(target.path.clone());
+        });
+        Self {
+            plane,
+            request_id,
+            mode,
+            audit,
+            note,
+            principal,
+            target,
+            host,
+            engine,
+            ticket: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RequestCtx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestCtx")
+            .field("request_id", &self.request_id)
+            .field("session", &self.principal.session_id)
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,104 @@
+//! Phase `forward`: the prepared request sent to its upstream — the egress guard runs inside
+//! the connector on every dial, and TLS is verified for the exact host before the request
+//! (and any credential in it) is written — and what its body's guards found on the way.
+
+use http::{Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::ctx::RequestCtx;
+use super::decide::Decided;
+use super::inject::Prepared;
+use super::upgrade;
+use crate::check;
+use crate::connector::DialedAddr;
+use crate::error::ProxyError;
+
+/// Send `prepared`. `agent_body_failed` is set when the agent's own body failed on its way
+/// (the wire guard refused a chunk mid-body, say).
+pub(super) async fn run(
+    ctx: &mut RequestCtx<'_>,
+    prepared: &mut Prepared,
+    decided: &Decided,
+    agent_body_failed: Option<&std::sync::OnceLock<String>>,
+) -> Result<Response<Incoming>, ProxyError> {
+    if let (Some(approved), Some(cost)) = (ctx.mode.approved(), decided.charge_when_sent) {
+        // A limit a human was asked about is granted again (as much as the session started
+        // with), and the call is charged whatever the budget says: a human approved it.
+        let meter = &ctx.plane.guardrails.meter;
+        for limit in &approved.grants {
+            meter.grant(&ctx.principal.session_id, limit);
+        }
+        meter.charge_approved(&ctx.principal.session_id, cost);
+    }
+    // Checked again right before forward, for audit failures that arrived while the
+    // request was being decided: nothing leaves that could not be recorded.
+    ctx.plane.audit.ensure_writable()?;
+    let req = std::mem::replace(&mut prepared.req, http::Request::new(crate::body::empty()));
+    let send = ctx.plane.upstreams.send(
+        req,
+        prepared.upgrade,
+        prepared.injected.identity.as_deref(),
+        &ctx.plane.metrics,
+    );
+    // A teardown whose grace ran out cancels the wait.
+    let sent = match &ctx.ticket {
+        Some(ticket) => tokio::select! {
+            sent = send => sent,
+            () = ticket.cancelled.cancelled() => Err(ProxyError::Upstream {
+                reason: "the session was torn down before the upstream answered".into(),
+            }),
+        },
+        None => send.await,
+    };
+    if let Some(refusal) = prepared.placeholder.as_ref().and_then(|t| {
+        ctx.plane
+            .credentials
+            .tripped(t, &ctx.host, &ctx.plane.metrics)
+    }) {
+        return Err(refusal);
+    }
+    if let Some(finding) = prepared.dlp.as_ref().and_then(|slot| slot.get()) {
+        ctx.plane
+            .metrics
+            .check_ran("dlp", "fail", std::time::Duration::ZERO);
+        ctx.audit.update(|r| {
+            r.checks.push(check::Ran {
+                check: "dlp".into(),
+                outcome: check::Outcome::Fail,
+                duration_us: 0,
+            })
+        });
+        return Err(ProxyError::CheckFailed {
+            check: "dlp".into(),
+            detail: format!(
+                "the request body carries {} at byte {}; the upstream request was aborted",
+                finding.kind, finding.offset
+            ),
+        });
+    }
+    let mut response = match (sent, agent_body_failed.and_then(|f| f.get())) {
+        (Ok(response), _) => response,
+        // The send failed because the agent's own body did: a malformed request, not an
+        // upstream failure.
+        (Err(_), Some(reason)) => {
+            return Err(ProxyError::bad_request(format!("request body: {reason}")))
+        }
+        (Err(e), None) => return Err(e),
+    };
+    if let Some(DialedAddr(addr)) = response.extensions().get::<DialedAddr>() {
+        let addr = addr.to_string();
+        ctx.audit.update(|r| r.upstream = Some(addr));
+    }
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(agent) = prepared.agent_upgrade.take() {
+            upgrade::splice(
+                ctx.plane,
+                &ctx.principal,
+                &ctx.target,
+                agent,
+                hyper::upgrade::on(&mut response),
+            );
+        }
+    }
+    Ok(response)
+}

@@ -1,0 +1,113 @@
+//! Phase `inject`: the decided request made ready for its upstream — pointed at its checked
+//! upstream URI, agent credentials stripped and the brokered ones written at their
+//! injection points ([`crate::inject`]), and its body wrapped in the guards that act while
+//! it streams: placeholders, the tier's `dlp`, and the `max_bytes_sent` meter.
+//!
+//! After the decision, so nothing is prepared (and no credential fetched) for a refused
+//! request. The WebSocket handshake is only honoured once authorized.
+
+use std::sync::{Arc, OnceLock};
+
+use http::header::{HeaderName, HeaderValue};
+use http::Request;
+
+use super::ctx::RequestCtx;
+use super::decide::Decided;
+use super::upgrade;
+use crate::body::{self, ProxyBody};
+use crate::check::dlp::{DlpBody, Finding};
+use crate::error::ProxyError;
+use crate::guardrails::counted::{Counted, Direction};
+use crate::inject::body_guard::Tripped;
+use crate::inject::credentials::{Bound, Injected};
+use crate::{approvals, inject};
+
+/// A request ready to be sent, with what to look at once it has been.
+pub(crate) struct Prepared {
+    pub req: Request<ProxyBody>,
+    pub injected: Injected,
+    /// A WebSocket handshake, and the agent's side of it once the upstream switched.
+    pub upgrade: bool,
+    pub agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// Set when the streamed body carried a placeholder (the chunk never left).
+    pub placeholder: Option<Tripped>,
+    /// Set when streamed DLP found a secret in the body (the chunk never left).
+    pub dlp: Option<Arc<OnceLock<Finding>>>,
+}
+
+pub(super) async fn run(
+    ctx: &mut RequestCtx<'_>,
+    mut req: Request<ProxyBody>,
+    decided: &mut Decided,
+) -> Result<Prepared, ProxyError> {
+    let upgrade = ctx.mode.is_live() && upgrade::is_websocket(&req);
+    let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // Credentials go in after `prepare` pointed the request at its checked upstream URI, so
+    // a query credential lands in the URI actually sent.
+    let upstream_req = inject::prepare(req, &ctx.target, upgrade)?;
+    let (mut parts, upstream_body) = upstream_req.into_parts();
+    let injected = ctx
+        .plane
+        .credentials
+        .apply(
+            &mut parts,
+            Bound {
+                target: &ctx.target,
+                principal: &ctx.principal,
+                tool: decided.tool.as_deref(),
+                upgrade,
+            },
+            &ctx.plane.metrics,
+        )
+        .await?;
+    if !injected.held.is_empty() {
+        ctx.audit.update(|r| {
+            r.credentials = injected.names();
+            r.leases = injected.leases();
+        });
+    }
+    if let Some(approved) = ctx.mode.approved() {
+        // The exactly-once guard towards the upstream: a crash after this was sent and a
+        // re-send after the restart carry the same key.
+        let key =
+            HeaderValue::from_str(&approved.idempotency_key).map_err(|e| ProxyError::Internal {
+                reason: format!("idempotency key: {e}"),
+            })?;
+        parts.headers.insert(
+            HeaderName::from_static(approvals::execute::IDEMPOTENCY_KEY),
+            key,
+        );
+    }
+    // A streamed body is where a placeholder can hide from the check before `decide`: it
+    // is guarded chunk by chunk on its way, and the chunk carrying one is never passed on.
+    let (upstream_body, placeholder) = match ctx.plane.credentials.guard_body(upstream_body) {
+        Ok((guarded, tripped)) => (guarded, Some(tripped)),
+        Err(unguarded) => (unguarded, None),
+    };
+    // A body that streams is scanned for secrets on its way (`dlp` of the tier): the chunk
+    // carrying a finding, and everything after it, never leaves; the upstream request is
+    // aborted. Wrapped after the placeholder guard, which it must not hide a chunk from.
+    let (upstream_body, dlp) = match decided.stream_dlp.take() {
+        Some(detectors) => {
+            let (scanned, slot) = DlpBody::new(upstream_body, detectors);
+            (scanned, Some(slot))
+        }
+        None => (upstream_body, None),
+    };
+    // Every byte sent upstream counts against the session's `max_bytes_sent`.
+    let upstream_body = body::stream(Counted::new(
+        upstream_body,
+        ctx.plane.guardrails.meter.clone(),
+        &ctx.principal.session_id,
+        Direction::Sent,
+        None,
+    ));
+    Ok(Prepared {
+        req: Request::from_parts(parts, upstream_body),
+        injected,
+        upgrade,
+        agent_upgrade,
+        placeholder,
+        dlp,
+    })
+}

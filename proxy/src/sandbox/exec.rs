@@ -1,0 +1,75 @@
+//! `ostiary sandbox-exec` (hidden): the last stage, inside the sandbox. It sets
+//! `RLIMIT_NPROC`, drops to the run's uid and gid with no supplementary groups (which
+//! clears every capability the init stage held), sets `no_new_privs`, installs the seccomp
+//! filter, and execs the command: 127 if it is not found, 126 if it cannot be executed.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+
+use clap::Args;
+use nix::unistd::{Gid, Uid};
+
+use super::{exit, seccomp};
+
+/// The exec stage's arguments.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[arg(long)]
+    pub uid: u32,
+    #[arg(long)]
+    pub gid: u32,
+    /// `RLIMIT_NPROC` for the command's uid.
+    #[arg(long)]
+    pub nproc: u64,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    pub command: Vec<OsString>,
+}
+
+/// Run the stage; returns only on failure.
+pub fn run(args: ExecArgs) -> ExitCode {
+    if let Err(message) = confine(&args) {
+        eprintln!("ostiary: the sandbox could not be set up: {message}");
+        return ExitCode::from(exit::SETUP);
+    }
+    let (program, rest) = match args.command.split_first() {
+        Some(split) => split,
+        None => return ExitCode::from(exit::SETUP),
+    };
+    let error = std::process::Command::new(program).args(rest).exec();
+    let code = match error.kind() {
+        std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::NOT_EXECUTABLE,
+    };
+    eprintln!("ostiary: {}: {error}", program.to_string_lossy());
+    ExitCode::from(code)
+}
+
+/// Everything but the exec, in the order that keeps each step possible: the rlimit and the
+/// uid change need the privileges the uid change then drops; the filter comes last, as it
+/// refuses calls the steps before it make.
+fn confine(args: &ExecArgs) -> Result<(), String> {
+    use nix::sys::resource::{setrlimit, Resource};
+    setrlimit(Resource::RLIMIT_NPROC, args.nproc, args.nproc)
+        .map_err(|e| format!("setting RLIMIT_NPROC: {e}"))?;
+    let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
+    if nix::unistd::getuid() != uid {
+        nix::unistd::setgroups(&[]).map_err(|e| format!("clearing groups: {e}"))?;
+        nix::unistd::setresgid(gid, gid, gid).map_err(|e| format!("setting gid {gid}: {e}"))?;
+        nix::unistd::setresuid(uid, uid, uid).map_err(|e| format!("setting uid {uid}: {e}"))?;
+        // The drop must be for good: a process that can take root back is not confined.
+        if nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok() {
+            return Err("the uid change can be undone".into());
+        }
+    }
+    if nix::unistd::getuid() != uid || nix::unistd::getgid() != gid {
+        return Err(format!(
+            "running as {}:{}, not {uid}:{gid}",
+            nix::unistd::getuid(),
+            nix::unistd::getgid()
+        ));
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("setting no_new_privs: {e}"))?;
+    seccomp::install().map_err(|e| e.to_string())
+}
