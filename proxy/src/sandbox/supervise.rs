@@ -196,6 +196,10 @@ async fn watch(
                 kill_at = None;
             }
             kind = next_signal(&mut signals) => {
+                // Looked at now, not at the last tick: a signal that comes before the tick
+                // that first sees the sandbox's pid 1 would otherwise go to the runner
+                // (bwrap), which dies of it instead of passing it on.
+                read_status(&mut status, tracked);
                 if !runner.signal(kind) {
                     let target = status.init_pid.map(Pid::from_raw).unwrap_or(pid);
                     let _ = nix::sys::signal::kill(target, kind);
