@@ -32,7 +32,6 @@ use ostiary::check::{Checks, Subject};
 use ostiary::config::{self, Rate, Sessions, Tiers};
 use ostiary::guardrails::meter::Limits;
 use ostiary::guardrails::pause::Seen;
-use ostiary::guardrails::store::GuardStore;
 use ostiary::guardrails::Guardrails;
 use ostiary::metrics::Metrics;
 use ostiary::session::watchdog::Event;
@@ -59,7 +58,9 @@ struct Rails {
 impl Rails {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = GuardStore::open(&dir.path().join("guard.db")).unwrap();
+        let store = ostiary::store::sqlite::open(&dir.path().join("guard.db"))
+            .unwrap()
+            .guard;
         Self {
             guardrails: Guardrails::load(store, Sessions::default()).unwrap(),
             _dir: dir,

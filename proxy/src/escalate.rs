@@ -132,7 +132,7 @@ pub async fn hold_body(
     let fingerprint = fingerprint(target.method.as_str(), &url, body, rpc_id.is_some());
     let mut observed = observe(target, &action, tier);
     observed.rpc_id = rpc_id;
-    let approval = Approval::pending(
+    let approval = crate::approvals::model::pending(
         config,
         Ask {
             principal,

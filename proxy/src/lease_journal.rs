@@ -1,22 +1,21 @@
-//! The broker's lease journal in SQLite: every lease Ostiary owes a revocation, from the
-//! moment it is fetched until Vault confirms it is gone.
+//! The broker's lease journal: every lease Ostiary owes a revocation, from the moment it is
+//! fetched until Vault confirms it is gone, kept in the store's lease aggregate.
 //!
 //! Credentials live in the broker's memory only, so after a restart (a crash, a deploy)
 //! nothing can use the leases the previous process fetched — but Vault keeps them alive
 //! until their TTL, which for database credentials can be hours. The journal is how the
 //! next process finds and revokes them at start-up ([`load`], then `Broker::adopt`).
 //!
-//! Writes go through one thread that owns its connection, in order, so a `settled` never
-//! overtakes the `owed` it answers; the request path only sends on a channel.
+//! Writes go through one thread, in order, so a `settled` never overtakes the `owed` it
+//! answers; the request path only sends on a channel.
 
-use std::path::Path;
 use std::sync::mpsc;
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
 
 use ostiary_broker::{Lease, LeaseJournal, OwedLease, Revocation};
-use rusqlite::{params, Connection};
 
+use crate::store::leases::{LeaseKind, LeaseRow, LeaseStore};
 use crate::store::{self, StoreError};
 
 enum Op {
@@ -26,20 +25,25 @@ enum Op {
 
 /// The journal; cheap to share (`Arc`).
 #[derive(Debug)]
-pub struct SqliteJournal {
+pub struct Journal {
     tx: Mutex<mpsc::Sender<Op>>,
 }
 
-impl SqliteJournal {
-    /// Start the writer thread over the database at `path`.
-    pub fn start(path: &Path) -> Result<Self, StoreError> {
-        let conn = store::open(path)?;
+impl Journal {
+    /// Start the writer thread over `leases`.
+    pub fn start(leases: Arc<dyn LeaseStore>) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel::<Op>();
         std::thread::Builder::new()
             .name("lease-journal".into())
             .spawn(move || {
                 for op in rx {
-                    if let Err(e) = write(&conn, op) {
+                    let written = match op {
+                        Op::Owed { session, owed } => {
+                            leases.owed(&row(&session, &owed), store::now_ms())
+                        }
+                        Op::Settled(id) => leases.settled(&id),
+                    };
+                    if let Err(e) = written {
                         // The lease stays owed in memory; only a restart would miss it.
                         tracing::error!(error = %e, "lease journal write failed");
                     }
@@ -56,7 +60,7 @@ impl SqliteJournal {
     }
 }
 
-impl LeaseJournal for SqliteJournal {
+impl LeaseJournal for Journal {
     fn owed(&self, session: &str, owed: &OwedLease) {
         self.send(Op::Owed {
             session: session.to_owned(),
@@ -69,71 +73,50 @@ impl LeaseJournal for SqliteJournal {
     }
 }
 
-fn write(conn: &Connection, op: Op) -> rusqlite::Result<usize> {
-    match op {
-        Op::Owed { session, owed } => {
-            let (kind, mount, serial) = match &owed.lease.revocation {
-                Revocation::VaultLease => ("vault", None, None),
-                Revocation::PkiSerial { mount, serial } => {
-                    ("pki", Some(mount.clone()), Some(serial.clone()))
-                }
-            };
-            let expires = owed.expires_at.map(millis);
-            conn.execute(
-                "INSERT OR REPLACE INTO leases (lease_id, session, binding, kind, mount, serial, renewable, expires_at_ms, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    owed.lease.id,
-                    session,
-                    owed.binding,
-                    kind,
-                    mount,
-                    serial,
-                    owed.lease.renewable,
-                    expires,
-                    store::now_ms()
-                ],
-            )
-        }
-        Op::Settled(id) => conn.execute("DELETE FROM leases WHERE lease_id = ?1", params![id]),
+/// The row of one owed lease.
+fn row(session: &str, owed: &OwedLease) -> LeaseRow {
+    LeaseRow {
+        lease_id: owed.lease.id.clone(),
+        session: session.to_owned(),
+        binding: owed.binding.clone(),
+        kind: match &owed.lease.revocation {
+            Revocation::VaultLease => LeaseKind::Vault,
+            Revocation::PkiSerial { mount, serial } => LeaseKind::Pki {
+                mount: mount.clone(),
+                serial: serial.clone(),
+            },
+        },
+        renewable: owed.lease.renewable,
+        expires_at_ms: owed.expires_at.map(|at| {
+            at.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        }),
     }
 }
 
-fn millis(at: SystemTime) -> i64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// Leases a previous process left owed, as `(session, lease)`.
-pub fn load(path: &Path) -> Result<Vec<(String, OwedLease)>, StoreError> {
-    let conn = store::open(path)?;
-    let mut stmt = conn.prepare(
-        "SELECT lease_id, session, binding, kind, mount, serial, renewable, expires_at_ms FROM leases",
-    )?;
-    let rows = stmt.query_map([], |row| {
-        let kind: String = row.get(3)?;
-        let mount: Option<String> = row.get(4)?;
-        let serial: Option<String> = row.get(5)?;
-        let revocation = match (kind.as_str(), mount, serial) {
-            ("pki", Some(mount), Some(serial)) => Revocation::PkiSerial { mount, serial },
-            _ => Revocation::VaultLease,
-        };
-        let expires: Option<i64> = row.get(7)?;
-        Ok((
-            row.get::<_, String>(1)?,
-            OwedLease {
-                binding: row.get(2)?,
+pub fn load(leases: &dyn LeaseStore) -> Result<Vec<(String, OwedLease)>, StoreError> {
+    Ok(leases
+        .owed_leases()?
+        .into_iter()
+        .map(|r| {
+            let owed = OwedLease {
+                binding: r.binding,
                 lease: Lease {
-                    id: row.get(0)?,
-                    revocation,
-                    renewable: row.get(6)?,
+                    id: r.lease_id,
+                    revocation: match r.kind {
+                        LeaseKind::Vault => Revocation::VaultLease,
+                        LeaseKind::Pki { mount, serial } => Revocation::PkiSerial { mount, serial },
+                    },
+                    renewable: r.renewable,
                 },
-                expires_at: expires
+                expires_at: r
+                    .expires_at_ms
                     .map(|ms| UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
-            },
-        ))
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+            };
+            (r.session, owed)
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -144,7 +127,7 @@ mod tests {
     fn owed_leases_survive_until_settled() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ostiary.db");
-        let journal = SqliteJournal::start(&path).unwrap();
+        let journal = Journal::start(store::sqlite::open(&path).unwrap().leases).unwrap();
         let lease = |id: &str, revocation| OwedLease {
             binding: "db".into(),
             lease: Lease {
@@ -167,9 +150,10 @@ mod tests {
         );
         journal.settled("database/creds/r/1");
         // Writes are asynchronous: wait for the thread to catch up.
+        let reader = store::sqlite::open(&path).unwrap().leases;
         let mut left = Vec::new();
         for _ in 0..100 {
-            left = load(&path).unwrap();
+            left = load(&*reader).unwrap();
             if left.len() == 1 {
                 break;
             }

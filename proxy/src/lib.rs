@@ -41,7 +41,7 @@
 //! - [`control`] — the control API on its own listener.
 //! - [`metrics`] — Prometheus metrics; labels never name values.
 //! - [`ids`] — request and session ids.
-//! - [`store`] — the embedded SQLite database in the state directory.
+//! - [`store`] — the `ostiary-store` crate: one trait per durable aggregate, SQLite behind them.
 //! - [`state`] — the state directory: CA, admin token, keys, the database file.
 //! - [`config`] — `ostiary.toml`: one serde tree, unknown fields refused.
 //! - [`plane`] — the handles a running proxy hands its listeners (data plane, control plane).
@@ -86,7 +86,8 @@ pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod state;
-pub mod store;
+/// Durable state: a trait per aggregate, the row types, migrations and the SQLite backend.
+pub use ostiary_store as store;
 pub mod strict_json;
 pub mod tls;
 pub mod tunnel;

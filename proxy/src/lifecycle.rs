@@ -31,6 +31,7 @@ use crate::ids;
 use crate::inject::credentials::Credentials;
 use crate::metrics::Metrics;
 use crate::session::{Principal, SessionRegistry};
+use crate::store::Call;
 use crate::tunnel::Ended;
 
 /// What ending a session touches: the registry that refuses it, its requests and streams,
@@ -224,7 +225,7 @@ impl Teardown {
             if let Err(e) = self
                 .guardrails
                 .store
-                .call(move |s| s.unpause(&owned, "terminated"))
+                .call(move |s| s.unpause(&owned, "terminated", crate::store::now_ms()))
                 .await
             {
                 tracing::error!(session, error = %e, "resolving a paused session's dead letter failed");

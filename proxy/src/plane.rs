@@ -139,7 +139,9 @@ pub struct ControlPlane {
     pub metrics: Arc<Metrics>,
     pub ca_pem: String,
     pub admin_token: SecretString,
-    /// The database, for read-only audit queries.
+    /// The trail on a read-only connection, for audit queries (never the writer's).
+    pub trail: Arc<dyn crate::store::audit::AuditStore>,
+    /// The database file (what an operator inspects; tests look through it for leaks).
     pub db_path: PathBuf,
     pub proxy_addr: ProxyAddr,
 }

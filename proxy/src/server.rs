@@ -17,7 +17,6 @@ use tokio::net::TcpListener;
 use crate::approvals::execute::Answered;
 use crate::approvals::link::LinkSigner;
 use crate::approvals::notify::Notifier;
-use crate::approvals::store::ApprovalStore;
 use crate::approvals::{ApprovalQueue, Approved, Executor, Runner};
 use crate::audit::{AuditGuard, AuditWriter};
 use crate::body::ProxyBody;
@@ -27,10 +26,9 @@ use crate::config::Config;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
 use crate::guardrails::pause::{Desk, TripQueue, Trips};
-use crate::guardrails::store::GuardStore;
 use crate::guardrails::Guardrails;
 use crate::inject::credentials::Credentials;
-use crate::lease_journal::{self, SqliteJournal};
+use crate::lease_journal::{self, Journal};
 use crate::lifecycle::Teardown;
 use crate::metrics::Metrics;
 use crate::plane::{ControlPlane, DataPlane, ProxyAddr};
@@ -214,16 +212,18 @@ impl Ostiary {
         metrics.set_policy_generation(policies.generation());
 
         let db_path = state.path(files::DATABASE);
+        // Every aggregate's store, migrated once; each consumer takes the one it uses.
+        let stores = store::sqlite::open(&db_path)?;
         let (writer, audit) = AuditWriter::start(
-            store::open(&db_path)?,
+            stores.audit.clone(),
             state.audit_key.expose().as_bytes().to_vec(),
             state.path(files::AUDIT_HEAD),
             &metrics,
         )?;
         let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
             .map_err(crate::session::SessionError::from)?;
-        let sessions = SessionRegistry::load(keys, store::open(&db_path)?, &config.sessions)?;
-        let guardrails = Guardrails::load(GuardStore::open(&db_path)?, config.sessions.clone())?;
+        let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
+        let guardrails = Guardrails::load(stores.guard.clone(), config.sessions.clone())?;
         let guard = Arc::new(Guard::new(
             options.resolver,
             options.dialer,
@@ -233,7 +233,7 @@ impl Ostiary {
         ));
         let roots = Arc::new(tls::upstream::root_store(&config.egress.ca_file)?);
         let upstreams = Upstreams::new(guard.clone(), roots, config.proxy.upstream_timeout)?;
-        let journal = Arc::new(SqliteJournal::start(&db_path)?);
+        let journal = Arc::new(Journal::start(stores.leases.clone())?);
         let file = Some(config.broker.file.clone());
         let broker = match &config.broker.vault {
             Some(vault) if config.broker.backend == "vault" => {
@@ -279,7 +279,7 @@ impl Ostiary {
         }
         // Leases a previous run fetched: nothing holds them now, so they are revoked on
         // the reaper's first pass (and retried, quarantined, while Vault refuses).
-        let leftovers = lease_journal::load(&db_path)?;
+        let leftovers = lease_journal::load(&*stores.leases)?;
         if !leftovers.is_empty() {
             tracing::info!(
                 leases = leftovers.len(),
@@ -289,7 +289,7 @@ impl Ostiary {
         }
         let credentials = Credentials::new(Arc::new(broker), &metrics);
         let approvals = ApprovalQueue::new(
-            ApprovalStore::open(&db_path)?,
+            stores.approvals.clone(),
             config.approvals.clone(),
             Notifier::from_config(&config.approvals)?,
             LinkSigner::new(state.approvals_key.expose().as_bytes()),
@@ -326,6 +326,7 @@ impl Ostiary {
             approvals: approvals.clone(),
             policies: policies.clone(),
             audit: audit.clone(),
+            trail: stores.audit.clone(),
             metrics: metrics.clone(),
         };
         let data = Arc::new(DataPlane {
@@ -385,6 +386,8 @@ impl Ostiary {
             metrics,
             ca_pem: state.ca_cert_pem.clone(),
             admin_token: state.admin_token.clone(),
+            // Queries read on a connection of their own, never the writer's.
+            trail: store::sqlite::open_read_only(&db_path)?.audit,
             db_path,
             proxy_addr,
         });

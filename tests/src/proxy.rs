@@ -249,8 +249,7 @@ tunnel = {tunnel}
     /// Every audit record so far (after flushing the writer).
     pub async fn audit(&self) -> Vec<AuditRecord> {
         self.shared.audit.flush().await;
-        let conn = ostiary::store::open_read_only(&self.shared.db_path).unwrap();
-        ostiary::audit::verify::query(&conn, &Default::default()).unwrap()
+        ostiary::audit::verify::query(&*self.shared.trail, &Default::default()).unwrap()
     }
 
     /// The audit record of the request whose response carried `request_id` (its own, not

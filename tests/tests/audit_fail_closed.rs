@@ -282,8 +282,13 @@ async fn assert_all_recorded(state: &Path, tally: &Tally, forwarded: usize, why:
 /// [`rows_deleted_between_runs_refuse_the_next_start_until_reanchored`]).
 fn verify_in_process(state: &Path) -> ostiary::audit::verify::VerifyReport {
     let key = std::fs::read_to_string(state.join("audit.key")).unwrap();
-    let conn = ostiary::store::open_read_only(&state.join("ostiary.db")).unwrap();
-    ostiary::audit::verify::verify(&conn, key.trim().as_bytes(), &state.join("audit.head")).unwrap()
+    let stores = ostiary::store::sqlite::open_read_only(&state.join("ostiary.db")).unwrap();
+    ostiary::audit::verify::verify(
+        &*stores.audit,
+        key.trim().as_bytes(),
+        &state.join("audit.head"),
+    )
+    .unwrap()
 }
 
 /// The problems `verify` finds, one per line.

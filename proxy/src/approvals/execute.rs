@@ -35,7 +35,7 @@ use crate::error::ProxyError;
 use crate::guardrails::pause::resume_target;
 use crate::metrics::Metrics;
 use crate::session::{Principal, SessionRegistry};
-use crate::store::now_ms;
+use crate::store::{now_ms, Call};
 use crate::{inject, scrub};
 
 /// What an approved execution carries into the request phases.

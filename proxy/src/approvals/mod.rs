@@ -23,7 +23,8 @@ pub mod notify;
 pub mod page;
 pub mod queue;
 pub mod slack_callback;
-pub mod store;
+/// The queue's store: the approvals aggregate of `ostiary-store`.
+pub use ostiary_store::approvals as store;
 pub mod sweep;
 
 pub use execute::{Approved, Executor, Runner};

@@ -15,16 +15,16 @@ use tokio::sync::watch;
 use super::link::{LinkClaims, LinkError, LinkSigner};
 use super::model::{Approval, Channel, Verdict};
 use super::notify::Notifier;
-use super::store::{Admission, ApprovalStore, DecideError, Hold, QueueCounts};
+use super::store::{Admission, ApprovalStore, DecideError, Decision, Hold, QueueCounts};
 use crate::audit::{AuditGuard, AuditSink};
 use crate::config;
 use crate::metrics::Metrics;
-use crate::store::{now_ms, StoreError};
+use crate::store::{now_ms, Call, StoreError};
 
 /// The queue, its channels and its bookkeeping.
 #[derive(Debug)]
 pub struct ApprovalQueue {
-    pub store: ApprovalStore,
+    pub store: Arc<dyn ApprovalStore>,
     pub config: config::Approvals,
     pub notifier: Notifier,
     signer: LinkSigner,
@@ -38,7 +38,7 @@ pub struct ApprovalQueue {
 
 impl ApprovalQueue {
     pub fn new(
-        store: ApprovalStore,
+        store: Arc<dyn ApprovalStore>,
         config: config::Approvals,
         notifier: Notifier,
         signer: LinkSigner,
@@ -222,20 +222,19 @@ impl ApprovalQueue {
         self.may_decide(&current, approver)?;
         let decided = {
             let (id, approver) = (id.to_owned(), approver.to_owned());
-            let store = self.store.clone();
-            tokio::task::spawn_blocking(move || {
-                store.decide(
-                    &id,
-                    verdict,
-                    &approver,
-                    channel,
-                    reason.as_deref(),
-                    nonce.as_deref(),
-                    now_ms(),
-                )
-            })
-            .await
-            .map_err(|e| DecideError::Store(StoreError::Task(e.to_string())))??
+            self.store
+                .call(move |s| {
+                    s.decide(&Decision {
+                        id: &id,
+                        verdict,
+                        approver: &approver,
+                        channel,
+                        reason: reason.as_deref(),
+                        nonce: nonce.as_deref(),
+                        now_ms: now_ms(),
+                    })
+                })
+                .await?
         };
         let (transition, decision, error) = match verdict {
             Verdict::Approve => ("approved", "allow", None),

@@ -13,7 +13,7 @@ use std::future::Future;
 use super::execute::{self, Executor};
 use super::notify;
 use super::ApprovalQueue;
-use crate::store::now_ms;
+use crate::store::{now_ms, Call};
 
 /// At start-up: executions interrupted by the previous process go back to `approved`.
 pub async fn recover(queue: &ApprovalQueue) {
@@ -100,7 +100,7 @@ pub async fn sweep(shared: &Executor) {
                         for (channel, recipient) in &owed {
                             s.enqueue(&id, channel, recipient, round, now)?;
                         }
-                        Ok(())
+                        Ok::<_, crate::store::StoreError>(())
                     })
                     .await;
                 if let Err(e) = enqueued {

@@ -10,11 +10,11 @@
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, TransactionBehavior};
-
 use super::chain::{self, ChainError, Head, Tip};
 use super::record::{AuditRecord, Reanchor};
 use super::writer::seal;
+use crate::store::audit::{AppendError, AuditRow, AuditStore};
+use crate::store::StoreError;
 
 /// What a re-anchor wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,16 +44,16 @@ pub enum ReanchorError {
     Checkpoint(std::io::Error),
 }
 
-impl From<rusqlite::Error> for ReanchorError {
-    fn from(e: rusqlite::Error) -> Self {
+impl From<StoreError> for ReanchorError {
+    fn from(e: StoreError) -> Self {
         ReanchorError::Chain(e.into())
     }
 }
 
-/// Re-anchor the chain in `conn` (opened read-write, with the proxy stopped) if start-up
+/// Re-anchor the chain in `trail` (opened read-write, with the proxy stopped) if start-up
 /// would refuse it.
 pub fn reanchor(
-    conn: &mut Connection,
+    trail: &dyn AuditStore,
     key: &[u8],
     head_path: &Path,
     reason: &str,
@@ -61,7 +61,7 @@ pub fn reanchor(
     if reason.trim().is_empty() {
         return Err(ReanchorError::NoReason);
     }
-    let problem = match chain::check_tip(conn, key, head_path) {
+    let problem = match chain::check_tip(trail, key, head_path) {
         Ok(tip) => return Err(ReanchorError::Intact { seq: tip.seq }),
         Err(e) if !e.reanchorable() => return Err(ReanchorError::Chain(e)),
         Err(e) => e.problem(),
@@ -70,8 +70,7 @@ pub fn reanchor(
         Ok(Head::Sealed(tip)) => Some(tip.seq),
         _ => None,
     };
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let last = chain::last_row(&tx)?.unwrap_or_else(Tip::genesis);
+    let last = trail.last()?.unwrap_or_else(Tip::genesis);
     let seq = checkpoint_seq.unwrap_or(0).max(last.seq) + 1;
     let record = AuditRecord {
         ts_ms: crate::store::now_ms(),
@@ -88,12 +87,23 @@ pub fn reanchor(
     };
     let json = serde_json::to_string(&record)?;
     let hash = seal(key, &last.hash, seq, &json);
-    tx.execute(
-        "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
-         VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6)",
-        params![seq, record.ts_ms, record.decision, json, last.hash, hash],
-    )?;
-    tx.commit()?;
+    // Appended only if the chain still ends where it was read (a server started
+    // meanwhile would have moved it).
+    let row = AuditRow {
+        seq,
+        ts_ms: record.ts_ms,
+        session: None,
+        decision: record.decision.clone(),
+        record: json,
+        prev: last.hash.clone(),
+        hash: hash.clone(),
+    };
+    trail.append(&last, &[row]).map_err(|e| match e {
+        AppendError::Store(e) => ReanchorError::from(e),
+        moved @ AppendError::Moved { .. } => {
+            ReanchorError::from(StoreError::Backend(moved.to_string()))
+        }
+    })?;
     chain::write_head(key, head_path, &Tip { seq, hash }).map_err(ReanchorError::Checkpoint)?;
     Ok(Reanchored {
         seq,

@@ -12,14 +12,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac};
-use rusqlite::{Connection, OptionalExtension};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use crate::store::audit::AuditStore;
+pub use crate::store::audit::{Tip, GENESIS};
 use crate::store::StoreError;
-
-/// Hash of the (virtual) record before the first one.
-pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The seal of one record.
 pub fn seal(key: &[u8], prev: &str, seq: i64, record_json: &str) -> String {
@@ -35,23 +33,6 @@ pub fn seal(key: &[u8], prev: &str, seq: i64, record_json: &str) -> String {
 fn head_seal(key: &[u8], seq: i64, hash: &str) -> String {
     // A domain of its own, so a head's seal can never be taken for a record's.
     seal(key, "ostiary audit head", seq, hash)
-}
-
-/// The last record of the chain, as the writer extends it and the checkpoint names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tip {
-    pub seq: i64,
-    pub hash: String,
-}
-
-impl Tip {
-    /// Before the first record.
-    pub fn genesis() -> Self {
-        Self {
-            seq: 0,
-            hash: GENESIS.to_owned(),
-        }
-    }
 }
 
 /// What the checkpoint file holds.
@@ -239,33 +220,12 @@ impl From<StoreError> for ChainError {
     }
 }
 
-impl From<rusqlite::Error> for ChainError {
-    fn from(e: rusqlite::Error) -> Self {
-        ChainError::Store(e.into())
-    }
-}
-
-/// The last row of the chain, if any.
-pub fn last_row(conn: &Connection) -> Result<Option<Tip>, rusqlite::Error> {
-    conn.query_row(
-        "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
-        [],
-        |row| {
-            Ok(Tip {
-                seq: row.get(0)?,
-                hash: row.get(1)?,
-            })
-        },
-    )
-    .optional()
-}
-
 /// The start-up check: the chain in the database must still contain the record its
 /// checkpoint names, and the records after it (at most a batch, written before a crash
 /// could checkpoint them) must chain onto it. Returns the tip to extend. A chain and a
 /// checkpoint that are both absent are a new chain.
-pub fn check_tip(conn: &Connection, key: &[u8], head_path: &Path) -> Result<Tip, ChainError> {
-    let last = last_row(conn)?;
+pub fn check_tip(trail: &dyn AuditStore, key: &[u8], head_path: &Path) -> Result<Tip, ChainError> {
+    let last = trail.last()?;
     let head = read_head(key, head_path).map_err(|source| ChainError::Io {
         path: head_path.to_owned(),
         source,
@@ -300,13 +260,7 @@ pub fn check_tip(conn: &Connection, key: &[u8], head_path: &Path) -> Result<Tip,
             });
         }
     } else {
-        let stored: Option<String> = conn
-            .query_row(
-                "SELECT hash FROM audit WHERE seq = ?1",
-                [checkpoint.seq],
-                |row| row.get(0),
-            )
-            .optional()?;
+        let stored = trail.hash_at(checkpoint.seq)?;
         if stored.as_deref() != Some(checkpoint.hash.as_str()) {
             return Err(ChainError::Diverged {
                 seq: checkpoint.seq,
@@ -315,46 +269,47 @@ pub fn check_tip(conn: &Connection, key: &[u8], head_path: &Path) -> Result<Tip,
             });
         }
     }
-    check_tail(conn, key, &checkpoint)?;
+    check_tail(trail, key, &checkpoint)?;
     Ok(last.unwrap_or_else(Tip::genesis))
 }
 
 /// The records after `checkpoint` are numbered on from it, link to it and carry valid seals.
-fn check_tail(conn: &Connection, key: &[u8], checkpoint: &Tip) -> Result<(), ChainError> {
-    let mut stmt =
-        conn.prepare("SELECT seq, record, prev, hash FROM audit WHERE seq > ?1 ORDER BY seq")?;
-    let mut rows = stmt.query([checkpoint.seq])?;
+fn check_tail(trail: &dyn AuditStore, key: &[u8], checkpoint: &Tip) -> Result<(), ChainError> {
     let mut tip = checkpoint.clone();
-    let broken = |problem: String| ChainError::BrokenTail {
-        checkpoint: checkpoint.seq,
-        problem,
-    };
-    while let Some(row) = rows.next()? {
-        let seq: i64 = row.get(0)?;
-        let json: String = row.get(1)?;
-        let prev: String = row.get(2)?;
-        let hash: String = row.get(3)?;
-        if seq != tip.seq + 1 {
-            return Err(broken(format!(
+    let mut problem = None;
+    trail.scan(checkpoint.seq, &mut |row| {
+        let seq = row.seq;
+        problem = if seq != tip.seq + 1 {
+            Some(format!(
                 "record {seq} follows record {} (records missing)",
                 tip.seq
-            )));
-        }
-        if prev != tip.hash {
-            return Err(broken(format!(
+            ))
+        } else if row.prev != tip.hash {
+            Some(format!(
                 "record {seq} does not link to the record before it"
-            )));
-        }
-        if !bool::from(
-            seal(key, &prev, seq, &json)
+            ))
+        } else if !bool::from(
+            seal(key, &row.prev, seq, &row.record)
                 .as_bytes()
-                .ct_eq(hash.as_bytes()),
+                .ct_eq(row.hash.as_bytes()),
         ) {
-            return Err(broken(format!("record {seq} does not match its seal")));
-        }
-        tip = Tip { seq, hash };
+            Some(format!("record {seq} does not match its seal"))
+        } else {
+            None
+        };
+        tip = Tip {
+            seq,
+            hash: row.hash,
+        };
+        problem.is_none()
+    })?;
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(ChainError::BrokenTail {
+            checkpoint: checkpoint.seq,
+            problem,
+        }),
     }
-    Ok(())
 }
 
 #[cfg(test)]

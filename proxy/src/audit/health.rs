@@ -5,7 +5,8 @@
 //! The request path never waits for a disk write: it reads atomics. Three things make the
 //! trail unavailable:
 //! - the writer's last commit or checkpoint failed (disk full, I/O error, the database
-//!   locked for longer than [`Limits::lock_timeout`], the chain changed underneath it);
+//!   locked for longer than the store's audit busy timeout, the chain changed underneath
+//!   it);
 //! - a commit has been in progress for longer than [`Limits::stall`] (a disk that hangs
 //!   rather than fails), seen by the reader without the writer's help;
 //! - [`Limits::queue`] records are waiting (the writer cannot keep up).
@@ -25,8 +26,6 @@ pub struct Limits {
     /// Records waiting to be written past which nothing more is forwarded; past it, the
     /// records of requests refused for that reason are counted, not queued.
     pub queue: usize,
-    /// How long a commit waits for another connection's lock before it fails.
-    pub lock_timeout: Duration,
     /// How long a commit may be in progress before the trail counts as unavailable anyway.
     pub stall: Duration,
     /// Largest number of records written in one transaction.
@@ -44,8 +43,8 @@ impl Default for Limits {
             // Two batches: never more than that many forwarded requests whose records are
             // not yet committed (plus those in flight when the bound was reached).
             queue: 1_024,
-            lock_timeout: Duration::from_millis(250),
-            // Longer than the lock bound (a lock gets its own failure), and long enough that
+            // Longer than the store's lock bound for the audit connection (250 ms: a lock
+            // gets its own failure), and long enough that
             // a slow fsync on a busy disk is not taken for a hang.
             stall: Duration::from_secs(2),
             batch: 512,

@@ -2,12 +2,13 @@
 
 use std::path::Path;
 
-use rusqlite::{params_from_iter, types::Value as SqlValue, Connection, OptionalExtension};
 use subtle::ConstantTimeEq;
 
 use super::chain::{self, Head, GENESIS};
 use super::record::AuditRecord;
 use super::writer::seal;
+pub use crate::store::audit::AuditQuery as Query;
+use crate::store::audit::{AuditRow, AuditStore};
 use crate::store::StoreError;
 
 /// What verification found.
@@ -29,26 +30,68 @@ impl VerifyReport {
 }
 
 /// Recompute the whole chain and compare it with the head checkpoint.
-pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyReport, StoreError> {
-    let mut stmt = conn.prepare(
-        "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit ORDER BY seq",
-    )?;
-    let mut rows = stmt.query([])?;
-    let mut problems = Vec::new();
-    let mut notes = Vec::new();
-    let (mut expected_seq, mut prev) = (1i64, GENESIS.to_owned());
-    let mut records = 0;
-    while let Some(row) = rows.next()? {
-        let seq: i64 = row.get(0)?;
-        let ts_ms: i64 = row.get(1)?;
-        let session: Option<String> = row.get(2)?;
-        let decision: String = row.get(3)?;
-        let json: String = row.get(4)?;
-        let stored_prev: String = row.get(5)?;
-        let hash: String = row.get(6)?;
-        records += 1;
+pub fn verify(
+    trail: &dyn AuditStore,
+    key: &[u8],
+    head_path: &Path,
+) -> Result<VerifyReport, StoreError> {
+    let mut walk = Walk {
+        key,
+        problems: Vec::new(),
+        notes: Vec::new(),
+        expected_seq: 1,
+        prev: GENESIS.to_owned(),
+        records: 0,
+    };
+    trail.scan(0, &mut |row| {
+        walk.check(row);
+        true
+    })?;
+    let Walk {
+        mut problems,
+        notes,
+        expected_seq,
+        prev,
+        records,
+        ..
+    } = walk;
+    let last_seq = expected_seq - 1;
+    if let Some(problem) = head_problem(trail, key, head_path, records, last_seq, &prev)? {
+        problems.push(problem);
+    }
+    Ok(VerifyReport {
+        records,
+        problems,
+        notes,
+    })
+}
+
+/// The walk along the chain: what each record must be, given the one before it.
+struct Walk<'a> {
+    key: &'a [u8],
+    problems: Vec<String>,
+    notes: Vec<String>,
+    expected_seq: i64,
+    prev: String,
+    records: i64,
+}
+
+impl Walk<'_> {
+    fn check(&mut self, row: AuditRow) {
+        let AuditRow {
+            seq,
+            ts_ms,
+            session,
+            decision,
+            record: json,
+            prev: stored_prev,
+            hash,
+        } = row;
+        let (problems, notes, expected_seq) =
+            (&mut self.problems, &mut self.notes, self.expected_seq);
+        self.records += 1;
         let sealed = bool::from(
-            seal(key, &stored_prev, seq, &json)
+            seal(self.key, &stored_prev, seq, &json)
                 .as_bytes()
                 .ct_eq(hash.as_bytes()),
         );
@@ -79,7 +122,7 @@ pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyR
                 )),
             }
         }
-        if stored_prev != prev {
+        if stored_prev != self.prev {
             problems.push(format!(
                 "record {seq}: does not link to the record before it"
             ));
@@ -96,24 +139,15 @@ pub fn verify(conn: &Connection, key: &[u8], head_path: &Path) -> Result<VerifyR
             )),
             Err(e) => problems.push(format!("record {seq}: not a valid record: {e}")),
         }
-        expected_seq = seq + 1;
-        prev = hash;
+        self.expected_seq = seq + 1;
+        self.prev = hash;
     }
-    let last_seq = expected_seq - 1;
-    if let Some(problem) = head_problem(conn, key, head_path, records, last_seq, &prev)? {
-        problems.push(problem);
-    }
-    Ok(VerifyReport {
-        records,
-        problems,
-        notes,
-    })
 }
 
 /// What is wrong between the chain (ending at `last_seq` with hash `last_hash`) and its
 /// checkpoint, if anything.
 fn head_problem(
-    conn: &Connection,
+    trail: &dyn AuditStore,
     key: &[u8],
     head_path: &Path,
     records: i64,
@@ -154,51 +188,20 @@ fn head_problem(
     } else if tip.seq == 0 {
         Some(GENESIS.to_owned())
     } else {
-        conn.query_row("SELECT hash FROM audit WHERE seq = ?1", [tip.seq], |r| {
-            r.get::<_, String>(0)
-        })
-        .optional()?
+        trail.hash_at(tip.seq)?
     };
     Ok((stored.as_deref() != Some(tip.hash.as_str()))
         .then(|| format!("record {}: differs from the checkpointed head", tip.seq)))
 }
 
-/// Filters of `ostiary audit query` and `GET /v1/audit`.
-#[derive(Debug, Clone, Default)]
-pub struct Query {
-    pub session: Option<String>,
-    pub decision: Option<String>,
-    /// Milliseconds since the epoch (inclusive).
-    pub since_ms: Option<i64>,
-    pub limit: Option<u32>,
-}
-
 /// Records matching the filters, oldest first.
-pub fn query(conn: &Connection, q: &Query) -> Result<Vec<AuditRecord>, StoreError> {
-    let mut sql = String::from("SELECT record FROM audit WHERE 1=1");
-    let mut args: Vec<SqlValue> = Vec::new();
-    if let Some(s) = &q.session {
-        sql.push_str(" AND session = ?");
-        args.push(SqlValue::Text(s.clone()));
-    }
-    if let Some(d) = &q.decision {
-        sql.push_str(" AND decision = ?");
-        args.push(SqlValue::Text(d.clone()));
-    }
-    if let Some(t) = q.since_ms {
-        sql.push_str(" AND ts_ms >= ?");
-        args.push(SqlValue::Integer(t));
-    }
-    sql.push_str(" ORDER BY seq LIMIT ?");
-    args.push(SqlValue::Integer(i64::from(q.limit.unwrap_or(10_000))));
-    let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(params_from_iter(args), |row| row.get::<_, String>(0))?;
-    let mut out = Vec::new();
-    for row in rows {
-        let json = row?;
-        let record = serde_json::from_str(&json)
-            .map_err(|e| StoreError::Task(format!("audit record does not parse: {e}")))?;
-        out.push(record);
-    }
-    Ok(out)
+pub fn query(trail: &dyn AuditStore, q: &Query) -> Result<Vec<AuditRecord>, StoreError> {
+    trail
+        .query(q)?
+        .iter()
+        .map(|json| {
+            serde_json::from_str(json)
+                .map_err(|e| StoreError::Corrupt(format!("audit record does not parse: {e}")))
+        })
+        .collect()
 }

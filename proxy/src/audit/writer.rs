@@ -9,8 +9,8 @@
 //! The request path never waits for a disk write: records go to an in-memory queue, and
 //! the writer takes whatever is queued (up to [`Limits::batch`] records) as soon as its
 //! previous commit ends, with no gathering delay. It fails closed: the first commit or
-//! checkpoint that fails (disk full, I/O error, the database locked past
-//! [`Limits::lock_timeout`]) marks the trail unavailable ([`super::health`]), and the
+//! checkpoint that fails (disk full, I/O error, the database locked past the store's
+//! audit busy timeout, `ostiary_store::sqlite::Options`) marks the trail unavailable ([`super::health`]), and the
 //! request path forwards nothing until the writer has written its whole backlog again.
 //! Queued records are kept and retried with backoff, never dropped; since each retry
 //! re-seals the same records with the same sequence numbers, the chain has no gap when
@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
 use super::chain::{self, ChainError, Tip};
@@ -32,6 +31,8 @@ use super::health::{Health, Limits, Status};
 use super::record::AuditRecord;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::store::audit::{AppendError, AuditRow, AuditStore};
+use crate::store::StoreError;
 
 enum Command {
     Record(Box<AuditRecord>),
@@ -146,36 +147,35 @@ pub struct AuditWriter {
 }
 
 impl AuditWriter {
-    /// Start the writer on `conn`, sealing with `key`, checkpointing the head to
+    /// Start the writer on `trail`, sealing with `key`, checkpointing the head to
     /// `head_path`. Refuses a chain that no longer matches its checkpoint ([`ChainError`]).
     pub fn start(
-        conn: Connection,
+        trail: Arc<dyn AuditStore>,
         key: Vec<u8>,
         head_path: PathBuf,
         metrics: &Metrics,
     ) -> Result<(Self, AuditSink), ChainError> {
-        Self::start_with(conn, key, head_path, metrics, Limits::default())
+        Self::start_with(trail, key, head_path, metrics, Limits::default())
     }
 
     /// [`AuditWriter::start`] with other bounds.
     pub fn start_with(
-        conn: Connection,
+        trail: Arc<dyn AuditStore>,
         key: Vec<u8>,
         head_path: PathBuf,
         metrics: &Metrics,
         limits: Limits,
     ) -> Result<(Self, AuditSink), ChainError> {
-        conn.busy_timeout(limits.lock_timeout)?;
-        // Durable before the checkpoint names it: with `NORMAL`, a power cut could lose
-        // commits the head already names, and the next start would see a truncation.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        let tip = chain::check_tip(&conn, &key, &head_path)?;
+        // Records are durable before the checkpoint names them: the store commits with
+        // `synchronous = FULL` (a power cut must not lose commits the head already names,
+        // or the next start would see a truncation).
+        let tip = chain::check_tip(&*trail, &key, &head_path)?;
         // The anchor line: a log kept off this machine can later show a rollback of both
         // the database and its checkpoint, which nothing on this machine can.
         tracing::info!(seq = tip.seq, hash = %tip.hash, "audit chain head");
         let health = Arc::new(Health::new(limits, tip.seq, metrics));
         let mut writer = Writer {
-            conn,
+            trail,
             key,
             head_path,
             tip,
@@ -196,7 +196,7 @@ impl AuditWriter {
         let thread = thread::Builder::new()
             .name("ostiary-audit".into())
             .spawn(move || writer.run(&rx))
-            .map_err(|e| ChainError::Store(crate::store::StoreError::Task(e.to_string())))?;
+            .map_err(|e| ChainError::Store(StoreError::Task(e.to_string())))?;
         Ok((
             Self {
                 thread: Some(thread),
@@ -217,8 +217,8 @@ impl AuditWriter {
 /// log and the outage's record say.
 #[derive(Debug, thiserror::Error)]
 enum WriteError {
-    #[error("database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Store(#[from] StoreError),
     #[error("serialising a record: {0}")]
     Serialise(#[from] serde_json::Error),
     #[error("writing the head checkpoint: {0}")]
@@ -263,7 +263,7 @@ struct Outage {
 }
 
 struct Writer {
-    conn: Connection,
+    trail: Arc<dyn AuditStore>,
     key: Vec<u8>,
     head_path: PathBuf,
     /// The last committed record.
@@ -410,7 +410,7 @@ impl Writer {
         }
         let n = self.pending.len().min(self.health.limits.batch);
         let records = &self.pending.make_contiguous()[..n];
-        self.tip = append(&mut self.conn, &self.key, &self.tip, records)?;
+        self.tip = append(&*self.trail, &self.key, &self.tip, records)?;
         self.pending.drain(..n);
         self.written += n as u64;
         self.health.dequeued(n);
@@ -514,44 +514,32 @@ impl Writer {
 
 /// Append `records` after `tip` in one transaction; the new tip.
 fn append(
-    conn: &mut Connection,
+    trail: &dyn AuditStore,
     key: &[u8],
     tip: &Tip,
     records: &[AuditRecord],
 ) -> Result<Tip, WriteError> {
-    // Immediate: the check below and the inserts happen under one write lock.
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    // The chain must still end where this writer left it: a second writer on the same
-    // database, or rows deleted while running, would otherwise fork or gap the chain.
-    let last = chain::last_row(&tx)?.unwrap_or_else(Tip::genesis);
-    if last != *tip {
-        return Err(WriteError::Changed {
-            expected: tip.seq,
-            found: last.seq,
+    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
+    let mut rows = Vec::with_capacity(records.len());
+    for record in records {
+        seq += 1;
+        let json = serde_json::to_string(record)?;
+        let hash = seal(key, &prev, seq, &json);
+        rows.push(AuditRow {
+            seq,
+            ts_ms: record.ts_ms,
+            session: record.session.clone(),
+            decision: record.decision.clone(),
+            record: json,
+            prev: std::mem::replace(&mut prev, hash.clone()),
+            hash,
         });
     }
-    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        for record in records {
-            seq += 1;
-            let json = serde_json::to_string(record)?;
-            let hash = seal(key, &prev, seq, &json);
-            insert.execute(params![
-                seq,
-                record.ts_ms,
-                record.session,
-                record.decision,
-                json,
-                prev,
-                hash
-            ])?;
-            prev = hash;
-        }
-    }
-    tx.commit()?;
+    // The chain must still end where this writer left it: a second writer on the same
+    // database, or rows deleted while running, would otherwise fork or gap the chain.
+    trail.append(tip, &rows).map_err(|e| match e {
+        AppendError::Moved { expected, found } => WriteError::Changed { expected, found },
+        AppendError::Store(e) => WriteError::Store(e),
+    })?;
     Ok(Tip { seq, hash: prev })
 }

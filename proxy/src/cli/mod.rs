@@ -492,7 +492,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
         )));
     }
     // Read-only for all but `reanchor`, which writes.
-    let read_only = || crate::store::open_read_only(&db);
+    let read_only = || crate::store::sqlite::open_read_only(&db).map(|s| s.audit);
     match cmd {
         AuditCommand::Reanchor { reason } => reanchor(config, &db, &reason),
         AuditCommand::Query {
@@ -508,7 +508,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
                 })?),
             };
             let records = verify::query(
-                &read_only()?,
+                &*read_only()?,
                 &Query {
                     session,
                     decision,
@@ -525,7 +525,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             // Everything: a session's descendants are found only through the records of
             // the whole chain, so no SQL filter can narrow this down first.
             let all = verify::query(
-                &read_only()?,
+                &*read_only()?,
                 &Query {
                     limit: Some(u32::MAX),
                     ..Default::default()
@@ -545,7 +545,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
         AuditCommand::Verify => {
             let key = read_audit_key(&config.state.dir)?;
             let report = verify::verify(
-                &read_only()?,
+                &*read_only()?,
                 &key,
                 &config.state.dir.join(files::AUDIT_HEAD),
             )?;
@@ -574,9 +574,9 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
 fn reanchor(config: &Config, db: &Path, reason: &str) -> Result<ExitCode, CliError> {
     use crate::audit::anchor::{self, ReanchorError};
     let key = read_audit_key(&config.state.dir)?;
-    let mut conn = crate::store::open(db)?;
+    let trail = crate::store::sqlite::open(db)?.audit;
     let head = config.state.dir.join(files::AUDIT_HEAD);
-    match anchor::reanchor(&mut conn, &key, &head, reason) {
+    match anchor::reanchor(&*trail, &key, &head, reason) {
         Ok(done) => {
             println!(
                 "re-anchored: record {} acknowledges: {}",

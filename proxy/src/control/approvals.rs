@@ -29,7 +29,7 @@ use crate::approvals::store::DecideError;
 use crate::approvals::{execute, page, Approval, Channel, Status, Verdict};
 use crate::body::{full, ProxyBody};
 use crate::plane::ControlPlane;
-use crate::store::now_ms;
+use crate::store::{now_ms, Call};
 
 /// Largest form or callback body read.
 const MAX_FORM: usize = 64 * 1024;

@@ -264,12 +264,8 @@ async fn audit_lines(shared: &ControlPlane, query: &str, request_id: &str) -> Re
         }
     }
     shared.audit.flush().await;
-    let db = shared.db_path.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let conn = crate::store::open_read_only(&db)?;
-        verify::query(&conn, &q)
-    })
-    .await;
+    let trail = shared.trail.clone();
+    let result = tokio::task::spawn_blocking(move || verify::query(&*trail, &q)).await;
     match result {
         Ok(Ok(records)) => {
             let mut text = String::new();

@@ -19,6 +19,7 @@ use crate::guardrails::meter::Limits;
 use crate::plane::ControlPlane;
 use crate::session::spawn::{self, ChildAgent};
 use crate::session::{limits, registry, NewSession, Principal, SessionError};
+use crate::store::Call;
 
 /// The session a `Bearer` token on a control request stands for, if it is a session token.
 pub(super) fn bearer_session<B>(

@@ -14,11 +14,14 @@ use http::{HeaderMap, Method, Response};
 use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+
 use super::store::{Begun, GuardStore};
 use crate::approvals::model::StoredResponse;
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::ProxyError;
+use crate::store::Call;
 
 pub const HEADER: &str = "idempotency-key";
 /// Marks an answer replayed from the store.
@@ -75,7 +78,7 @@ pub fn fingerprint(target: &Target, body: &[u8]) -> String {
 /// A claimed key: released on drop unless [`Claim::store`] recorded an outcome.
 #[derive(Debug)]
 pub struct Claim {
-    store: GuardStore,
+    store: Arc<dyn GuardStore>,
     session: String,
     key: String,
     max_bytes: usize,
@@ -93,7 +96,7 @@ pub enum Begin {
 
 /// Claim `key` for the request, or answer from what an earlier request with it left.
 pub async fn begin(
-    store: &GuardStore,
+    store: &Arc<dyn GuardStore>,
     session: &str,
     key: String,
     fingerprint: String,
@@ -102,7 +105,7 @@ pub async fn begin(
 ) -> Result<Begin, ProxyError> {
     let (s, k) = (session.to_owned(), key.clone());
     let begun = store
-        .call(move |st| st.idempotency_begin(&s, &k, &fingerprint, ttl_ms))
+        .call(move |st| st.idempotency_begin(&s, &k, &fingerprint, ttl_ms, crate::store::now_ms()))
         .await
         .map_err(|e| ProxyError::Internal {
             reason: format!("idempotency store: {e}"),

@@ -3,7 +3,8 @@
 //! - [`meter`] — budgets: tool calls, cost, bytes; children carved out of their parent.
 //! - [`rate`] — GCRA rate limits per agent and per tenant, per tier.
 //! - [`inflight`] — requests in flight, so teardown can drain them within a grace period.
-//! - [`store`] — accounts, pauses, dead letters and `Idempotency-Key` outcomes on disk.
+//! - [`store`] — accounts, pauses, dead letters and `Idempotency-Key` outcomes on disk
+//!   (the guard aggregate of `ostiary-store`).
 //! - the loop watchdog ([`crate::session::watchdog`]) pauses a session that repeats itself;
 //!   a human resumes or terminates it.
 //!
@@ -19,7 +20,8 @@ pub mod meter;
 pub mod pause;
 pub mod rate;
 pub mod sharded;
-pub mod store;
+/// The guardrails' store: the guard aggregate of `ostiary-store`.
+pub use ostiary_store::guard as store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +32,7 @@ use crate::config::{Sessions, Tiers};
 use crate::error::ProxyError;
 use crate::session::watchdog::{self, Watchdog};
 use crate::session::Principal;
+use crate::store::Call;
 use meter::{Account, LimitHit, Limits, Meter};
 use rate::RateLimiter;
 use store::{GuardStore, Paused};
@@ -41,7 +44,7 @@ pub struct Guardrails {
     pub rate: RateLimiter,
     pub inflight: Arc<inflight::InFlight>,
     pub watchdog: Watchdog,
-    pub store: GuardStore,
+    pub store: Arc<dyn GuardStore>,
     paused: sharded::Sharded<Paused>,
     /// Sessions paused now: when none is (nearly always), the gate does not look further.
     paused_count: std::sync::atomic::AtomicUsize,
@@ -50,10 +53,20 @@ pub struct Guardrails {
 
 impl Guardrails {
     /// Load what a previous run left (accounts, pauses) from `store`.
-    pub fn load(store: GuardStore, settings: Sessions) -> Result<Self, crate::store::StoreError> {
+    pub fn load(
+        store: Arc<dyn GuardStore>,
+        settings: Sessions,
+    ) -> Result<Self, crate::store::StoreError> {
         let meter = Arc::new(Meter::default());
         for (session, account) in store.load_accounts()? {
-            meter.open(&session, account);
+            // An account a newer or broken version wrote is not guessed at: the session
+            // starts from its limits again, which the log says.
+            match serde_json::from_value::<Account>(account) {
+                Ok(account) => meter.open(&session, account),
+                Err(e) => {
+                    tracing::warn!(session, error = %e, "a stored session account does not parse; not restored")
+                }
+            }
         }
         let paused = sharded::Sharded::default();
         let mut n = 0;
@@ -209,7 +222,16 @@ impl Guardrails {
         if accounts.is_empty() {
             return;
         }
-        if let Err(e) = self.store.call(move |s| s.save_accounts(&accounts)).await {
+        let accounts: Vec<(String, serde_json::Value)> = accounts
+            .into_iter()
+            .map(|(session, account)| (session, serde_json::to_value(account).unwrap_or_default()))
+            .collect();
+        let now = crate::store::now_ms();
+        if let Err(e) = self
+            .store
+            .call(move |s| s.save_accounts(&accounts, now))
+            .await
+        {
             tracing::error!(error = %e, "saving session accounts failed");
         }
     }

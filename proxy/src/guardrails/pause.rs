@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::policy_store::PolicyStore;
 use crate::session::watchdog::{Event, Trip};
 use crate::session::{Principal, SessionRegistry};
-use crate::store::now_ms;
+use crate::store::{now_ms, Call};
 
 use super::store::Paused;
 use super::Guardrails;
@@ -90,6 +90,8 @@ pub struct Desk {
     /// The generation a "resume?" approval is held under.
     pub policies: Arc<PolicyStore>,
     pub audit: AuditSink,
+    /// The trail a trip's snapshot quotes (the last records of the session).
+    pub trail: Arc<dyn crate::store::audit::AuditStore>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -298,10 +300,16 @@ async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
     let n = guardrails.settings().watchdog.snapshot_records;
     let recent = {
         let session = session.clone();
-        guardrails
-            .store
-            .call(move |s| s.recent_audit(&session, n))
+        shared
+            .trail
+            .call(move |s| s.recent(&session, n))
             .await
+            .map(|records| {
+                records
+                    .iter()
+                    .map(|r| serde_json::from_str(r).unwrap_or(serde_json::Value::Null))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_else(|e| vec![json!({ "error": e.to_string() })])
     };
     let account = guardrails.meter.snapshot(&session).unwrap_or_default();
@@ -343,7 +351,7 @@ async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
         };
         let _ = guardrails
             .store
-            .call(move |s| s.unpause(&owned, resolution))
+            .call(move |s| s.unpause(&owned, resolution, now_ms()))
             .await;
         return;
     }
@@ -382,7 +390,7 @@ async fn ask_approvers(
         "deny": "terminate the session",
     });
     let url = format!("{RESUME_URL}{}/resume", principal.session_id);
-    let approval = Approval::pending(
+    let approval = crate::approvals::model::pending(
         config,
         Ask {
             principal,
@@ -428,7 +436,7 @@ async fn resume(shared: &Desk, session: &str, by: &str) -> Result<bool, crate::s
     let was = shared
         .guardrails
         .store
-        .call(move |s| s.unpause(&owned, "resumed"))
+        .call(move |s| s.unpause(&owned, "resumed", now_ms()))
         .await?;
     // A pause only in memory (its snapshot still being written) is lifted too.
     let in_memory = shared.guardrails.clear_paused(session);

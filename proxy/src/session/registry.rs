@@ -1,18 +1,19 @@
 //! Live sessions: created through the control API, looked up on every request, torn down on
-//! `DELETE` or expiry. Memory is the hot path; SQLite makes sessions survive a restart.
+//! `DELETE` or expiry. Memory is the hot path; the session store makes sessions survive a
+//! restart.
 //!
 //! A token is accepted only while its session is live here: a valid signature on a revoked
 //! or expired session is still a 407, so a token replayed after teardown is refused.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use rusqlite::{params, Connection};
 use serde::Deserialize;
 
 use super::token::{Claims, TokenError, TokenKeys, AUDIENCE, ISSUER};
-use crate::store::{now_ms, StoreError};
+use crate::store::sessions::{NewSessionRow, SessionStore};
+use crate::store::{now_ms, Call, StoreError};
 
 /// The authenticated caller of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +105,7 @@ pub enum SessionError {
 /// The registry of live sessions.
 pub struct SessionRegistry {
     keys: TokenKeys,
-    db: Arc<Mutex<Connection>>,
+    db: Arc<dyn SessionStore>,
     live: RwLock<HashMap<String, Arc<Principal>>>,
     /// Verified tokens, so that a request does not pay a signature check. Keyed by the token
     /// itself; an entry never outlives the token's own `exp` (checked on every hit).
@@ -143,44 +144,30 @@ impl SessionRegistry {
     /// Load the live sessions from the store.
     pub fn load(
         keys: TokenKeys,
-        conn: Connection,
+        db: Arc<dyn SessionStore>,
         settings: &crate::config::Sessions,
     ) -> Result<Self, SessionError> {
         let now = now_ms() / 1000;
-        let mut live = HashMap::new();
-        {
-            let mut stmt = conn
-                // The parent's row stays after it ends (revoked, not deleted): its agent is
-                // the child's `parent_agent`.
-                .prepare(
-                    "SELECT s.id, s.agent, s.tenant, s.depth, s.expires_at, s.parent, p.agent,
-                            s.profile
-                     FROM sessions s LEFT JOIN sessions p ON p.id = s.parent
-                     WHERE s.revoked_at IS NULL AND s.expires_at > ?1",
-                )
-                .map_err(StoreError::from)?;
-            let rows = stmt
-                .query_map([now], |row| {
-                    Ok(Principal {
-                        session_id: row.get(0)?,
-                        agent: row.get(1)?,
-                        tenant: row.get(2)?,
-                        depth: row.get(3)?,
-                        expires_at: row.get(4)?,
-                        parent: row.get(5)?,
-                        parent_agent: row.get(6)?,
-                        profile: row.get(7)?,
-                    })
-                })
-                .map_err(StoreError::from)?;
-            for row in rows {
-                let p = row.map_err(StoreError::from)?;
-                live.insert(p.session_id.clone(), Arc::new(p));
-            }
-        }
+        let live = db
+            .live(now)?
+            .into_iter()
+            .map(|row| {
+                let p = Principal {
+                    session_id: row.id,
+                    agent: row.agent,
+                    tenant: row.tenant,
+                    depth: row.depth,
+                    expires_at: row.expires_at,
+                    parent: row.parent,
+                    parent_agent: row.parent_agent,
+                    profile: row.profile,
+                };
+                (p.session_id.clone(), Arc::new(p))
+            })
+            .collect::<HashMap<_, _>>();
         Ok(Self {
             keys,
-            db: Arc::new(Mutex::new(conn)),
+            db,
             live: RwLock::new(live),
             verified: moka::sync::Cache::builder()
                 .max_capacity(100_000)
@@ -281,21 +268,24 @@ impl SessionRegistry {
             ten: principal.tenant.clone(),
         })?;
 
-        let db = self.db.clone();
         let row = principal.clone();
         let (max_calls, max_cost) = (new.max_calls.map(|c| c as i64), new.max_cost);
-        tokio::task::spawn_blocking(move || {
-            let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
-            conn.execute(
-                "INSERT INTO sessions (id, agent, tenant, created_at, expires_at, depth, max_calls, max_cost, parent, profile)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![row.session_id, row.agent, row.tenant, now, row.expires_at, row.depth, max_calls, max_cost, row.parent, row.profile],
-            )
-            .map_err(StoreError::from)?;
-            Ok::<_, StoreError>(())
-        })
-        .await
-        .map_err(|e| StoreError::Task(e.to_string()))??;
+        self.db
+            .call(move |db| {
+                db.insert(&NewSessionRow {
+                    id: &row.session_id,
+                    agent: &row.agent,
+                    tenant: &row.tenant,
+                    created_at: now,
+                    expires_at: row.expires_at,
+                    depth: row.depth,
+                    parent: row.parent.as_deref(),
+                    profile: row.profile.as_deref(),
+                    max_calls,
+                    max_cost,
+                })
+            })
+            .await?;
 
         {
             let mut live = self
@@ -391,19 +381,10 @@ impl SessionRegistry {
         self.verified
             .invalidate_entries_if(move |_, p| p.session_id == id)
             .map_err(|e| StoreError::Task(e.to_string()))?;
-        let db = self.db.clone();
         let id = session_id.to_owned();
-        tokio::task::spawn_blocking(move || {
-            let conn = db.lock().map_err(|e| StoreError::Task(e.to_string()))?;
-            conn.execute(
-                "UPDATE sessions SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
-                params![now_ms() / 1000, id],
-            )
-            .map_err(StoreError::from)?;
-            Ok::<_, StoreError>(())
-        })
-        .await
-        .map_err(|e| StoreError::Task(e.to_string()))??;
+        self.db
+            .call(move |db| db.revoke(&id, now_ms() / 1000))
+            .await?;
         Ok(removed)
     }
 

@@ -35,7 +35,7 @@ use super::model::{Approval, Status};
 use super::queue::ApprovalQueue;
 use super::store::Delivery;
 use crate::config::{self, SlackLinks};
-use crate::store::now_ms;
+use crate::store::{now_ms, Call};
 
 /// The configured channels.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! Holds are bounded: each session's cap on pending approvals, and the fingerprints that
+//! Holds are bounded (on SQLite): each session's cap on pending approvals, and the fingerprints that
 //! identical holds of one session are joined on. Both live in the database, next to the
 //! approvals they bound, so a restart neither forgets a cap nor hands a session a fresh
 //! allowance.
@@ -10,77 +10,22 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::ApprovalStore;
-use crate::approvals::model::Approval;
-use crate::store::StoreError;
-
-/// The tables of this module (the store's own migration stays untouched by it).
-pub(super) const MIGRATION: &str = "
-CREATE TABLE IF NOT EXISTS approval_caps (
-    session TEXT PRIMARY KEY,
-    parent  TEXT,
-    max     INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS approval_caps_parent ON approval_caps(parent);
-CREATE TABLE IF NOT EXISTS approval_holds (
-    approval_id TEXT PRIMARY KEY,
-    session     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS approval_holds_session ON approval_holds(session, fingerprint);
-CREATE TABLE IF NOT EXISTS approval_notify_state (
-    channel    TEXT NOT NULL,
-    recipient  TEXT NOT NULL,
-    open_ms    INTEGER NOT NULL,
-    collecting INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (channel, recipient)
-);
-";
+use super::approvals::SqliteApprovals;
+use crate::approvals::{Admission, CapReached, Hold};
+use crate::StoreError;
 
 /// Longest chain of parents followed (a session tree is `sessions.max_depth` deep; this
 /// only stops a corrupted table from looping).
 const MAX_ANCESTORS: usize = 64;
 
-/// What a bounded hold came to.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Admission {
-    /// Stored as a new pending approval, its notifications owed.
-    Held,
-    /// The same request (same fingerprint) of the same session is already pending: that
-    /// approval, unchanged; nothing stored, nobody notified again.
-    Joined(Box<Approval>),
-    /// A cap is reached; nothing stored.
-    Full(CapReached),
-}
-
-/// The cap a hold ran into.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CapReached {
-    /// The session whose cap it is: the holder itself or one of its ancestors.
-    pub session: String,
-    /// Pending holds counted against it (its own and its descendants').
-    pub used: u32,
-    pub max: u32,
-    /// When the first of them reaches its deadline, if any does: a slot is free by then
-    /// at the latest, whatever the approvers do.
-    pub frees_at_ms: Option<i64>,
-}
-
-/// A hold to admit: the approval, what makes it identical to another, and who to tell.
-#[derive(Debug)]
-pub struct Hold<'a> {
-    pub approval: &'a Approval,
-    /// Hex SHA-256 of method, URL and body (an MCP call's without its JSON-RPC id).
-    pub fingerprint: &'a str,
-    /// The cap of a session that has none stored (created before caps were).
-    pub default_max: u32,
-    /// `(channel, recipient)` owed a first notification if it is held.
-    pub notify: &'a [(&'static str, String)],
-}
-
-impl ApprovalStore {
+impl SqliteApprovals {
     /// Remember `session`'s cap and its parent (whose cap its holds count against too).
-    pub fn set_cap(&self, session: &str, parent: Option<&str>, max: u32) -> Result<(), StoreError> {
+    pub(super) fn set_cap(
+        &self,
+        session: &str,
+        parent: Option<&str>,
+        max: u32,
+    ) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "INSERT INTO approval_caps (session, parent, max) VALUES (?1, ?2, ?3)
@@ -92,7 +37,7 @@ impl ApprovalStore {
     }
 
     /// `session`'s stored cap, if it has one.
-    pub fn cap(&self, session: &str) -> Result<Option<u32>, StoreError> {
+    pub(super) fn cap(&self, session: &str) -> Result<Option<u32>, StoreError> {
         self.with(|c| {
             c.query_row(
                 "SELECT max FROM approval_caps WHERE session = ?1",
@@ -104,7 +49,7 @@ impl ApprovalStore {
     }
 
     /// Pending holds of `session` and its descendants (what its cap counts).
-    pub fn pending_holds(&self, session: &str, now_ms: i64) -> Result<u32, StoreError> {
+    pub(super) fn pending_holds(&self, session: &str, now_ms: i64) -> Result<u32, StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
             Ok(count_tree(&tx, session, now_ms)?.0)
@@ -112,7 +57,11 @@ impl ApprovalStore {
     }
 
     /// Join, refuse or store a hold, in one transaction (see the module's doc).
-    pub fn hold_bounded(&self, hold: Hold<'_>, now_ms: i64) -> Result<Admission, StoreError> {
+    pub(super) fn hold_bounded(
+        &self,
+        hold: Hold<'_>,
+        now_ms: i64,
+    ) -> Result<Admission, StoreError> {
         let a = hold.approval;
         let outcome = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -132,7 +81,7 @@ impl ApprovalStore {
             if let Some(full) = first_full(&tx, &a.session, hold.default_max, now_ms)? {
                 return Ok(Ok(Admission::Full(full)));
             }
-            super::insert_on(&tx, a)?;
+            super::approvals::insert_on(&tx, a)?;
             tx.execute(
                 "INSERT INTO approval_holds (approval_id, session, fingerprint) VALUES (?1, ?2, ?3)",
                 params![a.id, a.session, hold.fingerprint],
@@ -158,13 +107,6 @@ impl ApprovalStore {
                 }),
             }),
         }
-    }
-
-    /// A session ended: its cap and fingerprints are of no further use.
-    pub(super) fn forget_bounds_on(tx: &Transaction<'_>, session: &str) -> rusqlite::Result<()> {
-        tx.execute("DELETE FROM approval_holds WHERE session = ?1", [session])?;
-        tx.execute("DELETE FROM approval_caps WHERE session = ?1", [session])?;
-        Ok(())
     }
 }
 
@@ -221,4 +163,11 @@ fn count_tree(
         params![session, now_ms],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
+}
+
+/// A session ended: its cap and fingerprints are of no further use.
+pub(super) fn forget_bounds_on(tx: &Transaction<'_>, session: &str) -> rusqlite::Result<()> {
+    tx.execute("DELETE FROM approval_holds WHERE session = ?1", [session])?;
+    tx.execute("DELETE FROM approval_caps WHERE session = ?1", [session])?;
+    Ok(())
 }

@@ -9,45 +9,13 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::ApprovalStore;
-use crate::store::StoreError;
+use super::approvals::SqliteApprovals;
+use crate::approvals::{Delivery, DeliveryState, RecipientState};
+use crate::StoreError;
 
-/// One notification owed to one recipient on one channel for one round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    pub id: i64,
-    pub approval_id: String,
-    /// `slack` or `email`.
-    pub channel: String,
-    /// The approver mailed; empty for Slack (one message to the webhook's channel).
-    pub recipient: String,
-    pub round: u32,
-    pub attempts: u32,
-}
-
-/// A recipient's rate state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RecipientState {
-    /// Nothing is sent to the recipient before this (0: never sent to).
-    pub open_ms: i64,
-    /// Notifications came due while it was closed: the next send is a digest.
-    pub collecting: bool,
-}
-
-/// Where one notification stands.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeliveryState {
-    pub channel: String,
-    pub recipient: String,
-    pub round: u32,
-    pub attempts: u32,
-    pub sent_ms: Option<i64>,
-    pub last_error: Option<String>,
-}
-
-impl ApprovalStore {
+impl SqliteApprovals {
     /// Owe one notification (idempotent per approval, channel, recipient and round).
-    pub fn enqueue(
+    pub(super) fn enqueue(
         &self,
         approval_id: &str,
         channel: &str,
@@ -59,7 +27,11 @@ impl ApprovalStore {
     }
 
     /// Deliveries due now, oldest first; none to a recipient whose rate limit is closed.
-    pub fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+    pub(super) fn due_deliveries(
+        &self,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT n.id, n.approval_id, n.channel, n.recipient, n.round, n.attempts
@@ -76,7 +48,7 @@ impl ApprovalStore {
     }
 
     /// Every delivery due now to one recipient, oldest first (a digest takes them all).
-    pub fn due_for(
+    pub(super) fn due_for(
         &self,
         channel: &str,
         recipient: &str,
@@ -95,7 +67,7 @@ impl ApprovalStore {
     }
 
     /// A delivery went through.
-    pub fn delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+    pub(super) fn delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "UPDATE approval_notifications SET sent_ms = ?2, attempts = attempts + 1,
@@ -108,7 +80,12 @@ impl ApprovalStore {
 
     /// A delivery failed; try again at `next_ms`. The error names the cause, never a
     /// secret (webhook URL, SMTP password).
-    pub fn delivery_failed(&self, id: i64, error: &str, next_ms: i64) -> Result<(), StoreError> {
+    pub(super) fn delivery_failed(
+        &self,
+        id: i64,
+        error: &str,
+        next_ms: i64,
+    ) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "UPDATE approval_notifications SET attempts = attempts + 1, last_error = ?2,
@@ -120,7 +97,7 @@ impl ApprovalStore {
     }
 
     /// A delivery that is no longer worth making (the approval was decided meanwhile).
-    pub fn delivery_dropped(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+    pub(super) fn delivery_dropped(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
                 "UPDATE approval_notifications SET sent_ms = ?2,
@@ -133,7 +110,7 @@ impl ApprovalStore {
     }
 
     /// A recipient's rate state (the default for one never sent to).
-    pub fn recipient_state(
+    pub(super) fn recipient_state(
         &self,
         channel: &str,
         recipient: &str,
@@ -158,7 +135,7 @@ impl ApprovalStore {
     /// Something was sent to a recipient: closed until `open_ms`, and collecting if any
     /// notification to it is still unsent — read here, after the sent ones were marked, so
     /// one owed while the message was on its way is not mistaken for a fresh one later.
-    pub fn close_recipient(
+    pub(super) fn close_recipient(
         &self,
         channel: &str,
         recipient: &str,
@@ -179,7 +156,10 @@ impl ApprovalStore {
     }
 
     /// Notifications of one approval: (channel, recipient, round, attempts, sent, last error).
-    pub fn deliveries_of(&self, approval_id: &str) -> Result<Vec<DeliveryState>, StoreError> {
+    pub(super) fn deliveries_of(
+        &self,
+        approval_id: &str,
+    ) -> Result<Vec<DeliveryState>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT channel, recipient, round, attempts, sent_ms, last_error

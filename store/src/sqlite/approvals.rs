@@ -1,108 +1,44 @@
-//! The durable approval queue in SQLite.
+//! The approvals aggregate on SQLite ([`crate::approvals::ApprovalStore`]).
 //!
 //! Every transition is one `UPDATE ... WHERE status = <expected>` (or a transaction around
-//! one), so a transition either happens once or not at all: two executors — tasks of one
-//! process or two processes on one database — can never both claim an approval, and a
-//! decision racing the deadline is either a decision or an expiry, never both. The
-//! connection runs `synchronous = FULL`: the agent is told `202` only after its request is
-//! on disk, and a `kill -9` at any point loses nothing that was acknowledged.
-//!
-//! Also here: single-use link nonces, Slack callback signatures already seen (replay), the
-//! notification outbox and its per-recipient rate state, and the bounds on holds (each
-//! session's cap, the fingerprints identical holds are joined on), because each of them
-//! must commit together with, or survive as durably as, the approval it belongs to.
-
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+//! one), so a transition happens once or not at all, whoever races it. The bounds on holds
+//! and the outbox are in [`super::bounds`] and [`super::outbox`], because each must commit
+//! together with the approval it belongs to.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-pub use bounds::{Admission, CapReached, Hold};
-pub use outbox::{Delivery, DeliveryState, RecipientState};
-
-use super::model::{Approval, Channel, Status, StoredResponse, Verdict};
-use crate::store::{self, StoreError};
-
-mod bounds;
-mod outbox;
-
-/// Why a decision was not recorded.
-#[derive(Debug, thiserror::Error)]
-pub enum DecideError {
-    #[error("no approval {0}")]
-    Unknown(String),
-    #[error("approval is already {}", .0.as_str())]
-    NotPending(Status),
-    #[error("this link was already used")]
-    LinkUsed,
-    #[error("{0:?} is not one of the configured approvers")]
-    NotApprover(String),
-    #[error("the agent that made a request cannot approve it")]
-    SelfApproval,
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Counts for gauges and the CLI.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QueueCounts {
-    pub pending: i64,
-    pub approved: i64,
-    pub executing: i64,
-    /// Deliveries that failed at least once and are not yet delivered.
-    pub failing_deliveries: i64,
-}
-
-/// The queue's connection; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct ApprovalStore {
-    conn: Arc<Mutex<Connection>>,
-}
+use super::{json, parse_json, Db};
+use crate::approvals::{
+    Admission, Approval, ApprovalStore, Channel, DecideError, Decision, Delivery, DeliveryState,
+    Hold, QueueCounts, RecipientState, Status, StoredResponse, Verdict,
+};
+use crate::StoreError;
 
 const COLUMNS: &str = "id, status, created_ms, deadline_ms, renotify_ms, rounds, session, agent, \
      tenant, request_id, policies, policy_generation, request, observed, approver, channel, \
      decided_ms, reason, attempts, result";
 
-impl ApprovalStore {
-    /// Open the queue in the database at `path` (migrated by [`store::open`]).
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = store::open(path)?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(bounds::MIGRATION)?;
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-        })
-    }
+/// The approvals' connection.
+#[derive(Debug)]
+pub(super) struct SqliteApprovals(pub(super) Db);
 
-    /// Run `f` on the connection in a blocking task.
-    pub async fn call<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&ApprovalStore) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || f(&this))
-            .await
-            .map_err(|e| StoreError::Task(e.to_string()))?
-    }
-
+impl SqliteApprovals {
     pub(super) fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
-        let mut conn = self
-            .conn
-            .lock()
-            .map_err(|e| StoreError::Task(format!("approval store lock poisoned: {e}")))?;
-        Ok(f(&mut conn)?)
+        self.0.with(f)
     }
+}
 
+impl SqliteApprovals {
     /// Store a new pending approval.
-    pub fn insert(&self, a: &Approval) -> Result<(), StoreError> {
+    pub(super) fn insert(&self, a: &Approval) -> Result<(), StoreError> {
         self.with(|c| insert_on(c, a))
     }
 
     /// One approval.
-    pub fn get(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+    pub(super) fn get(&self, id: &str) -> Result<Option<Approval>, StoreError> {
         self.with(|c| {
             c.query_row(
                 &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
@@ -114,7 +50,7 @@ impl ApprovalStore {
     }
 
     /// Approvals, newest first, optionally of one status and one session.
-    pub fn list(
+    pub(super) fn list(
         &self,
         status: Option<Status>,
         session: Option<&str>,
@@ -134,20 +70,16 @@ impl ApprovalStore {
         })
     }
 
-    /// Record a human's decision on a pending approval, consuming the link nonce it came
-    /// with (if any) in the same transaction: a used link can never decide again, and a
-    /// refused decision does not burn the link.
-    #[allow(clippy::too_many_arguments)]
-    pub fn decide(
-        &self,
-        id: &str,
-        verdict: Verdict,
-        approver: &str,
-        channel: Channel,
-        reason: Option<&str>,
-        nonce: Option<&str>,
-        now_ms: i64,
-    ) -> Result<Approval, DecideError> {
+    pub(super) fn decide(&self, d: &Decision<'_>) -> Result<Approval, DecideError> {
+        let Decision {
+            id,
+            verdict,
+            approver,
+            channel,
+            reason,
+            nonce,
+            now_ms,
+        } = *d;
         let outcome =
             self.with(|c| {
                 let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -199,7 +131,7 @@ impl ApprovalStore {
     }
 
     /// Whether a link nonce was already used (for the page: say so before showing a form).
-    pub fn link_used(&self, nonce: &str) -> Result<bool, StoreError> {
+    pub(super) fn link_used(&self, nonce: &str) -> Result<bool, StoreError> {
         self.with(|c| {
             c.query_row(
                 "SELECT 1 FROM approval_links_used WHERE nonce = ?1",
@@ -213,7 +145,7 @@ impl ApprovalStore {
 
     /// Claim an approved approval for execution: `approved → executing`, attempts + 1.
     /// `None` when someone else claimed it, or it is not approved.
-    pub fn claim(&self, id: &str, now_ms: i64) -> Result<Option<Approval>, StoreError> {
+    pub(super) fn claim(&self, id: &str, now_ms: i64) -> Result<Option<Approval>, StoreError> {
         let changed = self.with(|c| {
             c.execute(
                 "UPDATE approvals SET status = 'executing', attempts = attempts + 1,
@@ -230,7 +162,7 @@ impl ApprovalStore {
 
     /// End an execution: `executing → executed | failed | refused`, with the stored
     /// response (executed) or the reason (failed, refused).
-    pub fn finish(
+    pub(super) fn finish(
         &self,
         id: &str,
         status: Status,
@@ -252,7 +184,7 @@ impl ApprovalStore {
 
     /// At start-up: executions a previous process claimed and never finished go back to
     /// `approved`, to be re-sent with the same idempotency key. Returns their ids.
-    pub fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    pub(super) fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = ids_where(
@@ -271,7 +203,7 @@ impl ApprovalStore {
     }
 
     /// Ids of approvals waiting for the executor, oldest first.
-    pub fn approved(&self) -> Result<Vec<String>, StoreError> {
+    pub(super) fn approved(&self) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT id FROM approvals WHERE status = 'approved' ORDER BY decided_ms, id",
@@ -282,7 +214,7 @@ impl ApprovalStore {
     }
 
     /// Expire every pending approval past its deadline; returns them (now `expired`).
-    pub fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+    pub(super) fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = ids_where(
@@ -305,7 +237,11 @@ impl ApprovalStore {
     /// Expire every pending approval of `session` (it ended: nothing it asked for can run,
     /// so no human should be asked any more), and forget its cap and hold fingerprints;
     /// returns the approvals, now `expired`.
-    pub fn expire_session(&self, session: &str, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+    pub(super) fn expire_session(
+        &self,
+        session: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = ids_where(
@@ -319,7 +255,7 @@ impl ApprovalStore {
                  WHERE status = 'pending' AND session = ?1",
                 params![session, now_ms],
             )?;
-            Self::forget_bounds_on(&tx, session)?;
+            super::bounds::forget_bounds_on(&tx, session)?;
             tx.commit()?;
             Ok(ids)
         })?;
@@ -328,7 +264,7 @@ impl ApprovalStore {
 
     /// Withdraw the pending "resume this paused session?" questions of `session`: a human
     /// already resumed it another way, so approvers are not asked (or reminded) any more.
-    pub fn withdraw_resume(
+    pub(super) fn withdraw_resume(
         &self,
         session: &str,
         reason: &str,
@@ -357,7 +293,11 @@ impl ApprovalStore {
 
     /// Start a new notification round for every pending approval whose `renotify_ms` has
     /// passed: rounds + 1, next reminder one `ttl` later. Returns them, updated.
-    pub fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
+    pub(super) fn renotify_due(
+        &self,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Vec<Approval>, StoreError> {
         let ids: Vec<String> = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let ids = ids_where(
@@ -393,7 +333,11 @@ impl ApprovalStore {
     /// Remember a Slack callback signature; `false` if it was seen before (a replay).
     /// Signatures older than the callback window are forgotten: their timestamps are
     /// refused anyway.
-    pub fn slack_first_seen(&self, signature: &str, now_ms: i64) -> Result<bool, StoreError> {
+    pub(super) fn slack_first_seen(
+        &self,
+        signature: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
         self.with(|c| {
             c.execute(
                 "DELETE FROM slack_callbacks_seen WHERE seen_ms < ?1",
@@ -408,7 +352,7 @@ impl ApprovalStore {
     }
 
     /// Queue counts for gauges and `approvals list`.
-    pub fn counts(&self) -> Result<QueueCounts, StoreError> {
+    pub(super) fn counts(&self) -> Result<QueueCounts, StoreError> {
         self.with(|c| {
             let mut counts = QueueCounts::default();
             let mut stmt = c.prepare(
@@ -436,7 +380,7 @@ impl ApprovalStore {
 }
 
 /// Insert a new pending approval on `c` (a connection or an open transaction).
-fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
+pub(super) fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
     let policies = json(&a.policies);
     let request = json(&a.request);
     let observed = json(&a.observed);
@@ -474,18 +418,6 @@ fn ids_where(
     let mut stmt = tx.prepare(sql)?;
     let rows = stmt.query_map(params, |r| r.get::<_, String>(0))?;
     rows.collect()
-}
-
-fn json<T: serde::Serialize>(value: &T) -> String {
-    // Serialising these plain structs cannot fail (string keys, no maps with other keys).
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
-    let text: String = row.get(idx)?;
-    serde_json::from_str(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
 }
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<Approval> {
@@ -533,5 +465,127 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Approval> {
     })
 }
 
-#[cfg(test)]
-mod tests;
+impl ApprovalStore for SqliteApprovals {
+    fn insert(&self, a: &Approval) -> Result<(), StoreError> {
+        Self::insert(self, a)
+    }
+    fn get(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        Self::get(self, id)
+    }
+    fn list(
+        &self,
+        status: Option<Status>,
+        session: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Approval>, StoreError> {
+        Self::list(self, status, session, limit)
+    }
+    fn decide(&self, d: &Decision<'_>) -> Result<Approval, DecideError> {
+        Self::decide(self, d)
+    }
+    fn link_used(&self, nonce: &str) -> Result<bool, StoreError> {
+        Self::link_used(self, nonce)
+    }
+    fn claim(&self, id: &str, now_ms: i64) -> Result<Option<Approval>, StoreError> {
+        Self::claim(self, id, now_ms)
+    }
+    fn finish(
+        &self,
+        id: &str,
+        status: Status,
+        result: Option<&StoredResponse>,
+        reason: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Self::finish(self, id, status, result, reason, now_ms)
+    }
+    fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        Self::recover(self, now_ms)
+    }
+    fn approved(&self) -> Result<Vec<String>, StoreError> {
+        Self::approved(self)
+    }
+    fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        Self::expire_due(self, now_ms)
+    }
+    fn expire_session(&self, session: &str, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        Self::expire_session(self, session, now_ms)
+    }
+    fn withdraw_resume(
+        &self,
+        session: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Approval>, StoreError> {
+        Self::withdraw_resume(self, session, reason, now_ms)
+    }
+    fn renotify_due(&self, now_ms: i64, ttl_ms: i64) -> Result<Vec<Approval>, StoreError> {
+        Self::renotify_due(self, now_ms, ttl_ms)
+    }
+    fn slack_first_seen(&self, signature: &str, now_ms: i64) -> Result<bool, StoreError> {
+        Self::slack_first_seen(self, signature, now_ms)
+    }
+    fn counts(&self) -> Result<QueueCounts, StoreError> {
+        Self::counts(self)
+    }
+    fn set_cap(&self, session: &str, parent: Option<&str>, max: u32) -> Result<(), StoreError> {
+        Self::set_cap(self, session, parent, max)
+    }
+    fn cap(&self, session: &str) -> Result<Option<u32>, StoreError> {
+        Self::cap(self, session)
+    }
+    fn pending_holds(&self, session: &str, now_ms: i64) -> Result<u32, StoreError> {
+        Self::pending_holds(self, session, now_ms)
+    }
+    fn hold_bounded(&self, hold: Hold<'_>, now_ms: i64) -> Result<Admission, StoreError> {
+        Self::hold_bounded(self, hold, now_ms)
+    }
+    fn enqueue(
+        &self,
+        approval_id: &str,
+        channel: &str,
+        recipient: &str,
+        round: u32,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        Self::enqueue(self, approval_id, channel, recipient, round, now_ms)
+    }
+    fn due_deliveries(&self, now_ms: i64, limit: usize) -> Result<Vec<Delivery>, StoreError> {
+        Self::due_deliveries(self, now_ms, limit)
+    }
+    fn due_for(
+        &self,
+        channel: &str,
+        recipient: &str,
+        now_ms: i64,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        Self::due_for(self, channel, recipient, now_ms)
+    }
+    fn delivered(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+        Self::delivered(self, id, now_ms)
+    }
+    fn delivery_failed(&self, id: i64, error: &str, next_ms: i64) -> Result<(), StoreError> {
+        Self::delivery_failed(self, id, error, next_ms)
+    }
+    fn delivery_dropped(&self, id: i64, now_ms: i64) -> Result<(), StoreError> {
+        Self::delivery_dropped(self, id, now_ms)
+    }
+    fn recipient_state(
+        &self,
+        channel: &str,
+        recipient: &str,
+    ) -> Result<RecipientState, StoreError> {
+        Self::recipient_state(self, channel, recipient)
+    }
+    fn close_recipient(
+        &self,
+        channel: &str,
+        recipient: &str,
+        open_ms: i64,
+    ) -> Result<(), StoreError> {
+        Self::close_recipient(self, channel, recipient, open_ms)
+    }
+    fn deliveries_of(&self, approval_id: &str) -> Result<Vec<DeliveryState>, StoreError> {
+        Self::deliveries_of(self, approval_id)
+    }
+}

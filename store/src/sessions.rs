@@ -1,0 +1,46 @@
+//! The sessions aggregate: one row per session ever created, so that live sessions survive
+//! a restart and an ended parent's agent is still known to its children.
+
+use crate::StoreError;
+
+/// A session as created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSessionRow<'a> {
+    pub id: &'a str,
+    pub agent: &'a str,
+    pub tenant: &'a str,
+    /// Seconds since the epoch.
+    pub created_at: i64,
+    pub expires_at: i64,
+    pub depth: u32,
+    pub parent: Option<&'a str>,
+    pub profile: Option<&'a str>,
+    pub max_calls: Option<i64>,
+    pub max_cost: Option<f64>,
+}
+
+/// A live session as loaded at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    pub id: String,
+    pub agent: String,
+    pub tenant: String,
+    pub depth: u32,
+    /// Seconds since the epoch.
+    pub expires_at: i64,
+    pub parent: Option<String>,
+    /// The parent's agent, from the parent's row (which stays after the parent ends).
+    pub parent_agent: Option<String>,
+    pub profile: Option<String>,
+}
+
+/// Where sessions are kept.
+pub trait SessionStore: Send + Sync + std::fmt::Debug {
+    /// Record a new session.
+    fn insert(&self, row: &NewSessionRow<'_>) -> Result<(), StoreError>;
+    /// Mark a session revoked at `at` (seconds); a session already revoked keeps its first
+    /// revocation time.
+    fn revoke(&self, id: &str, at: i64) -> Result<(), StoreError>;
+    /// Sessions neither revoked nor expired at `now` (seconds).
+    fn live(&self, now: i64) -> Result<Vec<SessionRow>, StoreError>;
+}

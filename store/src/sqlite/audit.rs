@@ -1,0 +1,129 @@
+//! The audit chain on SQLite ([`crate::audit::AuditStore`]).
+
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
+
+use super::Db;
+use crate::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Tip};
+use crate::StoreError;
+
+#[derive(Debug)]
+pub(super) struct SqliteAudit(pub(super) Db);
+
+fn last_row(c: &Connection) -> rusqlite::Result<Option<Tip>> {
+    c.query_row(
+        "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
+        [],
+        |row| {
+            Ok(Tip {
+                seq: row.get(0)?,
+                hash: row.get(1)?,
+            })
+        },
+    )
+    .optional()
+}
+
+impl AuditStore for SqliteAudit {
+    fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError> {
+        let moved = self.0.with(|c| {
+            // Immediate: the check below and the inserts happen under one write lock.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let last = last_row(&tx)?.unwrap_or_else(Tip::genesis);
+            if last != *after {
+                return Ok(Some(last.seq));
+            }
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for r in rows {
+                    insert.execute(params![
+                        r.seq, r.ts_ms, r.session, r.decision, r.record, r.prev, r.hash
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(None)
+        })?;
+        match moved {
+            None => Ok(()),
+            Some(found) => Err(AppendError::Moved {
+                expected: after.seq,
+                found,
+            }),
+        }
+    }
+
+    fn last(&self) -> Result<Option<Tip>, StoreError> {
+        self.0.with(|c| last_row(c))
+    }
+
+    fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
+        self.0.with(|c| {
+            c.query_row("SELECT hash FROM audit WHERE seq = ?1", [seq], |r| r.get(0))
+                .optional()
+        })
+    }
+
+    fn scan(&self, after: i64, visit: &mut dyn FnMut(AuditRow) -> bool) -> Result<(), StoreError> {
+        self.0.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
+                 WHERE seq > ?1 ORDER BY seq",
+            )?;
+            let mut rows = stmt.query([after])?;
+            while let Some(row) = rows.next()? {
+                let row = AuditRow {
+                    seq: row.get(0)?,
+                    ts_ms: row.get(1)?,
+                    session: row.get(2)?,
+                    decision: row.get(3)?,
+                    record: row.get(4)?,
+                    prev: row.get(5)?,
+                    hash: row.get(6)?,
+                };
+                if !visit(row) {
+                    break;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn query(&self, q: &AuditQuery) -> Result<Vec<String>, StoreError> {
+        let mut sql = String::from("SELECT record FROM audit WHERE 1=1");
+        let mut args: Vec<SqlValue> = Vec::new();
+        if let Some(s) = &q.session {
+            sql.push_str(" AND session = ?");
+            args.push(SqlValue::Text(s.clone()));
+        }
+        if let Some(d) = &q.decision {
+            sql.push_str(" AND decision = ?");
+            args.push(SqlValue::Text(d.clone()));
+        }
+        if let Some(t) = q.since_ms {
+            sql.push_str(" AND ts_ms >= ?");
+            args.push(SqlValue::Integer(t));
+        }
+        sql.push_str(" ORDER BY seq LIMIT ?");
+        args.push(SqlValue::Integer(i64::from(q.limit.unwrap_or(10_000))));
+        self.0.with(|c| {
+            let mut stmt = c.prepare(&sql)?;
+            let rows = stmt.query_map(params_from_iter(args), |row| row.get::<_, String>(0))?;
+            rows.collect()
+        })
+    }
+
+    fn recent(&self, session: &str, n: u32) -> Result<Vec<String>, StoreError> {
+        self.0.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT record FROM (SELECT seq, record FROM audit WHERE session = ?1
+                 ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
+            )?;
+            let rows = stmt.query_map(params![session, n], |r| r.get::<_, String>(0))?;
+            rows.collect()
+        })
+    }
+}

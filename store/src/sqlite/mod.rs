@@ -1,0 +1,189 @@
+//! The embedded backend: one SQLite database file holding every aggregate.
+//!
+//! One connection strategy: [`connect`] opens every connection the same way (WAL, so that
+//! the CLI reads while the server writes; `synchronous = FULL`, so that nothing
+//! acknowledged — a held request's `202`, an audit record a checkpoint names — is lost to
+//! a power cut), and each aggregate owns one connection behind a mutex ([`Db`]), used from
+//! blocking threads ([`crate::Call`]). SQLite allows one writer at a time whatever the
+//! number of connections; one per aggregate keeps a slow audit batch from queueing an
+//! approval behind it in this process, and each waits for the file lock up to its own
+//! busy timeout. Migrations run once, in [`open`], before any aggregate is handed out.
+//!
+//! `rusqlite` appears in this module and nowhere else in the workspace's libraries.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::{StoreError, Stores};
+
+mod approvals;
+mod audit;
+mod bounds;
+mod guard;
+mod leases;
+pub mod migrations;
+mod outbox;
+mod sessions;
+
+/// How long a call waits for another connection's write lock before it fails
+/// ([`StoreError::Busy`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub busy_timeout: Duration,
+    /// The audit writer's: short, so that a database held by someone else makes the trail
+    /// unavailable (and forwarding stop) within a bound rather than after five seconds.
+    pub audit_busy_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            audit_busy_timeout: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Open (creating and migrating) the database at `path`: every aggregate's store.
+pub fn open(path: &Path) -> Result<Stores, StoreError> {
+    open_with(path, Options::default())
+}
+
+/// [`open`] with other timeouts.
+pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
+    {
+        let mut conn = connect(path, Mode::ReadWrite, options.busy_timeout)?;
+        migrations::migrate(&mut conn)?;
+    }
+    let db = |busy| connect(path, Mode::ReadWrite, busy).map(Db::new);
+    Ok(Stores {
+        approvals: Arc::new(approvals::SqliteApprovals(db(options.busy_timeout)?)),
+        sessions: Arc::new(sessions::SqliteSessions(db(options.busy_timeout)?)),
+        guard: Arc::new(guard::SqliteGuard(db(options.busy_timeout)?)),
+        audit: Arc::new(audit::SqliteAudit(db(options.audit_busy_timeout)?)),
+        leases: Arc::new(leases::SqliteLeases(db(options.busy_timeout)?)),
+    })
+}
+
+/// Open an existing database read-only (the CLI's queries while a server may be writing),
+/// without migrating it; a database newer than this binary is refused. Writes through
+/// these stores fail.
+pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
+    let busy = Options::default().busy_timeout;
+    let db = || connect(path, Mode::ReadOnly, busy).map(Db::new);
+    {
+        let conn = connect(path, Mode::ReadOnly, busy)?;
+        migrations::refuse_newer(&conn)?;
+    }
+    Ok(Stores {
+        approvals: Arc::new(approvals::SqliteApprovals(db()?)),
+        sessions: Arc::new(sessions::SqliteSessions(db()?)),
+        guard: Arc::new(guard::SqliteGuard(db()?)),
+        audit: Arc::new(audit::SqliteAudit(db()?)),
+        leases: Arc::new(leases::SqliteLeases(db()?)),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    ReadWrite,
+    ReadOnly,
+}
+
+/// Every connection, opened one way.
+fn connect(path: &Path, mode: Mode, busy: Duration) -> Result<Connection, StoreError> {
+    let unavailable = |e: rusqlite::Error| {
+        StoreError::Unavailable(format!("{}: {}", path.display(), describe(&e)))
+    };
+    let conn = match mode {
+        Mode::ReadWrite => Connection::open(path),
+        Mode::ReadOnly => Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        ),
+    }
+    .map_err(unavailable)?;
+    conn.busy_timeout(busy).map_err(unavailable)?;
+    if mode == Mode::ReadWrite {
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(unavailable)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(unavailable)?;
+    }
+    Ok(conn)
+}
+
+/// One aggregate's connection.
+#[derive(Debug)]
+struct Db(Mutex<Connection>);
+
+impl Db {
+    fn new(conn: Connection) -> Self {
+        Self(Mutex::new(conn))
+    }
+
+    /// Run `f` on the connection; its error classified.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self
+            .0
+            .lock()
+            .map_err(|e| StoreError::Task(format!("database connection lock poisoned: {e}")))?;
+        f(&mut conn).map_err(classify)
+    }
+}
+
+/// A driver error as a [`StoreError`]: busy and locked apart (a writer elsewhere), values
+/// that do not convert as corrupt data, the rest with the driver's message.
+fn classify(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) =>
+        {
+            StoreError::Busy(describe(&e))
+        }
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(
+                f.code,
+                ErrorCode::CannotOpen
+                    | ErrorCode::DiskFull
+                    | ErrorCode::SystemIoFailure
+                    | ErrorCode::PermissionDenied
+                    | ErrorCode::ReadOnly
+            ) =>
+        {
+            StoreError::Unavailable(describe(&e))
+        }
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => StoreError::Corrupt(describe(&e)),
+        _ => StoreError::Backend(describe(&e)),
+    }
+}
+
+/// The driver's message (a failure's extended text when it has one).
+fn describe(e: &rusqlite::Error) -> String {
+    e.to_string()
+}
+
+/// JSON text of a plain struct (string keys only: cannot fail).
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+/// A JSON column, parsed; a row that does not parse is corrupt data.
+fn parse_json<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
