@@ -193,19 +193,53 @@ impl Checks {
                 budget_exceeded: false,
             };
         };
-        let started = Instant::now();
-        let deadline = started + tier.budget;
+        let deadline = Instant::now() + tier.budget;
         let mut ran = Vec::new();
-        let mut late: Option<String> = None;
-
+        let decided = |ran, verdict| Report {
+            ran,
+            verdict,
+            budget_exceeded: false,
+        };
         // Local checks, cheapest first; the first failure ends the run.
+        if let Err(failed) = self.local(tier, &subject, metrics, &mut ran) {
+            return decided(ran, failed);
+        }
+        let mut late = (Instant::now() > deadline)
+            .then(|| ran.last().map(|r| r.check.clone()).unwrap_or_default());
+        // Remote checks, under what is left of the budget.
+        if late.is_none() && tier.checks.iter().any(|c| c == "webhook") {
+            match self.remote(&subject, deadline, metrics, &mut ran).await {
+                Remote::Passed => {}
+                Remote::Decided(verdict) => return decided(ran, verdict),
+                Remote::Late(check) => late = Some(check),
+            }
+        }
+        match late {
+            None => decided(ran, Verdict::Pass),
+            Some(check) => Report {
+                ran,
+                verdict: self.over_budget(tier, subject.tier, check, metrics),
+                budget_exceeded: true,
+            },
+        }
+    }
+
+    /// `limits`, `args_schema` and `dlp` on the buffered body, in that order; the failure
+    /// that ends the run, if one does.
+    fn local(
+        &self,
+        tier: &Tier,
+        subject: &Subject<'_>,
+        metrics: &Metrics,
+        ran: &mut Vec<Ran>,
+    ) -> Result<(), Verdict> {
         for name in ["limits", "args_schema", "dlp"] {
             if !tier.checks.iter().any(|c| c == name) {
                 continue;
             }
             let t0 = Instant::now();
             let result = match name {
-                "limits" => self.limits(tier, &subject),
+                "limits" => self.limits(tier, subject),
                 "args_schema" => match (subject.tool, subject.args) {
                     (Some(tool), Some(args)) => self.schemas.check(tool, args),
                     _ => Ok(()),
@@ -227,110 +261,83 @@ impl Checks {
             } else {
                 Outcome::Fail
             };
-            record(&mut ran, metrics, name, outcome, t0.elapsed());
+            record(ran, metrics, name, outcome, t0.elapsed());
             if let Err(detail) = result {
-                return Report {
-                    ran,
-                    verdict: Verdict::Fail {
-                        check: name.to_owned(),
-                        detail,
+                return Err(Verdict::Fail {
+                    check: name.to_owned(),
+                    detail,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The external `webhook` check, until `deadline`.
+    async fn remote(
+        &self,
+        subject: &Subject<'_>,
+        deadline: Instant,
+        metrics: &Metrics,
+        ran: &mut Vec<Ran>,
+    ) -> Remote {
+        let Some(webhook) = &self.webhook else {
+            return Remote::Passed;
+        };
+        let t0 = Instant::now();
+        let asked = tokio::time::timeout_at(
+            tokio::time::Instant::from_std(deadline),
+            webhook.ask(&describe(subject)),
+        )
+        .await;
+        let took = t0.elapsed();
+        let answer = match asked {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "webhook check gave no usable answer");
+                record(ran, metrics, "webhook", Outcome::Error, took);
+                return Remote::Late("webhook".into());
+            }
+            Err(_) => {
+                record(ran, metrics, "webhook", Outcome::Timeout, took);
+                return Remote::Late("webhook".into());
+            }
+        };
+        let reason = answer.reason.unwrap_or_default();
+        match answer.decision {
+            webhook::Decision::Allow => {
+                record(ran, metrics, "webhook", Outcome::Pass, took);
+                Remote::Passed
+            }
+            webhook::Decision::Deny => {
+                record(ran, metrics, "webhook", Outcome::Fail, took);
+                Remote::Decided(Verdict::Fail {
+                    check: "webhook".into(),
+                    detail: if reason.is_empty() {
+                        "the external check refused this action".into()
+                    } else {
+                        reason
                     },
-                    budget_exceeded: false,
-                };
+                })
+            }
+            webhook::Decision::Escalate => {
+                record(ran, metrics, "webhook", Outcome::Escalate, took);
+                Remote::Decided(Verdict::Escalate {
+                    check: "webhook".into(),
+                    reason,
+                })
             }
         }
-        if Instant::now() > deadline {
-            late = Some(ran.last().map(|r| r.check.clone()).unwrap_or_default());
-        }
+    }
 
-        // Remote checks, under what is left of the budget.
-        if late.is_none() && tier.checks.iter().any(|c| c == "webhook") {
-            if let Some(webhook) = &self.webhook {
-                let t0 = Instant::now();
-                let asked = tokio::time::timeout_at(
-                    tokio::time::Instant::from_std(deadline),
-                    webhook.ask(&describe(&subject)),
-                )
-                .await;
-                let took = t0.elapsed();
-                match asked {
-                    Ok(Ok(answer)) => {
-                        let reason = answer.reason.unwrap_or_default();
-                        match answer.decision {
-                            webhook::Decision::Allow => {
-                                record(&mut ran, metrics, "webhook", Outcome::Pass, took)
-                            }
-                            webhook::Decision::Deny => {
-                                record(&mut ran, metrics, "webhook", Outcome::Fail, took);
-                                return Report {
-                                    ran,
-                                    verdict: Verdict::Fail {
-                                        check: "webhook".into(),
-                                        detail: if reason.is_empty() {
-                                            "the external check refused this action".into()
-                                        } else {
-                                            reason
-                                        },
-                                    },
-                                    budget_exceeded: false,
-                                };
-                            }
-                            webhook::Decision::Escalate => {
-                                record(&mut ran, metrics, "webhook", Outcome::Escalate, took);
-                                return Report {
-                                    ran,
-                                    verdict: Verdict::Escalate {
-                                        check: "webhook".into(),
-                                        reason,
-                                    },
-                                    budget_exceeded: false,
-                                };
-                            }
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "webhook check gave no usable answer");
-                        record(&mut ran, metrics, "webhook", Outcome::Error, took);
-                        late = Some("webhook".into());
-                    }
-                    Err(_) => {
-                        record(&mut ran, metrics, "webhook", Outcome::Timeout, took);
-                        late = Some("webhook".into());
-                    }
-                }
-            }
-        }
-
-        let Some(check) = late else {
-            return Report {
-                ran,
-                verdict: Verdict::Pass,
-                budget_exceeded: false,
-            };
-        };
-        metrics.check_budget_exceeded(subject.tier, tier.on_budget.as_str());
+    /// What the tier's `on_budget` makes of `check` not answering within the budget.
+    fn over_budget(&self, tier: &Tier, name: &str, check: String, metrics: &Metrics) -> Verdict {
+        metrics.check_budget_exceeded(name, tier.on_budget.as_str());
         let budget = humantime::format_duration(tier.budget);
-        let verdict = match tier.on_budget {
+        let why = format!("{check} did not answer within the {name} tier's {budget} budget");
+        match tier.on_budget {
             OnBudget::Allow => Verdict::Unchecked { check },
-            OnBudget::Deny => Verdict::Fail {
-                detail: format!(
-                    "{check} did not answer within the {} tier's {budget} budget",
-                    subject.tier
-                ),
-                check,
-            },
-            OnBudget::Escalate => Verdict::Escalate {
-                reason: format!(
-                    "{check} did not answer within the {} tier's {budget} budget",
-                    subject.tier
-                ),
-                check,
-            },
-        };
-        Report {
-            ran,
-            verdict,
-            budget_exceeded: true,
+            OnBudget::Deny => Verdict::Fail { detail: why, check },
+            OnBudget::Escalate => Verdict::Escalate { reason: why, check },
         }
     }
 
@@ -377,4 +384,12 @@ fn describe(subject: &Subject<'_>) -> Value {
             "cost": subject.tool.and_then(|t| t.cost()),
         },
     })
+}
+/// What the remote check came to.
+enum Remote {
+    Passed,
+    /// It decided the run (refused, or asked for a human).
+    Decided(Verdict),
+    /// It did not answer usably within the budget.
+    Late(String),
 }

@@ -129,9 +129,39 @@ async fn decide_one(
         decided.charge_when_sent = Some(tool.map_or(0, |(t, _)| t.cost_micros()));
         return Ok(decided);
     }
-
     // check — the tier's checks under its latency budget.
-    let (args, records) = match &action {
+    let asked_for_human = checks(ctx, req, tier, &action, tool.as_ref(), &mut decided).await?;
+    // limit — the call budget; a call over a limit listed in `escalate_limits` goes to a
+    // human who may grant more. A call held anyway is charged when it runs.
+    let over_limit = match (&tool, escalated, &asked_for_human) {
+        (Some((tool, _)), false, None) => charge(ctx, tool)?,
+        _ => None,
+    };
+    // escalate (hold) — policy, a check or a limit asked for a human.
+    if escalated || asked_for_human.is_some() || over_limit.is_some() {
+        let held = Held {
+            policies,
+            action,
+            asked_for_human,
+            over_limit,
+            tool_call: tool.is_some(),
+        };
+        return Err(hold(ctx, req, held).await);
+    }
+    Ok(decided)
+}
+
+/// Run the tier's checks; the check that asks for a human, if one does. A body that
+/// streams is scanned on its way instead (`decided.stream_dlp`, applied by `inject`).
+async fn checks(
+    ctx: &mut RequestCtx<'_>,
+    req: &Request<ProxyBody>,
+    tier: &str,
+    action: &Action,
+    tool: Option<&(&ostiary_policies::Tool, bytes::Bytes)>,
+    decided: &mut Decided,
+) -> Result<Option<(String, String)>, ProxyError> {
+    let (args, records) = match action {
         Action::Tool {
             args,
             impact_records,
@@ -160,10 +190,10 @@ async fn decide_one(
         host: &ctx.host,
         method: ctx.target.method.as_str(),
         path: &ctx.target.path,
-        tool: tool.as_ref().map(|(t, _)| *t),
+        tool: tool.map(|(t, _)| *t),
         args,
         records,
-        body: tool.as_ref().map(|(_, body)| &body[..]),
+        body: tool.map(|(_, body)| &body[..]),
         declared_len: req
             .headers()
             .get(CONTENT_LENGTH)
@@ -172,7 +202,6 @@ async fn decide_one(
         detectors: with_secrets.as_deref(),
     };
     let report = ctx.plane.checks.run(subject, &ctx.plane.metrics).await;
-    // A body that streams is scanned on its way, after the decision (see `check`).
     if tool.is_none() && wants_dlp {
         decided.stream_dlp =
             Some(with_secrets.unwrap_or_else(|| ctx.plane.checks.detectors.clone()));
@@ -181,69 +210,89 @@ async fn decide_one(
         r.checks = report.ran.clone();
         r.unchecked = matches!(report.verdict, check::Verdict::Unchecked { .. });
     });
-    let asked_for_human = match report.verdict {
-        check::Verdict::Pass | check::Verdict::Unchecked { .. } => None,
-        check::Verdict::Fail { check, detail } => {
-            return Err(ProxyError::CheckFailed { check, detail })
-        }
-        check::Verdict::Escalate { check, reason } => Some((check, reason)),
-    };
-
-    // limit — the call budget; a call over a limit listed in `escalate_limits` goes to a
-    // human who may grant more. A call held anyway is charged when it runs.
-    let mut over_limit = None;
-    if let (Some((tool, _)), false, None) = (&tool, escalated, &asked_for_human) {
-        let cost = tool.cost_micros();
-        let guardrails = &ctx.plane.guardrails;
-        match guardrails
-            .meter
-            .charge_call(&ctx.principal.session_id, cost)
-        {
-            Ok(_) => ctx.audit.update(|r| r.cost_micros = Some(cost)),
-            Err(hit) if hit.escalatable(&guardrails.settings().escalate_limits) => {
-                over_limit = Some(hit.limit)
-            }
-            Err(hit) => return Err(limit_exceeded(hit)),
-        }
+    match report.verdict {
+        check::Verdict::Pass | check::Verdict::Unchecked { .. } => Ok(None),
+        check::Verdict::Fail { check, detail } => Err(ProxyError::CheckFailed { check, detail }),
+        check::Verdict::Escalate { check, reason } => Ok(Some((check, reason))),
     }
+}
 
-    // escalate (hold) — policy, a check or a limit asked for a human: the request is stored
-    // as policy saw it, before anything is prepared or injected for it (credentials are
-    // minted at execution, after the approval).
-    if escalated || asked_for_human.is_some() || over_limit.is_some() {
-        let mut policies = policies;
-        if let Some(limit) = over_limit {
-            policies.push(format!("limit:{limit}"));
+/// Charge the call budget; the limit that asks for a human instead, if one does.
+fn charge(
+    ctx: &mut RequestCtx<'_>,
+    tool: &ostiary_policies::Tool,
+) -> Result<Option<String>, ProxyError> {
+    let cost = tool.cost_micros();
+    let guardrails = &ctx.plane.guardrails;
+    match guardrails
+        .meter
+        .charge_call(&ctx.principal.session_id, cost)
+    {
+        Ok(_) => {
+            ctx.audit.update(|r| r.cost_micros = Some(cost));
+            Ok(None)
         }
-        if let Some((check, reason)) = asked_for_human {
-            if tool.is_none() {
-                // Only a catalogued tool call can wait for a human (and be re-decided with
-                // the approval): a plain request is refused instead.
-                return Err(ProxyError::CheckFailed {
-                    check,
-                    detail: format!(
-                        "asks for a human's approval, which only catalogued tool calls can wait for ({reason})"
-                    ),
-                });
-            }
-            policies.push(format!("check:{check}"));
-        }
-        let tier = ctx.audit.record().and_then(|r| r.tier.clone());
-        let (id, held) = escalate::hold(
-            ctx.plane,
-            &ctx.principal,
-            &ctx.target,
-            req,
-            policies,
-            action,
-            tier,
-            ctx.request_id,
-        )
-        .await?;
-        ctx.audit.update(|r| r.approval = Some(id));
-        return Err(held);
+        Err(hit) if hit.escalatable(&guardrails.settings().escalate_limits) => Ok(Some(hit.limit)),
+        Err(hit) => Err(limit_exceeded(hit)),
     }
-    Ok(decided)
+}
+
+/// Why a request is held, and what for.
+struct Held {
+    policies: Vec<String>,
+    action: Action,
+    asked_for_human: Option<(String, String)>,
+    over_limit: Option<String>,
+    /// Whether it is a catalogued tool call (only those can wait for a human).
+    tool_call: bool,
+}
+
+/// Hold the request for a human: stored as policy saw it, before anything is prepared or
+/// injected for it (credentials are minted at execution, after the approval). Always an
+/// error for the request path: `202 approval_pending`, or why it could not be held.
+async fn hold(ctx: &mut RequestCtx<'_>, req: &mut Request<ProxyBody>, held: Held) -> ProxyError {
+    let Held {
+        mut policies,
+        action,
+        asked_for_human,
+        over_limit,
+        tool_call,
+    } = held;
+    if let Some(limit) = over_limit {
+        policies.push(format!("limit:{limit}"));
+    }
+    if let Some((check, reason)) = asked_for_human {
+        if !tool_call {
+            // Only a catalogued tool call can wait for a human (and be re-decided with the
+            // approval): a plain request is refused instead.
+            return ProxyError::CheckFailed {
+                check,
+                detail: format!(
+                    "asks for a human's approval, which only catalogued tool calls can wait for ({reason})"
+                ),
+            };
+        }
+        policies.push(format!("check:{check}"));
+    }
+    let tier = ctx.audit.record().and_then(|r| r.tier.clone());
+    match escalate::hold(
+        ctx.plane,
+        &ctx.principal,
+        &ctx.target,
+        req,
+        policies,
+        action,
+        tier,
+        ctx.request_id,
+    )
+    .await
+    {
+        Ok((id, held)) => {
+            ctx.audit.update(|r| r.approval = Some(id));
+            held
+        }
+        Err(e) => e,
+    }
 }
 
 /// Policy escalated an approved execution once more: it does not run.

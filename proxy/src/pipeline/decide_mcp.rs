@@ -39,49 +39,13 @@ pub(super) async fn run(
     };
     let mut decided = exchange.decide(&endpoint, asker)?;
     if approved.is_some() {
-        // The one call it was held as, decided again with the approval; its rate, checks
-        // and budget were settled at the hold, and it is charged when it is sent.
-        let plan = decided.finish(bytes);
-        let call = plan.calls.first().ok_or_else(still_asks)?;
-        if !plan.escalated.is_empty() {
-            return Err(still_asks());
-        }
-        if let Err(refused) = &call.outcome {
-            return Err(refused.clone());
-        }
-        // `recognise` read the body to parse it: the call goes out as it was held.
-        let forward = plan.forward.clone().ok_or_else(still_asks)?;
-        *req.body_mut() = body::full(forward);
-        let cost = call
-            .tool
-            .as_ref()
-            .and_then(|(name, _)| ctx.engine.catalog().get(name))
-            .map_or(0, |t| t.cost_micros());
-        return Ok(Decided {
-            tool: call.tool.as_ref().map(|(name, _)| name.clone()),
-            charge_when_sent: Some(cost),
-            ..Decided::default()
-        });
+        // The one call it was held as, decided again with the approval.
+        return approved_call(ctx, req, decided, bytes);
     }
 
     // rate — each call policy allowed or escalated, by its own tool's tier; one over the
     // limit is refused on its own (`-32001 limit_exceeded`).
-    let rated: Vec<(usize, &'static str)> = decided
-        .checkable()
-        .filter_map(|call| Some((call.index, crate::config::tier_name(call.tier)?)))
-        .collect();
-    for (index, tier) in rated {
-        if let Err(e) =
-            ctx.plane
-                .guardrails
-                .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)
-        {
-            if let ProxyError::LimitExceeded(hit) = &e {
-                ctx.plane.metrics.limit_exceeded(&hit.limit);
-            }
-            decided.refuse(index, e);
-        }
-    }
+    rate(ctx, &mut decided);
     // check — each call policy allowed or escalated, under its own tier's budget, all calls
     // of a batch at once; after evaluate and before the holds, as for a REST call.
     check::calls::run(
@@ -97,26 +61,7 @@ pub(super) async fn run(
     .await;
     // limit — each call still allowed is charged to the session's budget; one over it is
     // refused like a denied call, or held for a human when that limit escalates.
-    let mut charged = 0;
-    for (index, cost) in decided.allowed_costs(ctx.engine.catalog()) {
-        let guardrails = &ctx.plane.guardrails;
-        match guardrails
-            .meter
-            .charge_call(&ctx.principal.session_id, cost)
-        {
-            Ok(_) => {
-                charged += cost;
-                decided.charged(index, cost);
-            }
-            Err(hit) if hit.escalatable(&guardrails.settings().escalate_limits) => {
-                decided.escalate(index, format!("limit:{}", hit.limit))
-            }
-            Err(hit) => {
-                ctx.plane.metrics.limit_exceeded(&hit.limit);
-                decided.refuse(index, limit_exceeded(hit))
-            }
-        }
-    }
+    let charged = charge(ctx, &mut decided);
     let mut plan = decided.finish(bytes);
     // A batch's calls carry their costs in their own `mcp_call` records; the request's
     // record carries it only for a single call, so `audit cost` counts each call once.
@@ -129,41 +74,7 @@ pub(super) async fn run(
     }
     record(ctx, &plan);
 
-    let Some(forward) = plan.forward else {
-        if plan.refused.is_empty() {
-            // Only refused notifications: no id to answer, so the refusal is the request's
-            // (an accepted notification would be 202).
-            return Err(plan.silenced.unwrap_or_else(|| ProxyError::Internal {
-                reason: "an MCP body with nothing forwarded and nothing refused".into(),
-            }));
-        }
-        return Err(ProxyError::McpRefused {
-            replies: plan.refused,
-            batch: plan.batch,
-        });
-    };
-    if !plan.unchanged {
-        req.headers_mut()
-            .insert(CONTENT_LENGTH, http::HeaderValue::from(forward.len()));
-    }
-    *req.body_mut() = body::full(forward);
-    let filter = mcp::reply::ToolFilter {
-        engine: ctx.engine.clone(),
-        metrics: ctx.plane.metrics.clone(),
-        principal: (*ctx.principal).clone(),
-        session: session.clone(),
-        target: ctx.target.clone(),
-        endpoint,
-    };
-    let mcp_reply = mcp::reply::ReplyPlan::new(&plan.refused, plan.listed, filter, ctx.request_id);
-    if mcp_reply.is_some() {
-        mcp::reply::ReplyPlan::prepare(req.headers_mut());
-    }
-    Ok(Decided {
-        tool: plan.tools.first().cloned(),
-        mcp_reply,
-        ..Decided::default()
-    })
+    forward(ctx, req, session, endpoint, plan)
 }
 
 /// escalate (hold) — each escalated call on its own, as the single call it is, so it can be
@@ -262,4 +173,126 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
         r.checks = plan.calls.iter().flat_map(|c| c.checks.clone()).collect();
         r.unchecked = plan.calls.iter().any(|c| c.unchecked);
     });
+}
+
+/// An approved execution: the one call it was held as, decided again with the approval.
+/// Its rate, checks and budget were settled at the hold; it is charged when it is sent.
+fn approved_call(
+    ctx: &mut RequestCtx<'_>,
+    req: &mut Request<ProxyBody>,
+    decided: mcp::plan::Decided,
+    bytes: Bytes,
+) -> Result<Decided, ProxyError> {
+    let plan = decided.finish(bytes);
+    let call = plan.calls.first().ok_or_else(still_asks)?;
+    if !plan.escalated.is_empty() {
+        return Err(still_asks());
+    }
+    if let Err(refused) = &call.outcome {
+        return Err(refused.clone());
+    }
+    // `recognise` read the body to parse it: the call goes out as it was held.
+    let forward = plan.forward.clone().ok_or_else(still_asks)?;
+    *req.body_mut() = body::full(forward);
+    let cost = call
+        .tool
+        .as_ref()
+        .and_then(|(name, _)| ctx.engine.catalog().get(name))
+        .map_or(0, |t| t.cost_micros());
+    Ok(Decided {
+        tool: call.tool.as_ref().map(|(name, _)| name.clone()),
+        charge_when_sent: Some(cost),
+        ..Decided::default()
+    })
+}
+
+/// The rate limit of each checkable call's tier.
+fn rate(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) {
+    let rated: Vec<(usize, &'static str)> = decided
+        .checkable()
+        .filter_map(|call| Some((call.index, crate::config::tier_name(call.tier)?)))
+        .collect();
+    for (index, tier) in rated {
+        if let Err(e) =
+            ctx.plane
+                .guardrails
+                .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)
+        {
+            if let ProxyError::LimitExceeded(hit) = &e {
+                ctx.plane.metrics.limit_exceeded(&hit.limit);
+            }
+            decided.refuse(index, e);
+        }
+    }
+}
+
+/// Charge each allowed call to the session's budget; what was charged in all.
+fn charge(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) -> i64 {
+    let mut charged = 0;
+    for (index, cost) in decided.allowed_costs(ctx.engine.catalog()) {
+        let guardrails = &ctx.plane.guardrails;
+        match guardrails
+            .meter
+            .charge_call(&ctx.principal.session_id, cost)
+        {
+            Ok(_) => {
+                charged += cost;
+                decided.charged(index, cost);
+            }
+            Err(hit) if hit.escalatable(&guardrails.settings().escalate_limits) => {
+                decided.escalate(index, format!("limit:{}", hit.limit))
+            }
+            Err(hit) => {
+                ctx.plane.metrics.limit_exceeded(&hit.limit);
+                decided.refuse(index, limit_exceeded(hit))
+            }
+        }
+    }
+    charged
+}
+
+/// What leaves: the messages still forwarded, and how their answer is filtered and merged
+/// with the proxy's own refusals; or the refusals alone when nothing is forwarded.
+fn forward(
+    ctx: &mut RequestCtx<'_>,
+    req: &mut Request<ProxyBody>,
+    session: &SessionState,
+    endpoint: Endpoint,
+    plan: Plan,
+) -> Result<Decided, ProxyError> {
+    let Some(forward) = plan.forward else {
+        if plan.refused.is_empty() {
+            // Only refused notifications: no id to answer, so the refusal is the request's
+            // (an accepted notification would be 202).
+            return Err(plan.silenced.unwrap_or_else(|| ProxyError::Internal {
+                reason: "an MCP body with nothing forwarded and nothing refused".into(),
+            }));
+        }
+        return Err(ProxyError::McpRefused {
+            replies: plan.refused,
+            batch: plan.batch,
+        });
+    };
+    if !plan.unchanged {
+        req.headers_mut()
+            .insert(CONTENT_LENGTH, http::HeaderValue::from(forward.len()));
+    }
+    *req.body_mut() = body::full(forward);
+    let filter = mcp::reply::ToolFilter {
+        engine: ctx.engine.clone(),
+        metrics: ctx.plane.metrics.clone(),
+        principal: (*ctx.principal).clone(),
+        session: session.clone(),
+        target: ctx.target.clone(),
+        endpoint,
+    };
+    let mcp_reply = mcp::reply::ReplyPlan::new(&plan.refused, plan.listed, filter, ctx.request_id);
+    if mcp_reply.is_some() {
+        mcp::reply::ReplyPlan::prepare(req.headers_mut());
+    }
+    Ok(Decided {
+        tool: plan.tools.first().cloned(),
+        mcp_reply,
+        ..Decided::default()
+    })
 }
