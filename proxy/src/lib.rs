@@ -1,7 +1,8 @@
 //! Ostiary: the authorization proxy between AI agents and everything they reach.
 //!
 //! Comments cite the contract as `docs/design.md §N` (the design restated in the repository);
-//! `docs/architecture.md` draws the crates, the phase order and this map.
+//! `docs/architecture.md` draws the crates, the phase order and this map. The `ostiary`
+//! command line is not here: it is the `ostiary-cli` crate (`cli/`), a user of this library.
 //!
 //! # Layout
 //! The request path, in the order a request meets it:
@@ -46,7 +47,6 @@
 //! - [`config`] — `ostiary.toml`: one serde tree, unknown fields refused.
 //! - [`plane`] — the handles a running proxy hands its listeners (data plane, control plane).
 //! - [`server`] — assembling a running proxy and serving its listeners until shutdown.
-//! - [`cli`] — the `ostiary` command line.
 //! - [`sandbox`] — `ostiary run --sandbox`: the command's only way out is the proxy.
 #![forbid(unsafe_code)]
 
@@ -57,7 +57,6 @@ pub mod authenticate;
 pub mod body;
 pub mod check;
 pub mod classify;
-pub mod cli;
 pub mod config;
 pub mod connect;
 pub mod connector;

@@ -17,8 +17,8 @@
 //! - `policy test` passes the shipped library's cases (exit 0), reports a failing case with
 //!   expected vs got (exit 1), and exits 2 when there are no tests to run.
 //!
-//! The binary is built once per test process (`cargo build -p ostiary --bin ostiary`), so
-//! the tests always run the current code.
+//! The binary (package `ostiary-cli`) is brought up to date once per test process
+//! (`support::ostiary_bin`), so the tests always run the current code.
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -3,27 +3,43 @@
 //! sandbox ever runs descends from it, so everything is inside the limits from its first
 //! fork. Nothing is written here that the outer process did not compute.
 
+use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-use clap::Args;
 
 use super::exit;
 use super::limits::Rlimit;
 
-/// The enter stage's arguments.
-#[derive(Debug, Args)]
+/// The enter stage's arguments. The command line's parser is the binary's (`ostiary-cli`),
+/// which parses what [`EnterArgs::argv`] writes back into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnterArgs {
-    /// A cgroup directory to join (its `cgroup.procs`).
-    #[arg(long = "cgroup")]
+    /// Cgroup directories to join (their `cgroup.procs`).
     pub cgroups: Vec<PathBuf>,
-    /// `NAME=SOFT:HARD` (nofile, cpu, as).
-    #[arg(long = "rlimit")]
+    /// Set on this process, so the runner and everything under it inherit them.
     pub rlimits: Vec<Rlimit>,
     /// The runner's command line.
-    #[arg(required = true, last = true)]
-    pub command: Vec<std::ffi::OsString>,
+    pub command: Vec<OsString>,
+}
+
+impl EnterArgs {
+    /// The subcommand that runs this stage.
+    pub const SUBCOMMAND: &'static str = "sandbox-enter";
+
+    /// `binary sandbox-enter [--cgroup DIR].. [--rlimit NAME=SOFT:HARD].. -- COMMAND..`.
+    pub fn argv(&self, binary: &Path) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec![binary.into(), Self::SUBCOMMAND.into()];
+        for dir in &self.cgroups {
+            argv.extend(["--cgroup".into(), dir.into()]);
+        }
+        for limit in &self.rlimits {
+            argv.extend(["--rlimit".into(), limit.to_string().into()]);
+        }
+        argv.push("--".into());
+        argv.extend(self.command.iter().cloned());
+        argv
+    }
 }
 
 /// Run the stage; returns only on failure.

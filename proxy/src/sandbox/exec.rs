@@ -5,26 +5,45 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::ExitCode;
 
-use clap::Args;
 use nix::unistd::{Gid, Uid};
 
 use super::{exit, seccomp};
 
-/// The exec stage's arguments.
-#[derive(Debug, Args)]
+/// The exec stage's arguments. The command line's parser is the binary's (`ostiary-cli`),
+/// which parses what [`ExecArgs::argv`] writes back into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecArgs {
-    #[arg(long)]
     pub uid: u32,
-    #[arg(long)]
     pub gid: u32,
     /// `RLIMIT_NPROC` for the command's uid.
-    #[arg(long)]
     pub nproc: u64,
     /// The command and its arguments.
-    #[arg(required = true, last = true)]
     pub command: Vec<OsString>,
+}
+
+impl ExecArgs {
+    /// The subcommand that runs this stage.
+    pub const SUBCOMMAND: &'static str = "sandbox-exec";
+
+    /// `binary sandbox-exec --uid UID --gid GID --nproc N -- COMMAND..`.
+    pub fn argv(&self, binary: &Path) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec![
+            binary.into(),
+            Self::SUBCOMMAND.into(),
+            "--uid".into(),
+            self.uid.to_string().into(),
+            "--gid".into(),
+            self.gid.to_string().into(),
+            "--nproc".into(),
+            self.nproc.to_string().into(),
+            "--".into(),
+        ];
+        argv.extend(self.command.iter().cloned());
+        argv
+    }
 }
 
 /// Run the stage; returns only on failure.

@@ -15,7 +15,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Args;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -26,41 +25,70 @@ use super::spawn::{own_env, Spawn};
 /// What the init stage writes on its "started" descriptor.
 pub const STARTED: &[u8] = b"started\n";
 
-/// The init stage's arguments.
-#[derive(Debug, Args)]
+/// The init stage's arguments. The command line's parser is the binary's (`ostiary-cli`),
+/// which parses what [`InitArgs::argv`] writes back into this.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitArgs {
     /// A descriptor to write "started" on once everything is ready, right before the
     /// exec stage starts.
-    #[arg(long)]
     pub started_fd: Option<i32>,
     /// A file to write "started" in instead (a runner that passes a sandbox no descriptor
-    /// but stdio: gvisor).
-    #[arg(long, conflicts_with = "started_fd")]
+    /// but stdio: gvisor). At most one of the two.
     pub started_file: Option<PathBuf>,
     /// The port the forwarder listens on (127.0.0.1).
-    #[arg(long)]
     pub port: u16,
     /// The proxy's Unix socket.
-    #[arg(long)]
     pub socket: PathBuf,
     /// The private working directory.
-    #[arg(long)]
     pub workdir: PathBuf,
     /// The private HOME.
-    #[arg(long)]
     pub home: PathBuf,
     /// `UID:GID` of the command, who gets the working directory and HOME.
-    #[arg(long)]
     pub owner: String,
-    /// Copy this directory into the working directory first.
-    #[arg(long, requires = "copy_max")]
+    /// Copy this directory into the working directory first (with `copy_max`).
     pub copy_from: Option<PathBuf>,
     /// The most bytes the copy may hold.
-    #[arg(long)]
     pub copy_max: Option<u64>,
     /// The exec stage's command line.
-    #[arg(required = true, last = true)]
     pub exec: Vec<OsString>,
+}
+
+impl InitArgs {
+    /// The subcommand that runs this stage.
+    pub const SUBCOMMAND: &'static str = "sandbox-init";
+
+    /// `binary sandbox-init [--started-fd FD | --started-file PATH] --port .. --socket ..
+    /// --workdir .. --home .. --owner UID:GID [--copy-from DIR] [--copy-max N] -- EXEC..`.
+    pub fn argv(&self, binary: &Path) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec![binary.into(), Self::SUBCOMMAND.into()];
+        if let Some(fd) = self.started_fd {
+            argv.extend(["--started-fd".into(), fd.to_string().into()]);
+        }
+        if let Some(path) = &self.started_file {
+            argv.extend(["--started-file".into(), path.into()]);
+        }
+        argv.extend([
+            "--port".into(),
+            self.port.to_string().into(),
+            "--socket".into(),
+            self.socket.clone().into(),
+            "--workdir".into(),
+            self.workdir.clone().into(),
+            "--home".into(),
+            self.home.clone().into(),
+            "--owner".into(),
+            self.owner.clone().into(),
+        ]);
+        if let Some(from) = &self.copy_from {
+            argv.extend(["--copy-from".into(), from.into()]);
+        }
+        if let Some(max) = self.copy_max {
+            argv.extend(["--copy-max".into(), max.to_string().into()]);
+        }
+        argv.push("--".into());
+        argv.extend(self.exec.iter().cloned());
+        argv
+    }
 }
 
 /// Run the stage.

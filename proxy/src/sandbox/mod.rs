@@ -2,7 +2,7 @@
 //! (docs/sandbox.md).
 //!
 //! # Layout
-//! The outer process (`ostiary run`, [`crate::cli`]) makes a [`Plan`] — everything about the
+//! The outer process (`ostiary run`, in the `ostiary-cli` crate) makes a [`Plan`] — everything about the
 //! run that does not depend on how it is isolated — and hands it to a [`Runner`], which says
 //! how to start a sandbox around the init stage. Then [`supervise::run`] starts it, watches
 //! it and tears it down.
@@ -21,7 +21,7 @@
 //! - [`teardown`] — retried clean-up steps and the run's report.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{Config, Isolation, Profile};
@@ -132,7 +132,8 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
-    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+    /// `map_err`'s argument for an I/O failure while doing `what`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| SandboxError::Io { what, source }
     }
@@ -184,44 +185,26 @@ impl Plan {
     /// starts the forwarder, says "started" on descriptor `started_fd`, and runs the exec
     /// stage with `nproc` as `RLIMIT_NPROC`.
     pub fn init_argv(&self, nproc: u64, started_fd: i32) -> Vec<OsString> {
-        let mut argv: Vec<OsString> = vec![
-            inside::BINARY.into(),
-            "sandbox-init".into(),
-            "--started-fd".into(),
-            started_fd.to_string().into(),
-            "--port".into(),
-            self.proxy_port.to_string().into(),
-            "--socket".into(),
-            inside::SOCKET.into(),
-            "--workdir".into(),
-            self.cwd.clone().into(),
-            "--home".into(),
-            self.home.clone().into(),
-            "--owner".into(),
-            format!("{}:{}", self.identity.uid, self.identity.gid).into(),
-        ];
-        if self.profile.workdir == crate::config::sandbox::Workdir::Copy {
-            argv.extend([
-                "--copy-from".into(),
-                inside::WORKDIR_SOURCE.into(),
-                "--copy-max".into(),
-                self.profile.workdir_copy_max.to_string().into(),
-            ]);
+        let copy = self.profile.workdir == crate::config::sandbox::Workdir::Copy;
+        let exec = exec::ExecArgs {
+            uid: self.identity.uid,
+            gid: self.identity.gid,
+            nproc,
+            command: self.command.iter().map(OsString::from).collect(),
+        };
+        init::InitArgs {
+            started_fd: Some(started_fd),
+            started_file: None,
+            port: self.proxy_port,
+            socket: inside::SOCKET.into(),
+            workdir: self.cwd.clone(),
+            home: self.home.clone(),
+            owner: format!("{}:{}", self.identity.uid, self.identity.gid),
+            copy_from: copy.then(|| inside::WORKDIR_SOURCE.into()),
+            copy_max: copy.then_some(self.profile.workdir_copy_max),
+            exec: exec.argv(Path::new(inside::BINARY)),
         }
-        argv.extend([
-            "--".into(),
-            inside::BINARY.into(),
-            "sandbox-exec".into(),
-            "--uid".into(),
-            self.identity.uid.to_string().into(),
-            "--gid".into(),
-            self.identity.gid.to_string().into(),
-            "--nproc".into(),
-            nproc.to_string().into(),
-            "--".into(),
-        ]);
-        argv.extend(self.command.iter().map(OsString::from));
-        argv
+        .argv(Path::new(inside::BINARY))
     }
 }
 

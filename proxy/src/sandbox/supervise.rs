@@ -3,7 +3,6 @@
 //! the host (processes, cgroup, staging) whatever happened. The session's own teardown is
 //! the caller's (it holds the control client).
 
-use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -13,6 +12,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
+use super::enter::EnterArgs;
 use super::limits::{Control, Tracked};
 use super::spawn::{env_of, Pass, Spawn};
 use super::view::Staging;
@@ -88,18 +88,18 @@ fn start(
 ) -> Result<(Pid, OwnedFd), SandboxError> {
     let init = plan.init_argv(control.nproc(plan.identity.user_ns), STARTED_FD);
     let inner = runner.command(plan, &init, STATUS_FD)?;
-    let mut argv: Vec<OsString> = vec![binary.into(), "sandbox-enter".into()];
-    for dir in control.cgroup_dirs() {
-        argv.extend(["--cgroup".into(), dir.into()]);
+    let argv = EnterArgs {
+        cgroups: control.cgroup_dirs(),
+        // A sandbox with a kernel of its own sets them inside (its runner has them in the
+        // plan).
+        rlimits: if runner.rlimits_inside() {
+            Vec::new()
+        } else {
+            control.rlimits()
+        },
+        command: inner,
     }
-    // A sandbox with a kernel of its own sets them inside (its runner has them in the plan).
-    if !runner.rlimits_inside() {
-        for limit in control.rlimits() {
-            argv.extend(["--rlimit".into(), limit.to_string().into()]);
-        }
-    }
-    argv.push("--".into());
-    argv.extend(inner);
+    .argv(binary);
     let (read, write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Io {
             what: "making a pipe".into(),

@@ -37,12 +37,13 @@ pub(crate) fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
-/// The `ostiary` binary, brought up to date once per test process so it matches the
-/// sources. It is built the way the test run itself builds it (`cargo test --no-run
-/// --workspace`, which builds a package's binaries for its integration tests): a plain
-/// `cargo build -p ostiary` resolves features without the workspace's dev-dependencies
-/// and would compile much of the dependency tree a second time — minutes on a fresh CI
-/// machine. After `cargo nextest run --workspace` this is a freshness check.
+/// The `ostiary` binary (package `ostiary-cli`), brought up to date once per test process so
+/// it matches the sources. It is built the way the test run itself builds it (`cargo test
+/// --no-run --workspace`, which builds a package's binaries for its integration tests:
+/// `cli/tests/` has them for this one): a plain `cargo build -p ostiary-cli` resolves
+/// features without the workspace's dev-dependencies and would compile much of the
+/// dependency tree a second time — minutes on a fresh CI machine. After `cargo nextest run
+/// --workspace` this is a freshness check.
 pub(crate) fn ostiary_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {

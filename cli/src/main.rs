@@ -1,5 +1,20 @@
-//! The `ostiary` binary: parse the command line, set up logging, run the command.
+//! The `ostiary` binary: parse the command line, set up logging, run the command. The proxy
+//! itself is the `ostiary` library (`proxy/`); this crate is its command line, a client of
+//! the control API (through `ostiary-sdk`) for most commands and the proxy's host for `serve`.
+//!
+//! # Layout
+//! - [`commands`] — the command line (clap) and what each command does: `serve`, `session
+//!   new`, `ca export`, `audit`, `policy`; with one module per larger command:
+//!   - [`commands::sessions`] — `session(s) show|resume|terminate|dead-letters`.
+//!   - [`mod@commands::run`] — `run`, with or without `--sandbox`.
+//!   - [`commands::approvals`] — `approvals list|show|approve|deny|link`.
+//!   - [`commands::cost`] — `audit cost`: charged tool calls summed from the audit chain.
+//! - [`stages`] — the sandbox's hidden stages (`sandbox-enter`, `sandbox-init`,
+//!   `sandbox-exec`): their command line, parsed into the library's stage arguments.
 #![forbid(unsafe_code)]
+
+mod commands;
+mod stages;
 
 use std::process::ExitCode;
 
@@ -25,11 +40,14 @@ fn main() -> ExitCode {
     } else {
         builder.init();
     }
-    let cli = ostiary::cli::Cli::parse();
-    // The sandbox's stages run before any runtime exists (see `run_stage`).
-    if cli.command.is_sandbox_stage() {
-        return ostiary::cli::run_stage(cli.command);
-    }
+    // The sandbox's stages run before any runtime exists (see `stages::run`).
+    let cli = match commands::Cli::parse() {
+        commands::Cli {
+            command: commands::Command::Stage(stage),
+            ..
+        } => return stages::run(stage),
+        cli => cli,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -41,7 +59,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        match ostiary::cli::run(cli).await {
+        match commands::run(cli).await {
             Ok(code) => code,
             Err(e) => {
                 let e = anyhow::Error::from(e);

@@ -302,7 +302,7 @@ mod tests {
     fn session_and_sessions_both_parse() {
         use clap::Parser;
 
-        use crate::cli::{Cli, Command, SessionCommand};
+        use crate::commands::{Cli, Command, SessionCommand};
 
         let manage = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
             Ok(Command::Session(SessionCommand::Manage(cmd))) => cmd,

@@ -1,7 +1,7 @@
 //! `ostiary run`: a command inside a new session, which ends when the command does.
 //!
 //! With `--sandbox[=PROFILE]` the command runs where the proxy is the only way out
-//! ([`crate::sandbox`], docs/sandbox.md). Without it the command is a process of the
+//! ([`ostiary::sandbox`], docs/sandbox.md). Without it the command is a process of the
 //! operator's like any other — not a boundary — and `run` says so: it clears the variables
 //! that hold the proxy's or Vault's secrets, and refuses to start a command that could read
 //! the state directory or the file backend's secrets unless told `--unsafe-shared-uid`.
@@ -14,13 +14,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use ostiary_sdk::{ControlClient, NewSession};
 
-use crate::config::{Config, Profile};
-use crate::sandbox::limits::{Control, Limits};
-use crate::sandbox::view::{self, Staging, ViewSpec};
-use crate::sandbox::{
+use ostiary::config::{Config, Profile};
+use ostiary::sandbox::limits::{Control, Limits};
+use ostiary::sandbox::view::{self, Staging, ViewSpec};
+use ostiary::sandbox::{
     self, cgroup, env, exit, supervise, teardown, uid, Env, Outcome, Plan, SandboxError,
 };
-use crate::state::{self, files};
+use ostiary::state::{self, files};
 
 use super::CliError;
 
@@ -378,7 +378,7 @@ async fn end_session(
     client: &ControlClient,
     session_id: &str,
     profile: &str,
-    isolation: crate::config::Isolation,
+    isolation: ostiary::config::Isolation,
     outcome: &mut Outcome,
 ) {
     let reason = match outcome.limit {

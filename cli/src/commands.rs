@@ -1,36 +1,39 @@
-//! The `ostiary` command line (docs/design.md §7). Every command takes `--config` (or
-//! `OSTIARY_CONFIG`); with none, the built-in defaults apply, so `ostiary serve` works on a
-//! fresh machine with no file at all.
+//! The `ostiary` command line (docs/design.md §7): its definition (clap) and the commands
+//! small enough to live here. Every command takes `--config` (or `OSTIARY_CONFIG`); with
+//! none, the built-in defaults apply, so `ostiary serve` works on a fresh machine with no
+//! file at all.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-mod approvals;
-mod cost;
-mod run;
-mod sessions;
+pub mod approvals;
+pub mod cost;
+pub mod run;
+pub mod sessions;
 
 pub use run::RunArgs;
 
 use clap::{Args, Parser, Subcommand};
 use ostiary_sdk::{ControlClient, NewSession, Session};
 
-use crate::audit::verify::{self, Query};
-use crate::config::Config;
-use crate::server::{Options, Ostiary};
-use crate::state::{self, files};
+use ostiary::audit::verify::{self, Query};
+use ostiary::config::Config;
+use ostiary::state::{self, files};
+use ostiary::{Options, Ostiary};
+
+use crate::stages::Stage;
 
 /// Why a command failed; printed as one line by `main`.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] ostiary::config::ConfigError),
     #[error(transparent)]
-    Serve(#[from] crate::server::ServeError),
+    Serve(#[from] ostiary::server::ServeError),
     #[error(transparent)]
-    State(#[from] crate::state::StateError),
+    State(#[from] ostiary::state::StateError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] ostiary_store::StoreError),
     #[error(transparent)]
     Sdk(#[from] ostiary_sdk::SdkError),
     #[error(transparent)]
@@ -84,38 +87,10 @@ pub enum Command {
     /// The approval queue: list, show, approve, deny, link.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
-    /// Sandbox stage: join the run's cgroups, set its rlimits, exec the runner.
-    #[command(hide = true)]
-    SandboxEnter(crate::sandbox::enter::EnterArgs),
-    /// Sandbox stage: pid 1 inside (forwarder, working-directory copy, reaping).
-    #[command(hide = true)]
-    SandboxInit(crate::sandbox::init::InitArgs),
-    /// Sandbox stage: drop privileges, install seccomp, exec the command.
-    #[command(hide = true)]
-    SandboxExec(crate::sandbox::exec::ExecArgs),
-}
-
-impl Command {
-    /// Whether this is one of the sandbox's own stages, which run before any runtime or
-    /// config ([`run_stage`]).
-    pub fn is_sandbox_stage(&self) -> bool {
-        matches!(
-            self,
-            Command::SandboxEnter(_) | Command::SandboxInit(_) | Command::SandboxExec(_)
-        )
-    }
-}
-
-/// Run a sandbox stage: synchronously, with no config (inside a sandbox there is none to
-/// read) and no multi-threaded runtime (the exec stage's seccomp filter and uid change are
-/// per thread until it execs; the init stage makes its own single-threaded one).
-pub fn run_stage(command: Command) -> ExitCode {
-    match command {
-        Command::SandboxEnter(args) => crate::sandbox::enter::run(args),
-        Command::SandboxInit(args) => crate::sandbox::init::run(args),
-        Command::SandboxExec(args) => crate::sandbox::exec::run(args),
-        _ => ExitCode::from(crate::sandbox::exit::SETUP),
-    }
+    // The sandbox's hidden stages, which `main` runs before any runtime or config
+    // (`crate::stages`).
+    #[command(flatten)]
+    Stage(Stage),
 }
 
 #[derive(Debug, Subcommand)]
@@ -305,7 +280,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Audit(cmd) => audit(&config, cmd),
         Command::Policy(PolicyCommand::Validate) => {
-            let engine = crate::server::load_policies(&config)?;
+            let engine = ostiary::server::load_policies(&config)?;
             println!(
                 "ok: {} policies in {} validate against the schema",
                 engine.len(),
@@ -321,9 +296,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
         Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
         Command::Approvals(cmd) => approvals::run(control_client(&config)?, cmd).await,
-        Command::SandboxEnter(_) | Command::SandboxInit(_) | Command::SandboxExec(_) => Err(
-            CliError::Usage("a sandbox stage runs only as a process's first command".into()),
-        ),
+        Command::Stage(_) => Err(CliError::Usage(
+            "a sandbox stage runs only as a process's first command".into(),
+        )),
     }
 }
 
@@ -345,7 +320,7 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
     let proxy = bind(proxy_addr).await?;
     let control = bind(control_addr).await?;
     let unix_path = ostiary.control_plane().config.proxy_unix_path();
-    let unix = crate::server::bind_unix(&unix_path)
+    let unix = ostiary::server::bind_unix(&unix_path)
         .await
         .map_err(|source| CliError::Io {
             what: format!("binding {}", unix_path.display()),
@@ -387,9 +362,9 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
 /// counts and audits its outcome.
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
-    reloader: crate::policy_store::Reloader,
+    reloader: ostiary::policy_store::Reloader,
 ) {
-    use crate::policy_store::{reload, Trigger};
+    use ostiary::policy_store::{reload, Trigger};
     while hangups.recv().await.is_some() {
         let _ = reload(reloader.clone(), Trigger::Signal).await;
     }
@@ -492,7 +467,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
         )));
     }
     // Read-only for all but `reanchor`, which writes.
-    let read_only = || crate::store::sqlite::open_read_only(&db).map(|s| s.audit);
+    let read_only = || ostiary_store::sqlite::open_read_only(&db).map(|s| s.audit);
     match cmd {
         AuditCommand::Reanchor { reason } => reanchor(config, &db, &reason),
         AuditCommand::Query {
@@ -503,7 +478,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
         } => {
             let since_ms = match since {
                 None => None,
-                Some(text) => Some(crate::control::parse_since(&text).ok_or_else(|| {
+                Some(text) => Some(ostiary::control::parse_since(&text).ok_or_else(|| {
                     CliError::Usage(format!("--since {text:?}: not a time or duration"))
                 })?),
             };
@@ -572,9 +547,9 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
 /// `audit reanchor`: exit 0 once the acknowledgement is sealed onto the chain; 1 when the
 /// chain matches its checkpoint (nothing to acknowledge).
 fn reanchor(config: &Config, db: &Path, reason: &str) -> Result<ExitCode, CliError> {
-    use crate::audit::anchor::{self, ReanchorError};
+    use ostiary::audit::anchor::{self, ReanchorError};
     let key = read_audit_key(&config.state.dir)?;
-    let trail = crate::store::sqlite::open(db)?.audit;
+    let trail = ostiary_store::sqlite::open(db)?.audit;
     let head = config.state.dir.join(files::AUDIT_HEAD);
     match anchor::reanchor(&*trail, &key, &head, reason) {
         Ok(done) => {
@@ -602,7 +577,7 @@ fn policy_engine(
     match dir {
         Some(dir) => Ok((ostiary_policies::PolicyEngine::load_dir(&dir)?, dir)),
         None => Ok((
-            crate::server::load_policies(config)?,
+            ostiary::server::load_policies(config)?,
             config.policy.dir.clone(),
         )),
     }
@@ -665,7 +640,7 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
                 .ok_or_else(|| CliError::Usage("explain needs --host or --tool".into()))?;
             // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
             // explain a request the proxy never decides.
-            let host = crate::egress::address::normalize_host(&raw)
+            let host = ostiary::egress::address::normalize_host(&raw)
                 .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
                 .to_string();
             let action = if let Some(method) = args.mcp {
