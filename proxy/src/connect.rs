@@ -190,38 +190,9 @@ async fn intercept(
         );
     };
     let limits = plane.config.proxy.clone();
-    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
-    let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
-        Ok(Ok(start)) => start,
-        Ok(Err(e)) => {
-            return plane.refuse_tunnel(&tunnel, "tls", format!("reading ClientHello: {e}"))
-        }
-        Err(_) => return plane.refuse_tunnel(&tunnel, "tls", "no ClientHello in time".into()),
+    let Some(tls) = handshake(&plane, io, &tunnel).await else {
+        return;
     };
-    // The SNI must name the CONNECT host before anything is minted.
-    let sni = start.client_hello().server_name().map(str::to_owned);
-    let name = match sni.as_deref().map(normalize_host) {
-        Some(Ok(Host::Name(name))) if Host::Name(name.clone()) == tunnel.host => name,
-        Some(Ok(other)) => {
-            return plane.refuse_tunnel(
-                &tunnel,
-                "tls",
-                format!("SNI {other} differs from the CONNECT host"),
-            )
-        }
-        Some(Err(e)) => return plane.refuse_tunnel(&tunnel, "tls", format!("SNI is invalid: {e}")),
-        None => return plane.refuse_tunnel(&tunnel, "tls", "ClientHello carries no SNI".into()),
-    };
-    let config = match plane.minter.server_config(&name) {
-        Ok(c) => c,
-        Err(e) => return plane.refuse_tunnel(&tunnel, "tls", format!("minting a leaf: {e}")),
-    };
-    let tls =
-        match tokio::time::timeout(limits.tls_handshake_timeout, start.into_stream(config)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "agent TLS handshake failed"),
-            Err(_) => return tracing::debug!("agent TLS handshake timed out"),
-        };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let observer = crate::accept::audit_violations(plane.clone(), Some(tunnel.clone()));
     // Requests in flight at teardown get the grace period (their tickets are cancelled after
@@ -294,5 +265,48 @@ async fn intercept(
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// The agent's TLS, terminated with a leaf minted for the tunnel's host once its ClientHello
+/// names that host; `None` (the tunnel refused and audited, or the handshake failed) when not.
+async fn handshake(
+    plane: &Arc<DataPlane>,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    tunnel: &Arc<Tunnel>,
+) -> Option<tokio_rustls::server::TlsStream<TokioIo<hyper::upgrade::Upgraded>>> {
+    let refuse = |reason: String| {
+        plane.refuse_tunnel(tunnel, "tls", reason);
+        None
+    };
+    let limits = &plane.config.proxy;
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => return refuse(format!("reading ClientHello: {e}")),
+        Err(_) => return refuse("no ClientHello in time".into()),
+    };
+    // The SNI must name the CONNECT host before anything is minted.
+    let sni = start.client_hello().server_name().map(str::to_owned);
+    let name = match sni.as_deref().map(normalize_host) {
+        Some(Ok(Host::Name(name))) if Host::Name(name.clone()) == tunnel.host => name,
+        Some(Ok(other)) => return refuse(format!("SNI {other} differs from the CONNECT host")),
+        Some(Err(e)) => return refuse(format!("SNI is invalid: {e}")),
+        None => return refuse("ClientHello carries no SNI".into()),
+    };
+    let config = match plane.minter.server_config(&name) {
+        Ok(c) => c,
+        Err(e) => return refuse(format!("minting a leaf: {e}")),
+    };
+    match tokio::time::timeout(limits.tls_handshake_timeout, start.into_stream(config)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "agent TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("agent TLS handshake timed out");
+            None
+        }
     }
 }

@@ -31,33 +31,13 @@ pub struct Bubblewrap {
 impl Bubblewrap {
     /// The configured bwrap (`[sandbox] bwrap`), looked up on `PATH` when it is a bare name.
     pub fn locate(configured: &Path) -> Result<Self, SandboxError> {
-        let missing = || {
-            SandboxError::Unavailable(format!(
-                "bubblewrap ({}) is not installed or not executable: install Debian's `bubblewrap` package (apt-get install bubblewrap) or set [sandbox] bwrap",
-                configured.display()
-            ))
-        };
-        let path = if configured.components().count() > 1 {
-            configured.to_owned()
-        } else {
-            let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(configured))
-                .find(|p| is_executable(p))
-                .ok_or_else(missing)?
-        };
-        if !is_executable(&path) {
-            return Err(missing());
-        }
-        let path = std::path::absolute(&path).map_err(SandboxError::io("resolving bwrap"))?;
+        let path = super::locate_binary(
+            configured,
+            "bubblewrap",
+            "install Debian's `bubblewrap` package (apt-get install bubblewrap) or set [sandbox] bwrap",
+        )?;
         Ok(Self { path })
     }
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Capabilities the init stage keeps when the sandbox runs as root (see the module doc).

@@ -126,25 +126,11 @@ struct Active {
 impl Gvisor {
     /// The configured runsc (`[sandbox] runsc`), looked up on `PATH` when it is a bare name.
     pub fn locate(configured: &Path) -> Result<Self, SandboxError> {
-        let missing = || {
-            SandboxError::Unavailable(format!(
-                "gVisor's runsc ({}) is not installed or not executable: install Debian's `runsc` package (apt-get install runsc) or set [sandbox] runsc",
-                configured.display()
-            ))
-        };
-        let path = if configured.components().count() > 1 {
-            configured.to_owned()
-        } else {
-            let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(configured))
-                .find(|p| is_executable(p))
-                .ok_or_else(missing)?
-        };
-        if !is_executable(&path) {
-            return Err(missing());
-        }
-        let path = std::path::absolute(&path).map_err(SandboxError::io("resolving runsc"))?;
+        let path = super::locate_binary(
+            configured,
+            "gVisor's runsc",
+            "install Debian's `runsc` package (apt-get install runsc) or set [sandbox] runsc",
+        )?;
         Ok(Self {
             path,
             run: Mutex::new(None),
@@ -194,12 +180,6 @@ impl Gvisor {
         let run = self.run.lock().unwrap_or_else(|e| e.into_inner());
         run.as_ref().map(f)
     }
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 impl Runner for Gvisor {

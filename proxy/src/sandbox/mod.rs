@@ -306,3 +306,32 @@ pub struct Outcome {
     /// Teardown steps that failed after their retries, with why.
     pub failed: Vec<String>,
 }
+/// A runner's binary as configured (`[sandbox] bwrap`, `runsc`), looked up on `PATH` when it
+/// is a bare name, made absolute; `what` is not installed otherwise, and `how` says what to
+/// do about it.
+fn locate_binary(configured: &Path, what: &str, how: &str) -> Result<PathBuf, SandboxError> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_executable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let missing = || {
+        SandboxError::Unavailable(format!(
+            "{what} ({}) is not installed or not executable: {how}",
+            configured.display()
+        ))
+    };
+    let path = if configured.components().count() > 1 {
+        configured.to_owned()
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(configured))
+            .find(|p| is_executable(p))
+            .ok_or_else(missing)?
+    };
+    if !is_executable(&path) {
+        return Err(missing());
+    }
+    std::path::absolute(&path).map_err(SandboxError::io("resolving a runner's binary"))
+}
