@@ -273,6 +273,9 @@ check_services() {
   else
     missing+=("PostgreSQL is not answering at $PG_HOST:$PG_PORT (trust auth, database 'test'). Start it with: $PG_START_HINT")
   fi
+  # The PostgreSQL tests make and drop their schemas with it.
+  command -v psql >/dev/null 2>&1 ||
+    missing+=("psql is not installed (Debian's postgresql-client): the PostgreSQL tests need it")
   if redis_up; then
     echo "Redis: up at $REDIS_HOST:$REDIS_PORT"
   elif [ "${OSTIARY_NO_SERVICE_START:-0}" != 1 ] && try_start_redis && wait_up redis_up; then
@@ -325,6 +328,8 @@ export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 export OSTIARY_TEST_PYTHON="$VENV/bin/python"
 export OSTIARY_CHROMIUM="$CHROMIUM"
+# The store suite and the end-to-end tests on PostgreSQL: each in a schema of its own.
+export OSTIARY_TEST_POSTGRES="${OSTIARY_TEST_POSTGRES:-postgres://postgres@$PG_HOST:$PG_PORT/test}"
 
 step "services (PostgreSQL, Redis)" check_services
 

@@ -278,7 +278,14 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             print!("{}", state::read_ca_cert(&config.state.dir)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Audit(cmd) => audit(&config, cmd),
+        // Off the runtime's threads: the store's calls block (PostgreSQL's client runs a
+        // runtime of its own).
+        Command::Audit(cmd) => {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || audit(&config, cmd))
+                .await
+                .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
+        }
         Command::Policy(PolicyCommand::Validate) => {
             let engine = ostiary::server::load_policies(&config)?;
             println!(
@@ -459,17 +466,16 @@ fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {
 }
 
 fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
-    let db = config.state.dir.join(files::DATABASE);
-    if !db.exists() {
-        return Err(CliError::Usage(format!(
-            "no audit database at {} (has `ostiary serve` run with this state dir?)",
-            db.display()
-        )));
-    }
+    let backend = ostiary::stores::Backend::of(&config.state).map_err(CliError::Usage)?;
     // Read-only for all but `reanchor`, which writes.
-    let read_only = || ostiary_store::sqlite::open_read_only(&db).map(|s| s.audit);
+    let read_only = || {
+        backend.audit_reader().map_err(|e| match e {
+            ostiary_store::StoreError::Unavailable(why) => CliError::Usage(why),
+            other => CliError::Store(other),
+        })
+    };
     match cmd {
-        AuditCommand::Reanchor { reason } => reanchor(config, &db, &reason),
+        AuditCommand::Reanchor { reason } => reanchor(config, &backend, &reason),
         AuditCommand::Query {
             session,
             decision,
@@ -546,10 +552,14 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
 
 /// `audit reanchor`: exit 0 once the acknowledgement is sealed onto the chain; 1 when the
 /// chain matches its checkpoint (nothing to acknowledge).
-fn reanchor(config: &Config, db: &Path, reason: &str) -> Result<ExitCode, CliError> {
+fn reanchor(
+    config: &Config,
+    backend: &ostiary::stores::Backend<'_>,
+    reason: &str,
+) -> Result<ExitCode, CliError> {
     use ostiary::audit::anchor::{self, ReanchorError};
     let key = read_audit_key(&config.state.dir)?;
-    let trail = ostiary_store::sqlite::open(db)?.audit;
+    let trail = backend.open()?.audit;
     let head = config.state.dir.join(files::AUDIT_HEAD);
     match anchor::reanchor(&*trail, &key, &head, reason) {
         Ok(done) => {

@@ -42,7 +42,8 @@
 //! - [`control`] — the control API on its own listener.
 //! - [`metrics`] — Prometheus metrics; labels never name values.
 //! - [`ids`] — request and session ids.
-//! - [`store`] — the `ostiary-store` crate: one trait per durable aggregate, SQLite behind them.
+//! - [`store`] — the `ostiary-store` crate: one trait per durable aggregate, SQLite or PostgreSQL.
+//! - [`stores`] — the backend `state.store` names (SQLite file or PostgreSQL URL), opened.
 //! - [`state`] — the state directory: CA, admin token, keys, the database file.
 //! - [`config`] — `ostiary.toml`: one serde tree, unknown fields refused.
 //! - [`plane`] — the handles a running proxy hands its listeners (data plane, control plane).
@@ -85,6 +86,7 @@ pub mod scrub;
 pub mod server;
 pub mod session;
 pub mod state;
+pub mod stores;
 /// Durable state: a trait per aggregate, the row types, migrations and the SQLite backend.
 pub use ostiary_store as store;
 pub mod strict_json;

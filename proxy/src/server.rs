@@ -36,7 +36,7 @@ use crate::policy_store::{self, PolicyStore, Reloader};
 use crate::session::{Principal, SessionRegistry, TokenKeys};
 use crate::state::{files, StateDir};
 use crate::tls::ca::LeafMinter;
-use crate::{accept, approvals, control, store, tls};
+use crate::{accept, approvals, control, tls};
 use ostiary_broker::vault::VaultClient;
 use ostiary_broker::Broker;
 
@@ -190,6 +190,48 @@ pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
     Ok(policy_store::build(&config.policy)?)
 }
 
+/// What start-up reads from the store.
+struct Loaded {
+    stores: crate::store::Stores,
+    trail_reader: Arc<dyn crate::store::audit::AuditStore>,
+    writer: AuditWriter,
+    audit: crate::audit::AuditSink,
+    sessions: SessionRegistry,
+    guardrails: Guardrails,
+    /// Leases a previous run fetched and nothing holds now.
+    leftovers: Vec<(String, ostiary_broker::OwedLease)>,
+}
+
+/// Open the store the config names (every aggregate, migrated once), check the audit chain
+/// and start its writer, and load what a previous run left: live sessions, accounts and
+/// pauses, leases owed a revocation. Blocking: run on the blocking pool.
+fn load_state(
+    config: &Config,
+    keys: TokenKeys,
+    (audit_key, audit_head): (Vec<u8>, std::path::PathBuf),
+    metrics: &Arc<Metrics>,
+) -> Result<Loaded, ServeError> {
+    let backend =
+        crate::stores::Backend::of(&config.state).map_err(crate::store::StoreError::Unavailable)?;
+    let stores = backend.open()?;
+    // Queries read on a connection of their own, never the writer's.
+    let trail_reader = backend.audit_reader()?;
+    tracing::info!(store = %backend.describe(), "state store open");
+    let (writer, audit) = AuditWriter::start(stores.audit.clone(), audit_key, audit_head, metrics)?;
+    let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
+    let guardrails = Guardrails::load(stores.guard.clone(), config.sessions.clone())?;
+    let leftovers = lease_journal::load(&*stores.leases)?;
+    Ok(Loaded {
+        stores,
+        trail_reader,
+        writer,
+        audit,
+        sessions,
+        guardrails,
+        leftovers,
+    })
+}
+
 impl Ostiary {
     /// Open state, load policies, log in to Vault if configured, start the audit writer.
     pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
@@ -212,18 +254,29 @@ impl Ostiary {
         metrics.set_policy_generation(policies.generation());
 
         let db_path = state.path(files::DATABASE);
-        // Every aggregate's store, migrated once; each consumer takes the one it uses.
-        let stores = store::sqlite::open(&db_path)?;
-        let (writer, audit) = AuditWriter::start(
-            stores.audit.clone(),
-            state.audit_key.expose().as_bytes().to_vec(),
-            state.path(files::AUDIT_HEAD),
-            &metrics,
-        )?;
-        let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
-            .map_err(crate::session::SessionError::from)?;
-        let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
-        let guardrails = Guardrails::load(stores.guard.clone(), config.sessions.clone())?;
+        // On the blocking pool: a store's calls block (PostgreSQL's client runs a runtime of
+        // its own, which cannot start on a thread that drives this one's tasks).
+        let loaded = {
+            let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
+                .map_err(crate::session::SessionError::from)?;
+            let chain = (
+                state.audit_key.expose().as_bytes().to_vec(),
+                state.path(files::AUDIT_HEAD),
+            );
+            let (config, metrics) = (config.clone(), metrics.clone());
+            tokio::task::spawn_blocking(move || load_state(&config, keys, chain, &metrics))
+                .await
+                .map_err(|e| crate::store::StoreError::Task(e.to_string()))??
+        };
+        let Loaded {
+            stores,
+            trail_reader,
+            writer,
+            audit,
+            sessions,
+            guardrails,
+            leftovers,
+        } = loaded;
         let guard = Arc::new(Guard::new(
             options.resolver,
             options.dialer,
@@ -279,7 +332,6 @@ impl Ostiary {
         }
         // Leases a previous run fetched: nothing holds them now, so they are revoked on
         // the reaper's first pass (and retried, quarantined, while Vault refuses).
-        let leftovers = lease_journal::load(&*stores.leases)?;
         if !leftovers.is_empty() {
             tracing::info!(
                 leases = leftovers.len(),
@@ -386,8 +438,7 @@ impl Ostiary {
             metrics,
             ca_pem: state.ca_cert_pem.clone(),
             admin_token: state.admin_token.clone(),
-            // Queries read on a connection of their own, never the writer's.
-            trail: store::sqlite::open_read_only(&db_path)?.audit,
+            trail: trail_reader,
             db_path,
             proxy_addr,
         });

@@ -26,6 +26,7 @@ mod call;
 mod error;
 pub mod guard;
 pub mod leases;
+pub mod postgres;
 pub mod sessions;
 pub mod sqlite;
 pub mod suite;

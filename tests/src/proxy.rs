@@ -54,6 +54,8 @@ pub struct ProxySpec {
     /// The state directory (default: `state` in the proxy's own temporary directory), for
     /// tests that put it on a filesystem of their own or reuse it across proxies.
     pub state_dir: Option<PathBuf>,
+    /// `state.store` (default `sqlite`): a `postgres://` URL puts the durable state there.
+    pub store: Option<String>,
 }
 
 impl Default for ProxySpec {
@@ -70,6 +72,7 @@ impl Default for ProxySpec {
             watch_interval: None,
             options: Options::default(),
             state_dir: None,
+            store: None,
         }
     }
 }
@@ -146,6 +149,7 @@ control = "127.0.0.1:0"
 
 [state]
 dir = "{state}"
+store = "{store}"
 
 [policy]
 dir = "{policy}"
@@ -165,6 +169,7 @@ tunnel = {tunnel}
                 .clone()
                 .unwrap_or_else(|| dir.path().join("state"))
                 .display(),
+            store = spec.store.as_deref().unwrap_or("sqlite"),
             policy = policy_dir.display(),
             ports = toml_list(&ports, false),
             allow = toml_list(&allow_private, true),
@@ -249,7 +254,13 @@ tunnel = {tunnel}
     /// Every audit record so far (after flushing the writer).
     pub async fn audit(&self) -> Vec<AuditRecord> {
         self.shared.audit.flush().await;
-        ostiary::audit::verify::query(&*self.shared.trail, &Default::default()).unwrap()
+        // On the blocking pool, as the proxy reads it (a PostgreSQL store's calls block).
+        let trail = self.shared.trail.clone();
+        tokio::task::spawn_blocking(move || {
+            ostiary::audit::verify::query(&*trail, &Default::default()).unwrap()
+        })
+        .await
+        .unwrap()
     }
 
     /// The audit record of the request whose response carried `request_id` (its own, not

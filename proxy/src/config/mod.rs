@@ -97,15 +97,26 @@ impl Config {
 }
 
 /// Where Ostiary keeps its own state.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct State {
     /// CA key + cert, admin token, signing key, SQLite database.
     pub dir: PathBuf,
-    /// `sqlite` (embedded). PostgreSQL arrives with the scale-out work.
+    /// `sqlite` (the database file in `dir`), or a `postgres://` URL ([`crate::stores`]).
+    /// May carry a password: never printed as it is ([`State`]'s `Debug`).
     pub store: String,
     /// Optional Redis for counters shared by replicas (not used yet).
     pub redis: Option<String>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("dir", &self.dir)
+            .field("store", &crate::stores::redacted(&self.store))
+            .field("redis", &self.redis.as_deref().map(crate::stores::redacted))
+            .finish()
+    }
 }
 
 impl Default for State {
@@ -419,12 +430,7 @@ impl Config {
 
     /// Checks that serde cannot express.
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.state.store != "sqlite" {
-            return Err(ConfigError::Invalid(format!(
-                "state.store = {:?}: only \"sqlite\" is supported in this version",
-                self.state.store
-            )));
-        }
+        crate::stores::Backend::of(&self.state).map_err(ConfigError::Invalid)?;
         if self.egress.ports.contains(&0) {
             return Err(ConfigError::Invalid("egress.ports contains 0".into()));
         }

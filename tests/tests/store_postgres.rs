@@ -1,0 +1,180 @@
+//! One Ostiary on PostgreSQL (`state.store = "postgres://…"`), end to end: requests decided
+//! and audited with the state in the database (no SQLite file in the state directory), a
+//! session that survives a restart because it was read back from PostgreSQL, and
+//! `ostiary audit verify` (the real binary, reading the same database through the config)
+//! accepting the chain and refusing it once a row is edited.
+//!
+//! Each test runs in a schema of its own in the machine's PostgreSQL
+//! (`OSTIARY_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/test`), dropped
+//! afterwards; a server that cannot be reached fails the test.
+
+use ostiary_e2e::clients::curl;
+use ostiary_e2e::proxy::{ProxySpec, TestProxy};
+use ostiary_e2e::upstream::Upstream;
+
+#[path = "support/cli.rs"]
+#[allow(dead_code)]
+mod cli;
+
+const POLICY: &str = r#"
+@id("allow-echo")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
+when { context.path == "/echo" };
+"#;
+
+fn base_url() -> String {
+    std::env::var("OSTIARY_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of the test's own, dropped with it.
+struct Schema(String);
+
+impl Schema {
+    fn create() -> Self {
+        let name = format!(
+            "e2e_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        );
+        psql(&format!("CREATE SCHEMA {name}"));
+        Self(name)
+    }
+
+    /// The store URL whose connections start in this schema.
+    fn url(&self) -> String {
+        format!("{}?options=-csearch_path%3D{}", base_url(), self.0)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([
+                &base_url(),
+                "-qc",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
+            ])
+            .status();
+    }
+}
+
+fn psql(sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([&base_url(), "-tAqc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "PostgreSQL at {} is required: {}",
+        base_url(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_on_postgres_decides_audits_restarts_and_verifies() {
+    let schema = Schema::create();
+    let upstream = Upstream::builder().start().await;
+    let keep = tempfile::tempdir().unwrap();
+    let state = keep.path().join("state");
+    let mut proxy = TestProxy::start(ProxySpec {
+        policies: POLICY.into(),
+        ports: vec![upstream.port()],
+        upstream_ca_pem: Some(upstream.ca_pem()),
+        state_dir: Some(state.clone()),
+        store: Some(schema.url()),
+        ..Default::default()
+    })
+    .await;
+    let session = proxy.session("demo").await;
+    let env = proxy.client_env(&session);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let allowed = curl(
+        &["-sS", "-w", "\n%{http_code}", &upstream.url("/echo")],
+        &env,
+    )
+    .await;
+    assert!(allowed.stdout.ends_with("\n200"), "{allowed}");
+    let denied = curl(
+        &["-sS", "-w", "\n%{http_code}", &upstream.url("/status/200")],
+        &env,
+    )
+    .await;
+    assert!(denied.stdout.ends_with("\n403"), "{denied}");
+
+    // The records are in PostgreSQL, and nothing went to a SQLite file.
+    let records = proxy.audit().await;
+    let http: Vec<_> = records.iter().filter(|r| r.kind == "http").collect();
+    assert_eq!(http.len(), 2, "{records:#?}");
+    assert_eq!(
+        (http[0].decision.as_str(), http[1].decision.as_str()),
+        ("allow", "deny")
+    );
+    let rows: usize = psql(&format!("SELECT COUNT(*) FROM {}.audit", schema.0))
+        .parse()
+        .unwrap();
+    assert_eq!(rows, records.len());
+    assert!(!state.join("ostiary.db").exists());
+
+    // The session was read back from PostgreSQL by the new process: its token still works.
+    proxy.restart().await;
+    // The same token, to the new process's port (and its CA, which is the state dir's).
+    let mut session = session;
+    session.proxy_url = proxy.proxy_url(&session);
+    let env = proxy.client_env(&session);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let again = curl(
+        &["-sS", "-w", "\n%{http_code}", &upstream.url("/echo")],
+        &env,
+    )
+    .await;
+    assert!(again.stdout.ends_with("\n200"), "{again}");
+    proxy.audit().await;
+
+    // `audit verify` through the same config: intact, then an edited row refused.
+    let config = proxy.config_path.display().to_string();
+    let verified = cli::ostiary(&["--config", &config, "audit", "verify"]).await;
+    assert!(verified.success(), "{verified}");
+    assert!(verified.stdout.starts_with("ok: "), "{verified}");
+    psql(&format!(
+        "UPDATE {}.audit SET record = replace(record, '\"allow\"', '\"deny\"') WHERE seq = 2",
+        schema.0
+    ));
+    let tampered = cli::ostiary(&["--config", &config, "audit", "verify"]).await;
+    assert!(!tampered.success(), "{tampered}");
+    assert!(tampered.stdout.contains("FAILED"), "{tampered}");
+    assert!(tampered.stdout.contains("record 2"), "{tampered}");
+}
+
+/// A database that cannot be reached stops the start, naming it without its password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_refused_at_start_without_its_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("ostiary.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[state]\ndir = \"{}\"\nstore = \"postgres://ostiary:hunter2@127.0.0.1:{port}/test\"\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let config = ostiary::config::Config::load(&config_path).unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let message = match ostiary::server::Ostiary::build(config, Default::default()).await {
+        Ok(_) => panic!("started without its database"),
+        Err(e) => e.to_string(),
+    };
+    assert!(message.contains("unavailable"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}
