@@ -13,7 +13,6 @@ use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::upstream::Upstream;
 
 #[path = "support/cli.rs"]
-#[allow(dead_code)]
 mod cli;
 
 const POLICY: &str = r#"
