@@ -36,7 +36,7 @@ const MIGRATIONS: &[Migration] = &[
 pub const LATEST: i64 = 2;
 
 /// The advisory lock migrations take (any constant; the same in every replica).
-const MIGRATION_LOCK: i64 = 0x6f73_7469_6d69_6701;
+pub(super) const MIGRATION_LOCK: i64 = 0x6f73_7469_6d69_6701;
 
 const BASELINE: &str = "
 CREATE TABLE IF NOT EXISTS sessions (

@@ -71,11 +71,15 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
                 "schema {schema:?}: 1-63 characters of a-z 0-9 _, not starting with a digit"
             )));
         }
-        // Made before the pool, whose connections start in it.
+        // Made before the pool, whose connections start in it; under the migrations' lock,
+        // since two `CREATE SCHEMA IF NOT EXISTS` at once collide on the catalog's key.
         let mut client = config.connect(NoTls).map_err(unavailable)?;
-        client
-            .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        let mut tx = client.transaction().map_err(classify)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&migrations::MIGRATION_LOCK])
             .map_err(classify)?;
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .map_err(classify)?;
+        tx.commit().map_err(classify)?;
         config.options(&format!("-c search_path={schema}"));
     }
     let pool = r2d2::Pool::builder()
