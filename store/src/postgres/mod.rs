@@ -75,8 +75,11 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
         // since two `CREATE SCHEMA IF NOT EXISTS` at once collide on the catalog's key.
         let mut client = config.connect(NoTls).map_err(unavailable)?;
         let mut tx = client.transaction().map_err(classify)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&migrations::MIGRATION_LOCK])
-            .map_err(classify)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&migrations::MIGRATION_LOCK],
+        )
+        .map_err(classify)?;
         tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
             .map_err(classify)?;
         tx.commit().map_err(classify)?;
