@@ -56,6 +56,9 @@ pub struct ProxySpec {
     pub state_dir: Option<PathBuf>,
     /// `state.store` (default `sqlite`): a `postgres://` URL puts the durable state there.
     pub store: Option<String>,
+    /// `listen.proxy_unix` (default: in the state directory), for a second proxy on a
+    /// shared state directory.
+    pub proxy_unix: Option<PathBuf>,
 }
 
 impl Default for ProxySpec {
@@ -73,6 +76,7 @@ impl Default for ProxySpec {
             options: Options::default(),
             state_dir: None,
             store: None,
+            proxy_unix: None,
         }
     }
 }
@@ -146,6 +150,7 @@ impl TestProxy {
 [listen]
 proxy = "127.0.0.1:0"
 control = "127.0.0.1:0"
+{proxy_unix}
 
 [state]
 dir = "{state}"
@@ -170,6 +175,11 @@ tunnel = {tunnel}
                 .unwrap_or_else(|| dir.path().join("state"))
                 .display(),
             store = spec.store.as_deref().unwrap_or("sqlite"),
+            proxy_unix = spec
+                .proxy_unix
+                .as_ref()
+                .map(|p| format!("proxy_unix = \"{}\"", p.display()))
+                .unwrap_or_default(),
             policy = policy_dir.display(),
             ports = toml_list(&ports, false),
             allow = toml_list(&allow_private, true),

@@ -177,3 +177,73 @@ async fn an_unreachable_database_is_refused_at_start_without_its_password() {
     assert!(message.contains("unavailable"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
 }
+
+/// Two proxies on one PostgreSQL schema and one state directory (the keys are the state
+/// directory's, shared), each serving its own sessions at once: one chain, extended by both
+/// writers in turn — every record written, none refused for want of an audit record — that
+/// `ostiary audit verify` accepts whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_extend_one_chain_that_verifies() {
+    let schema = Schema::create();
+    let upstream = Upstream::builder().start().await;
+    let keep = tempfile::tempdir().unwrap();
+    let state = keep.path().join("state");
+    let replica = |n: u32| ProxySpec {
+        policies: POLICY.into(),
+        ports: vec![upstream.port()],
+        upstream_ca_pem: Some(upstream.ca_pem()),
+        state_dir: Some(state.clone()),
+        store: Some(schema.url()),
+        proxy_unix: Some(keep.path().join(format!("proxy-{n}.sock"))),
+        ..Default::default()
+    };
+    let one = TestProxy::start(replica(1)).await;
+    let two = TestProxy::start(replica(2)).await;
+    let url = upstream.url("/echo");
+    let mut clients = Vec::new();
+    for proxy in [&one, &two] {
+        let session = proxy.session("demo").await;
+        let env = proxy.client_env(&session);
+        clients.push(env);
+    }
+    const EACH: usize = 15;
+    let runs = clients.iter().map(|env| {
+        let url = url.clone();
+        async move {
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let mut codes = Vec::new();
+            for _ in 0..EACH {
+                let out = curl(
+                    &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
+                    &env,
+                )
+                .await;
+                codes.push(out.stdout.trim().to_owned());
+            }
+            codes
+        }
+    });
+    let codes: Vec<Vec<String>> = futures_util::future::join_all(runs).await;
+    for c in &codes {
+        let outages: Vec<_> = one
+            .audit()
+            .await
+            .into_iter()
+            .filter(|r| r.kind == "audit")
+            .map(|r| r.reason)
+            .collect();
+        assert!(c.iter().all(|code| code == "200"), "{codes:?} {outages:?}");
+    }
+    assert_eq!(upstream.count("/echo"), 2 * EACH);
+
+    // Both writers' records, in one chain.
+    let records = one.audit().await;
+    two.audit().await;
+    let all = two.audit().await;
+    let http = all.iter().filter(|r| r.kind == "http").count();
+    assert_eq!(http, 2 * EACH, "{} records", records.len());
+    let config = one.config_path.display().to_string();
+    let verified = cli::ostiary(&["--config", &config, "audit", "verify"]).await;
+    assert!(verified.success(), "{verified}");
+}

@@ -83,7 +83,11 @@ pub fn read_head(key: &[u8], path: &Path) -> Result<Head, std::io::Error> {
 
 /// Write the checkpoint atomically: a temporary file, synced, renamed over the old one.
 pub fn write_head(key: &[u8], path: &Path, tip: &Tip) -> Result<(), std::io::Error> {
-    let tmp = path.with_extension("head.tmp");
+    // A name of this write's own: writers sharing the state directory (replicas on one
+    // store) each rename their own file over the head, never one another's half-written one.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("head.{}.{n}.tmp", std::process::id()));
     let line = format!(
         "{} {} {}\n",
         tip.seq,
@@ -273,8 +277,13 @@ pub fn check_tip(trail: &dyn AuditStore, key: &[u8], head_path: &Path) -> Result
     Ok(last.unwrap_or_else(Tip::genesis))
 }
 
-/// The records after `checkpoint` are numbered on from it, link to it and carry valid seals.
-fn check_tail(trail: &dyn AuditStore, key: &[u8], checkpoint: &Tip) -> Result<(), ChainError> {
+/// The records after `checkpoint` are numbered on from it, link to it and carry valid seals;
+/// the last of them (or `checkpoint` when there are none).
+pub(crate) fn check_tail(
+    trail: &dyn AuditStore,
+    key: &[u8],
+    checkpoint: &Tip,
+) -> Result<Tip, ChainError> {
     let mut tip = checkpoint.clone();
     let mut problem = None;
     trail.scan(checkpoint.seq, &mut |row| {
@@ -304,7 +313,7 @@ fn check_tail(trail: &dyn AuditStore, key: &[u8], checkpoint: &Tip) -> Result<()
         problem.is_none()
     })?;
     match problem {
-        None => Ok(()),
+        None => Ok(tip),
         Some(problem) => Err(ChainError::BrokenTail {
             checkpoint: checkpoint.seq,
             problem,
@@ -342,6 +351,11 @@ mod tests {
         // The format of an Ostiary from before heads were sealed.
         std::fs::write(&path, format!("7 {}\n", tip.hash)).unwrap();
         assert!(matches!(read_head(key, &path).unwrap(), Head::Unsealed(_)));
-        assert!(!path.with_extension("head.tmp").exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

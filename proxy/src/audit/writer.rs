@@ -213,6 +213,10 @@ impl AuditWriter {
     }
 }
 
+/// How many times one batch takes on records other writers appended before it gives up
+/// for this attempt (and retries after the backoff): writers that keep winning the lock.
+const MAX_ADOPTIONS: u32 = 16;
+
 /// Why a batch or a checkpoint could not be written; the text is what `/readyz`, the
 /// log and the outage's record say.
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +232,10 @@ enum WriteError {
          at record {found}); restart to have it checked"
     )]
     Changed { expected: i64, found: i64 },
+    #[error(
+        "records another writer appended do not check: {0}; restart to have the chain checked"
+    )]
+    Foreign(String),
 }
 
 /// When the next attempt after a failure is due.
@@ -410,7 +418,23 @@ impl Writer {
         }
         let n = self.pending.len().min(self.health.limits.batch);
         let records = &self.pending.make_contiguous()[..n];
-        self.tip = append(&*self.trail, &self.key, &self.tip, records)?;
+        let mut adopted = 0;
+        self.tip = loop {
+            match append(&*self.trail, &self.key, &self.tip, records) {
+                // Another writer sharing the store (a replica, on PostgreSQL) extended the
+                // chain: its records are checked — numbered on, linked, sealed with the key
+                // only Ostiary holds — and ours are sealed after them. A chain that ends
+                // *before* our tip lost rows, and stays refused.
+                Err(WriteError::Changed { expected, found })
+                    if found > expected && adopted < MAX_ADOPTIONS =>
+                {
+                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
+                        .map_err(|e| WriteError::Foreign(e.problem()))?;
+                    adopted += 1;
+                }
+                other => break other?,
+            }
+        };
         self.pending.drain(..n);
         self.written += n as u64;
         self.health.dequeued(n);
