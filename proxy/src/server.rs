@@ -190,6 +190,86 @@ pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
     Ok(policy_store::build(&config.policy)?)
 }
 
+/// The credential broker: Vault logged in to once now (retried in the background when that
+/// fails), the lease journal attached, and the leases a previous run left adopted so that the
+/// reaper revokes them.
+async fn broker(
+    config: &Config,
+    policies: &PolicyStore,
+    journal: Arc<Journal>,
+    leftovers: Vec<(String, ostiary_broker::OwedLease)>,
+) -> Result<Broker, ServeError> {
+    let file = Some(config.broker.file.clone());
+    let broker = match &config.broker.vault {
+        Some(vault) if config.broker.backend == "vault" => {
+            let broker = Broker::awaiting_vault(config.credential.clone(), file)?;
+            // One try now, so that a reachable Vault serves the first request; if it
+            // fails, Ostiary serves anyway (file sources, uncredentialed hosts) and
+            // keeps trying in the background ([`vault_session`]).
+            match VaultClient::connect(vault).await {
+                Ok(client) => {
+                    tracing::info!(addr = %vault.addr, "logged in to vault");
+                    broker.set_vault(Arc::new(client));
+                }
+                Err(e) => tracing::error!(
+                    addr = %vault.addr,
+                    error = %e,
+                    "vault login failed; retrying in the background, vault credentials unavailable meanwhile"
+                ),
+            }
+            broker
+        }
+        _ => Broker::new(config.credential.clone(), file, None)?,
+    }
+    .with_journal(journal);
+    // A tool that names a credential no binding defines would run without it: say so
+    // at start-up rather than at the first call. Without any binding (the bare default,
+    // whose library names credentials for illustration) there is nothing to misspell.
+    let tools = policies.current();
+    let tools = if broker.bindings().is_empty() {
+        &[][..]
+    } else {
+        tools.catalog().tools()
+    };
+    for tool in tools {
+        if let Some(name) = tool.credential() {
+            if broker.binding(name).is_none() {
+                tracing::warn!(
+                    tool = tool.name(),
+                    credential = name,
+                    "the tool catalog names a credential that no [[credential]] binding defines"
+                );
+            }
+        }
+    }
+    // Leases a previous run fetched: nothing holds them now, so they are revoked on
+    // the reaper's first pass (and retried, quarantined, while Vault refuses).
+    if !leftovers.is_empty() {
+        tracing::info!(
+            leases = leftovers.len(),
+            "revoking leases left by a previous run"
+        );
+        broker.adopt(leftovers);
+    }
+    Ok(broker)
+}
+
+/// `egress.tunnel`'s hosts, canonical; an entry that is not a host is said and left out.
+fn tunnel_hosts(config: &Config) -> std::collections::HashSet<crate::egress::address::Host> {
+    config
+        .egress
+        .tunnel
+        .iter()
+        .filter_map(|h| match crate::egress::address::normalize_host(h) {
+            Ok(host) => Some(host),
+            Err(e) => {
+                tracing::error!(host = %h, error = %e, "egress.tunnel entry ignored");
+                None
+            }
+        })
+        .collect()
+}
+
 /// What start-up reads from the store.
 struct Loaded {
     stores: crate::store::Stores,
@@ -287,58 +367,7 @@ impl Ostiary {
         let roots = Arc::new(tls::upstream::root_store(&config.egress.ca_file)?);
         let upstreams = Upstreams::new(guard.clone(), roots, config.proxy.upstream_timeout)?;
         let journal = Arc::new(Journal::start(stores.leases.clone())?);
-        let file = Some(config.broker.file.clone());
-        let broker = match &config.broker.vault {
-            Some(vault) if config.broker.backend == "vault" => {
-                let broker = Broker::awaiting_vault(config.credential.clone(), file)?;
-                // One try now, so that a reachable Vault serves the first request; if it
-                // fails, Ostiary serves anyway (file sources, uncredentialed hosts) and
-                // keeps trying in the background ([`vault_session`]).
-                match VaultClient::connect(vault).await {
-                    Ok(client) => {
-                        tracing::info!(addr = %vault.addr, "logged in to vault");
-                        broker.set_vault(Arc::new(client));
-                    }
-                    Err(e) => tracing::error!(
-                        addr = %vault.addr,
-                        error = %e,
-                        "vault login failed; retrying in the background, vault credentials unavailable meanwhile"
-                    ),
-                }
-                broker
-            }
-            _ => Broker::new(config.credential.clone(), file, None)?,
-        }
-        .with_journal(journal);
-        // A tool that names a credential no binding defines would run without it: say so
-        // at start-up rather than at the first call. Without any binding (the bare default,
-        // whose library names credentials for illustration) there is nothing to misspell.
-        let tools = policies.current();
-        let tools = if broker.bindings().is_empty() {
-            &[][..]
-        } else {
-            tools.catalog().tools()
-        };
-        for tool in tools {
-            if let Some(name) = tool.credential() {
-                if broker.binding(name).is_none() {
-                    tracing::warn!(
-                        tool = tool.name(),
-                        credential = name,
-                        "the tool catalog names a credential that no [[credential]] binding defines"
-                    );
-                }
-            }
-        }
-        // Leases a previous run fetched: nothing holds them now, so they are revoked on
-        // the reaper's first pass (and retried, quarantined, while Vault refuses).
-        if !leftovers.is_empty() {
-            tracing::info!(
-                leases = leftovers.len(),
-                "revoking leases left by a previous run"
-            );
-            broker.adopt(leftovers);
-        }
+        let broker = broker(&config, &policies, journal, leftovers).await?;
         let credentials = Credentials::new(Arc::new(broker), &metrics);
         let approvals = ApprovalQueue::new(
             stores.approvals.clone(),
@@ -351,18 +380,7 @@ impl Ostiary {
         let checks = Checks::new(config.tiers.clone(), &config.checks)?;
         checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
-        let tunnel_hosts = config
-            .egress
-            .tunnel
-            .iter()
-            .filter_map(|h| match crate::egress::address::normalize_host(h) {
-                Ok(host) => Some(host),
-                Err(e) => {
-                    tracing::error!(host = %h, error = %e, "egress.tunnel entry ignored");
-                    None
-                }
-            })
-            .collect();
+        let tunnel_hosts = tunnel_hosts(&config);
         let config = Arc::new(config);
         let policies = Arc::new(policies);
         let sessions = Arc::new(sessions);
