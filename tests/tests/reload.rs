@@ -286,47 +286,60 @@ async fn sighup_reloads_ostiary_serve() {
             .and_then(|l| l.local_addr())
             .expect("binding 127.0.0.1:0")
     };
-    let (proxy_addr, control_addr) = (free(), free());
+    // Another test may take a port between its release here and the child's bind: then
+    // the child says so and exits, and the start is tried again on fresh ports.
     let config = dir.path().join("ostiary.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[listen]\nproxy = \"{proxy_addr}\"\ncontrol = \"{control_addr}\"\n\
-             [state]\ndir = \"{}\"\n[policy]\ndir = \"{}\"\nwatch_interval = \"0s\"\n\
-             [control]\npublic_metrics = true\n",
-            dir.path().join("state").display(),
-            policies.display(),
-        ),
-    )
-    .unwrap();
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut child = tokio::process::Command::new(ostiary_bin())
-        .arg("--config")
-        .arg(&config)
-        .arg("serve")
-        .env("OSTIARY_LOG", "info")
-        .env_remove("OSTIARY_CONFIG")
-        .env_remove("OSTIARY_ADMIN_TOKEN")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(log_file.try_clone().unwrap()))
-        .stderr(std::process::Stdio::from(log_file))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting ostiary serve");
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while metric_or_none(control_addr).await.is_none() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("ostiary serve exited with {status}:\n{}", log_text());
+    let mut attempts = 0;
+    let (mut child, control_addr) = loop {
+        attempts += 1;
+        let (proxy_addr, control_addr) = (free(), free());
+        std::fs::write(
+            &config,
+            format!(
+                "[listen]\nproxy = \"{proxy_addr}\"\ncontrol = \"{control_addr}\"\n\
+                 [state]\ndir = \"{}\"\n[policy]\ndir = \"{}\"\nwatch_interval = \"0s\"\n\
+                 [control]\npublic_metrics = true\n",
+                dir.path().join("state").display(),
+                policies.display(),
+            ),
+        )
+        .unwrap();
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut child = tokio::process::Command::new(ostiary_bin())
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env("OSTIARY_LOG", "info")
+            .env_remove("OSTIARY_CONFIG")
+            .env_remove("OSTIARY_ADMIN_TOKEN")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(log_file.try_clone().unwrap()))
+            .stderr(std::process::Stdio::from(log_file))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting ostiary serve");
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let mut lost_port = false;
+        while metric_or_none(control_addr).await.is_none() {
+            if let Ok(Some(status)) = child.try_wait() {
+                lost_port = log_text().contains("Address already in use") && attempts < 5;
+                if !lost_port {
+                    panic!("ostiary serve exited with {status}:\n{}", log_text());
+                }
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "ostiary serve did not answer:\n{}",
+                log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "ostiary serve did not answer:\n{}",
-            log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if !lost_port {
+            break (child, control_addr);
+        }
+    };
     assert_eq!(metric_or_none(control_addr).await, Some(1.0));
 
     std::fs::write(policies.join("test.cedar"), ECHO_AND_STATUS).unwrap();
