@@ -571,13 +571,15 @@ async fn leases_left_by_a_previous_run_are_revoked_at_start_up() -> Result<()> {
     })
     .await;
     assert!(revoked, "the previous run's lease is still alive");
-    let audit = rig.proxy.audit().await;
-    assert!(
-        audit
-            .iter()
-            .any(|r| r.kind == "lease" && r.leases.iter().any(|l| l.starts_with("database/creds/"))),
-        "no audit record of the revocation"
-    );
+    // Recorded once Vault confirmed the revocation, a moment after the login stops working.
+    let recorded =
+        eventually(Duration::from_secs(10), || async {
+            rig.proxy.audit().await.iter().any(|r| {
+                r.kind == "lease" && r.leases.iter().any(|l| l.starts_with("database/creds/"))
+            })
+        })
+        .await;
+    assert!(recorded, "no audit record of the revocation");
     // The session itself survived the restart and gets a fresh credential.
     assert_eq!(rig.get(&session, DB_HOST).await.status, StatusCode::OK);
     let (fresh_user, _) = basic_pair(&rig.seen_at(DB_HOST)[1]);
