@@ -186,19 +186,12 @@ impl SqliteApprovals {
     /// `approved`, to be re-sent with the same idempotency key. Returns their ids.
     pub(super) fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = ids_where(
-                &tx,
-                "SELECT id FROM approvals WHERE status = 'executing'",
-                [],
-            )?;
-            tx.execute(
+            returning_ids(
+                c,
                 "UPDATE approvals SET status = 'approved', updated_ms = ?1
-                 WHERE status = 'executing'",
+                 WHERE status = 'executing' RETURNING id",
                 [now_ms],
-            )?;
-            tx.commit()?;
-            Ok(ids)
+            )
         })
     }
 
@@ -215,21 +208,14 @@ impl SqliteApprovals {
 
     /// Expire every pending approval past its deadline; returns them (now `expired`).
     pub(super) fn expire_due(&self, now_ms: i64) -> Result<Vec<Approval>, StoreError> {
-        let ids: Vec<String> = self.with(|c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = ids_where(
-                &tx,
-                "SELECT id FROM approvals WHERE status = 'pending' AND deadline_ms <= ?1",
-                [now_ms],
-            )?;
-            tx.execute(
+        let ids = self.with(|c| {
+            returning_ids(
+                c,
                 "UPDATE approvals SET status = 'expired', decided_ms = ?1, updated_ms = ?1,
                    reason = 'the deadline passed without a decision'
-                 WHERE status = 'pending' AND deadline_ms <= ?1",
+                 WHERE status = 'pending' AND deadline_ms <= ?1 RETURNING id",
                 [now_ms],
-            )?;
-            tx.commit()?;
-            Ok(ids)
+            )
         })?;
         self.get_many(&ids)
     }
@@ -242,17 +228,13 @@ impl SqliteApprovals {
         session: &str,
         now_ms: i64,
     ) -> Result<Vec<Approval>, StoreError> {
-        let ids: Vec<String> = self.with(|c| {
+        let ids = self.with(|c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = ids_where(
+            let ids = returning_ids(
                 &tx,
-                "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1",
-                [session],
-            )?;
-            tx.execute(
                 "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
                    reason = 'the session ended before anyone decided'
-                 WHERE status = 'pending' AND session = ?1",
+                 WHERE status = 'pending' AND session = ?1 RETURNING id",
                 params![session, now_ms],
             )?;
             super::bounds::forget_bounds_on(&tx, session)?;
@@ -270,23 +252,15 @@ impl SqliteApprovals {
         reason: &str,
         now_ms: i64,
     ) -> Result<Vec<Approval>, StoreError> {
-        let ids: Vec<String> = self.with(|c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = ids_where(
-                &tx,
-                "SELECT id FROM approvals WHERE status = 'pending' AND session = ?1
-                   AND json_extract(request, '$.url') LIKE 'ostiary:session/%'",
-                [session],
-            )?;
-            for id in &ids {
-                tx.execute(
-                    "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
-                       reason = ?3 WHERE status = 'pending' AND id = ?1",
-                    params![id, now_ms, reason],
-                )?;
-            }
-            tx.commit()?;
-            Ok(ids)
+        let ids = self.with(|c| {
+            returning_ids(
+                c,
+                "UPDATE approvals SET status = 'expired', decided_ms = ?2, updated_ms = ?2,
+                   reason = ?3
+                 WHERE status = 'pending' AND session = ?1
+                   AND json_extract(request, '$.url') LIKE 'ostiary:session/%' RETURNING id",
+                params![session, now_ms, reason],
+            )
         })?;
         self.get_many(&ids)
     }
@@ -298,24 +272,14 @@ impl SqliteApprovals {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<Vec<Approval>, StoreError> {
-        let ids: Vec<String> = self.with(|c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let ids = ids_where(
-                &tx,
-                "SELECT id FROM approvals
-                     WHERE status = 'pending' AND renotify_ms <= ?1 AND deadline_ms > ?1",
-                [now_ms],
-            )?;
-            for id in &ids {
-                tx.execute(
-                    "UPDATE approvals SET rounds = rounds + 1, renotify_ms = ?2 + ?3,
-                       updated_ms = ?2
-                     WHERE id = ?1 AND status = 'pending'",
-                    params![id, now_ms, ttl_ms],
-                )?;
-            }
-            tx.commit()?;
-            Ok(ids)
+        let ids = self.with(|c| {
+            returning_ids(
+                c,
+                "UPDATE approvals SET rounds = rounds + 1, renotify_ms = ?1 + ?2, updated_ms = ?1
+                 WHERE status = 'pending' AND renotify_ms <= ?1 AND deadline_ms > ?1
+                 RETURNING id",
+                params![now_ms, ttl_ms],
+            )
         })?;
         self.get_many(&ids)
     }
@@ -409,15 +373,19 @@ pub(super) fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
     .map(drop)
 }
 
-/// The ids a transition is about to move, read in its own transaction.
-fn ids_where(
-    tx: &rusqlite::Transaction<'_>,
+/// Run one transition (`UPDATE … RETURNING id`: the rows it moved, in one statement, so
+/// nothing moves between the choice and the change); the ids, sorted as PostgreSQL's are.
+fn returning_ids(
+    c: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
 ) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = tx.prepare(sql)?;
-    let rows = stmt.query_map(params, |r| r.get::<_, String>(0))?;
-    rows.collect()
+    let mut stmt = c.prepare(sql)?;
+    let mut ids = stmt
+        .query_map(params, |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    ids.sort();
+    Ok(ids)
 }
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<Approval> {
