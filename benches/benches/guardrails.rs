@@ -41,6 +41,12 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 const LIVE_SESSIONS: usize = 10_000;
+
+/// The value of a guardrails call that, counting in memory, never waits (with shared
+/// counters it would: that is the `counters` bench).
+fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+    futures_util::FutureExt::now_or_never(f).expect("in-memory guardrails never wait")
+}
 /// The watchdog's ring (`TRAIL_CAPACITY`): past this many events every call evicts one.
 const TRAIL: u64 = 256;
 /// Distinct calls of the "known call" trail: below the default `repeat_max` of 20 per call
@@ -62,7 +68,7 @@ impl Rails {
             .unwrap()
             .guard;
         Self {
-            guardrails: Guardrails::load(store, Sessions::default()).unwrap(),
+            guardrails: Guardrails::load(store, Sessions::default(), None).unwrap(),
             _dir: dir,
         }
     }
@@ -75,7 +81,7 @@ impl Rails {
             max_cost_micros: Some(i64::MAX / 2),
             ..Default::default()
         };
-        self.guardrails.open(session, limits, None);
+        now(self.guardrails.open(session, limits, None, i64::MAX)).unwrap();
         Principal {
             session_id: session.into(),
             agent: agent.into(),
@@ -123,9 +129,8 @@ fn event(args_hash: u64) -> Event<'static> {
 /// `args_hash` differs per call unless the caller repeats it on purpose, so the watchdog
 /// never trips.
 fn one_request(g: &Guardrails, p: &Principal, tiers: &Tiers, args_hash: u64) {
-    g.gate(p).expect("not paused, no byte limit");
-    g.admit_rate(p, "read", tiers)
-        .expect("the rate always admits");
+    now(g.gate(p)).expect("not paused, no byte limit");
+    now(g.admit_rate(p, "read", tiers)).expect("the rate always admits");
     std::hint::black_box(g.session_state(p));
     g.meter
         .charge_call(&p.session_id, 1_000)
@@ -310,17 +315,17 @@ impl Fixture {
             (
                 "guardrails_step",
                 "gate",
-                Box::new(move || g.gate(&self.one).unwrap()),
+                Box::new(move || now(g.gate(&self.one)).unwrap()),
             ),
             (
                 "guardrails_step",
                 "admit_rate_none",
-                Box::new(move || g.admit_rate(&self.one, "read", &self.no_rate).unwrap()),
+                Box::new(move || now(g.admit_rate(&self.one, "read", &self.no_rate)).unwrap()),
             ),
             (
                 "guardrails_step",
                 "admit_rate_agent_and_tenant",
-                Box::new(move || g.admit_rate(&self.one, "read", &self.rated).unwrap()),
+                Box::new(move || now(g.admit_rate(&self.one, "read", &self.rated)).unwrap()),
             ),
             (
                 "guardrails_step",
@@ -409,7 +414,7 @@ fn work(w: Work, g: &Guardrails, p: &Principal, tiers: &Tiers, args_hash: u64) {
         Work::Floor => floor(p),
         Work::All => one_request(g, p, tiers, args_hash),
         Work::Meter => {
-            g.gate(p).unwrap();
+            now(g.gate(p)).unwrap();
             std::hint::black_box(g.session_state(p));
             g.meter.charge_call(&p.session_id, 1_000).unwrap();
             g.meter.add_bytes(&p.session_id, 512, 4096);
@@ -417,7 +422,7 @@ fn work(w: Work, g: &Guardrails, p: &Principal, tiers: &Tiers, args_hash: u64) {
         Work::Watchdog => {
             std::hint::black_box(g.watchdog.observe(&p.session_id, event(args_hash)));
         }
-        Work::Rate => g.admit_rate(p, "read", tiers).unwrap(),
+        Work::Rate => now(g.admit_rate(p, "read", tiers)).unwrap(),
     }
 }
 

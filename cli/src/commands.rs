@@ -78,6 +78,9 @@ pub enum Command {
     /// The interception CA.
     #[command(subcommand)]
     Ca(CaCommand),
+    /// The state directory and the keys replicas share.
+    #[command(subcommand)]
+    State(StateCommand),
     /// The audit chain.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -120,6 +123,18 @@ pub struct SessionArgs {
 pub enum CaCommand {
     /// Print the CA certificate (PEM) that agents must trust.
     Export,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StateCommand {
+    /// Make the keys several replicas share (CA, session signing key, audit key,
+    /// approval-link key) in a directory, for a secret every replica mounts as
+    /// `state.keys_dir`. Keys already there are kept.
+    Init {
+        /// Where to write them.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -265,7 +280,8 @@ pub struct ExplainArgs {
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let config = match &cli.config {
         Some(path) => Config::load(path)?,
-        None => Config::default(),
+        // The defaults, with the environment's overrides (`OSTIARY_STATE_STORE`, …).
+        None => Config::from_toml("", std::path::Path::new("(built-in defaults)"))?,
     };
     match cli.command {
         Command::Serve => serve(config).await,
@@ -275,7 +291,14 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Run(args) => Ok(run::run(&config, args).await),
         Command::Ca(CaCommand::Export) => {
-            print!("{}", state::read_ca_cert(&config.state.dir)?);
+            let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
+            print!("{}", state::read_ca_cert(dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::State(StateCommand::Init { dir }) => {
+            for name in state::StateDir::init_keys(&dir)? {
+                println!("{}", dir.join(name).display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         // Off the runtime's threads: the store's calls block (PostgreSQL's client runs a

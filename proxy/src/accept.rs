@@ -25,9 +25,6 @@ use crate::plane::DataPlane;
 use crate::wire_guard::{Observer, StrictH1};
 use crate::{connect, pipeline};
 
-/// How long in-flight connections may finish after shutdown was requested.
-const DRAIN: Duration = Duration::from_secs(5);
-
 /// Serve the proxy's TCP listener (and its Unix socket, when given) until `shutdown`
 /// resolves, then drain.
 pub async fn serve(
@@ -57,7 +54,12 @@ pub async fn serve(
         }
     }
     tracker.close();
-    if tokio::time::timeout(DRAIN, tracker.wait()).await.is_err() {
+    // In-flight connections may finish (`listen.drain`); a load balancer has stopped
+    // sending new ones once readiness failed or the pod left the endpoints.
+    if tokio::time::timeout(plane.config.listen.drain, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("proxy connections still open after the drain period");
     }
 }

@@ -13,7 +13,7 @@ use crate::error::ProxyError;
 use crate::session::{Principal, SessionError, SessionRegistry};
 
 /// Authenticate the caller of a request that carries `Proxy-Authorization`.
-pub fn principal(
+pub async fn principal(
     sessions: &SessionRegistry,
     headers: &HeaderMap,
 ) -> Result<Arc<Principal>, ProxyError> {
@@ -30,11 +30,17 @@ pub fn principal(
         .to_str()
         .map_err(|e| ProxyError::unauthenticated(format!("Proxy-Authorization: {e}")))?;
     let token = token_of(value)?;
-    sessions.authenticate(&token).map_err(|e| match e {
+    sessions.authenticate(&token).await.map_err(|e| match e {
         SessionError::Token(t) => ProxyError::unauthenticated(t.to_string()),
         SessionError::NotActive(_) => {
             ProxyError::unauthenticated("the session is not active (revoked or expired)")
         }
+        // The store could not say whether a session another replica made is live: that is
+        // not the agent's fault, and not a yes either.
+        SessionError::Store(e) => ProxyError::StateUnavailable {
+            component: "store",
+            reason: e.to_string(),
+        },
         other => ProxyError::unauthenticated(other.to_string()),
     })
 }

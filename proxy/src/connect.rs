@@ -83,7 +83,7 @@ async fn open(
 ) -> Result<Plan, ProxyError> {
     // First, as in the pipeline: no tunnel is opened while its record cannot be written.
     plane.audit.ensure_writable()?;
-    let principal = authenticate::principal(&plane.sessions, req.headers())?;
+    let principal = authenticate::principal(&plane.sessions, req.headers()).await?;
     audit.update(|r| {
         r.set_principal(&principal);
         r.method = Some("CONNECT".into());

@@ -138,6 +138,13 @@ pub enum ProxyError {
     /// nothing is forwarded until they can (503). `reason` is for the record and the log.
     #[error("audit trail unavailable: {reason}")]
     AuditUnavailable { reason: String },
+    /// Shared state a decision needs cannot be reached (`component`: `redis`, `store`):
+    /// budgets and rate limits fail closed (503). `reason` is for the record and the log.
+    #[error("shared state unavailable ({component}): {reason}")]
+    StateUnavailable {
+        component: &'static str,
+        reason: String,
+    },
     /// Refused JSON-RPC calls to a catalogued MCP endpoint, none of which was forwarded:
     /// answered HTTP 200 with one JSON-RPC error per call (docs/design.md §5), so MCP SDKs raise a
     /// readable error and the MCP session stays usable. Never empty; each refusal is one of
@@ -195,6 +202,7 @@ impl ProxyError {
             ProxyError::UpstreamTimeout { .. } => "upstream_timeout",
             ProxyError::Internal { .. } => "internal_error",
             ProxyError::AuditUnavailable { .. } => "audit_unavailable",
+            ProxyError::StateUnavailable { .. } => "state_unavailable",
             ProxyError::McpRefused { replies, .. } => {
                 replies.first().map_or("denied", |r| r.error.kind())
             }
@@ -233,7 +241,9 @@ impl ProxyError {
                 }
             }
             ProxyError::Upstream { .. } | ProxyError::UpstreamTimeout { .. } => Side::Upstream,
-            ProxyError::Internal { .. } | ProxyError::AuditUnavailable { .. } => Side::Internal,
+            ProxyError::Internal { .. }
+            | ProxyError::AuditUnavailable { .. }
+            | ProxyError::StateUnavailable { .. } => Side::Internal,
             ProxyError::McpRefused { replies, .. } => {
                 replies.first().map_or(Side::Policy, |r| r.error.side())
             }

@@ -496,7 +496,7 @@ pub async fn status(
             headers.insert(PROXY_AUTHORIZATION, v);
         }
     }
-    let principal = crate::authenticate::principal(&plane.sessions, &headers)?;
+    let principal = crate::authenticate::principal(&plane.sessions, &headers).await?;
     let wait = prefer_wait(req.headers());
     let found = lookup(plane, &principal, id).await?;
     let Some(found) = found else {

@@ -62,6 +62,7 @@ pub mod config;
 pub mod connect;
 pub mod connector;
 pub mod control;
+pub mod counters;
 pub mod egress;
 pub mod error;
 pub mod escalate;

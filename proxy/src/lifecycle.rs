@@ -14,6 +14,11 @@
 //! connections — are not requests to wait for: each is tied to its session by a
 //! [`StreamWatch`] and ends the moment the session is refused (teardown) or its TTL is over
 //! (the watch's own timer; the reaper ends them too).
+//!
+//! Several replicas: the replica that ends a session tells the others ([`News`]), and each
+//! ends what it holds of it — streams, requests in flight, credentials and leases it minted
+//! — within moments; the reaper's reconciliation with the store catches news that was
+//! missed, within one `broker.reap_interval`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,6 +51,15 @@ pub struct Teardown {
     pub upstreams: Upstreams,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
+    /// How the other replicas hear of a teardown here (`state.redis`).
+    pub news: Option<News>,
+}
+
+/// Teardown news: this replica's name and the Redis it publishes on.
+#[derive(Debug, Clone)]
+pub struct News {
+    pub replica: String,
+    pub counters: Arc<crate::counters::Counters>,
 }
 
 /// A long-lived byte stream's tie to its session: [`StreamWatch::ended`] resolves when the
@@ -137,13 +151,96 @@ impl Teardown {
         session: &str,
         why: &str,
     ) -> Result<bool, crate::session::SessionError> {
+        // A session (or children) another replica made is brought here first, so that the
+        // whole tree is refused and ended, and so that this answer knows it was live.
+        let principal = self.sessions.find(session).await;
+        self.sessions.load_tree(session).await?;
         let descendants = self.sessions.descendants(session);
-        let principal = self.sessions.get(session);
         // Refuse new requests of the whole tree before waiting for any of it.
         for child in &descendants {
             self.sessions.revoke(&child.session_id).await?;
         }
         let was_live = self.sessions.revoke(session).await?;
+        // Then the other replicas: they refuse it and end their part as this one does.
+        if let Some(news) = &self.news {
+            for id in descendants
+                .iter()
+                .map(|c| c.session_id.as_str())
+                .chain([session])
+            {
+                if let Err(e) = news.counters.publish_ended(&news.replica, id).await {
+                    tracing::warn!(session = id, error = %e, "telling other replicas of a teardown failed; their reconciliation will catch it");
+                }
+            }
+        }
+        self.finish(session, principal, descendants, why).await;
+        Ok(was_live)
+    }
+
+    /// Another replica ended `session`: end what this one holds of it (nothing to publish,
+    /// nothing when it never served the session).
+    pub async fn ended_elsewhere(&self, session: &str, replica: &str) {
+        let Some(principal) = self.sessions.get(session) else {
+            self.sessions.forget_ended(session);
+            return;
+        };
+        let descendants = self.sessions.descendants(session);
+        for id in descendants
+            .iter()
+            .map(|c| c.session_id.as_str())
+            .chain([session])
+        {
+            self.sessions.forget_ended(id);
+        }
+        let why = format!("session ended on replica {replica}");
+        self.finish(session, Some(principal), descendants, &why)
+            .await;
+    }
+
+    /// Follow the teardown news of the other replicas until `shutdown`.
+    pub async fn follow(self, shutdown: impl Future<Output = ()>) {
+        let Some(news) = self.news.clone() else {
+            return;
+        };
+        tokio::pin!(shutdown);
+        loop {
+            let followed = tokio::select! {
+                () = &mut shutdown => return,
+                followed = news.counters.follow_ended() => followed,
+            };
+            match followed {
+                Ok(stream) => {
+                    tokio::pin!(stream);
+                    loop {
+                        let next = tokio::select! {
+                            () = &mut shutdown => return,
+                            next = futures_util::StreamExt::next(&mut stream) => next,
+                        };
+                        let Some(ended) = next else { break };
+                        if ended.replica != news.replica {
+                            self.ended_elsewhere(&ended.session, &ended.replica).await;
+                        }
+                    }
+                    tracing::warn!("teardown news: the subscription ended; subscribing again");
+                }
+                Err(e) => tracing::warn!(error = %e, "teardown news: cannot subscribe; retrying"),
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// Refuse-already-done teardown of `session` and `descendants`: end streams, drain
+    /// requests, end each session's credentials and account, record it.
+    async fn finish(
+        &self,
+        session: &str,
+        principal: Option<Arc<Principal>>,
+        descendants: Vec<Arc<Principal>>,
+        why: &str,
+    ) {
         // Streams do not finish by themselves: they end now, with the session refused.
         for child in &descendants {
             self.end_streams(&child.session_id);
@@ -181,7 +278,6 @@ impl Teardown {
         for (id, agent, tenant, why) in &ending {
             self.end_session(id, agent, tenant, why).await;
         }
-        Ok(was_live)
     }
 
     /// End a session's credentials and record it. The registry side (refusing the session) is
@@ -220,7 +316,7 @@ impl Teardown {
         self.credentials.forget(&report.dropped);
         self.metrics.revoked(&report);
         // A paused session that ends is resolved as terminated.
-        if self.guardrails.clear_paused(session) {
+        if self.guardrails.clear_paused(session).await {
             let owned = session.to_owned();
             if let Err(e) = self
                 .guardrails
@@ -263,6 +359,24 @@ impl Teardown {
                     "session expired",
                 )
                 .await;
+            }
+            // The backstop of teardown news: sessions another replica ended.
+            match self.sessions.reconcile().await {
+                Ok(gone) => {
+                    for principal in gone {
+                        self.end_streams(&principal.session_id);
+                        let descendants = self.sessions.descendants(&principal.session_id);
+                        let id = principal.session_id.clone();
+                        self.finish(
+                            &id,
+                            Some(principal),
+                            descendants,
+                            "session ended on another replica",
+                        )
+                        .await;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reconciling sessions with the store failed"),
             }
             self.guardrails.save().await;
             self.guardrails.rate.sweep(std::time::Instant::now());

@@ -349,6 +349,16 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
                 .into(),
             json!({}),
         ),
+        // The component, not the reason: which address failed is the operator's to know.
+        ProxyError::StateUnavailable { component, .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "Ostiary cannot reach its shared state ({component}), which this request's \
+                 limits are counted in, so it refuses rather than guess; nothing was sent \
+                 upstream. Retry later."
+            ),
+            json!({ "component": component }),
+        ),
         // Answered by `error` before `describe` is asked; described by its first refusal
         // for any other caller.
         ProxyError::McpRefused { replies, .. } => match replies.first() {

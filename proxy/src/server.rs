@@ -23,6 +23,7 @@ use crate::body::ProxyBody;
 use crate::check::Checks;
 use crate::classify::Origin;
 use crate::config::Config;
+use crate::counters::Counters;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
 use crate::guardrails::pause::{Desk, TripQueue, Trips};
@@ -68,6 +69,8 @@ pub enum ServeError {
     /// The audit chain no longer matches its checkpoint: serve refuses to extend it.
     #[error(transparent)]
     Audit(#[from] crate::audit::ChainError),
+    #[error(transparent)]
+    Counters(#[from] crate::counters::CountersError),
 }
 
 /// Seams for tests: where names are resolved and how sockets are dialed.
@@ -270,6 +273,32 @@ fn tunnel_hosts(config: &Config) -> std::collections::HashSet<crate::egress::add
         .collect()
 }
 
+/// This replica's name in teardown news: `OSTIARY_REPLICA_ID` (a pod's name, say), or one
+/// made up at start.
+fn replica_id() -> String {
+    std::env::var("OSTIARY_REPLICA_ID")
+        .ok()
+        .filter(|id| !id.is_empty() && !id.contains(' '))
+        .unwrap_or_else(|| format!("r-{}", crate::state::random_hex(6)))
+}
+
+/// Add the bytes this replica's streams moved to the shared accounts, every
+/// [`crate::counters::SYNC_EVERY`], until `shutdown` (nothing to do without `state.redis`).
+async fn sync_bytes(guardrails: Arc<Guardrails>, shutdown: impl Future<Output = ()>) {
+    if guardrails.shared.is_none() {
+        return;
+    }
+    let mut ticker = tokio::time::interval(crate::counters::SYNC_EVERY);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = ticker.tick() => guardrails.sync_streams().await,
+        }
+    }
+    guardrails.sync_streams().await;
+}
+
 /// What start-up reads from the store.
 struct Loaded {
     stores: crate::store::Stores,
@@ -290,6 +319,7 @@ fn load_state(
     keys: TokenKeys,
     (audit_key, audit_head): (Vec<u8>, std::path::PathBuf),
     metrics: &Arc<Metrics>,
+    counters: Option<Arc<Counters>>,
 ) -> Result<Loaded, ServeError> {
     let backend =
         crate::stores::Backend::of(&config.state).map_err(crate::store::StoreError::Unavailable)?;
@@ -299,7 +329,11 @@ fn load_state(
     tracing::info!(store = %backend.describe(), "state store open");
     let (writer, audit) = AuditWriter::start(stores.audit.clone(), audit_key, audit_head, metrics)?;
     let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
-    let guardrails = Guardrails::load(stores.guard.clone(), config.sessions.clone())?;
+    // On a store other replicas may share, a session not known here may be theirs.
+    if matches!(backend, crate::stores::Backend::Postgres(_)) {
+        sessions.set_shared();
+    }
+    let guardrails = Guardrails::load(stores.guard.clone(), config.sessions.clone(), counters)?;
     let leftovers = lease_journal::load(&*stores.leases)?;
     Ok(Loaded {
         stores,
@@ -315,13 +349,11 @@ fn load_state(
 impl Ostiary {
     /// Open state, load policies, log in to Vault if configured, start the audit writer.
     pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
-        for section in config.unenforced_sections() {
-            tracing::warn!(
-                section,
-                "config section accepted but not enforced by this version"
-            );
-        }
-        let state = StateDir::open_or_create(&config.state.dir)?;
+        // Shared keys, when configured, are only read: a replica never makes its own.
+        let state = match &config.state.keys_dir {
+            Some(keys) => StateDir::open_shared(&config.state.dir, keys)?,
+            None => StateDir::open_or_create(&config.state.dir)?,
+        };
         let policies = PolicyStore::open(config.policy.clone())?;
         if policies.watched_dir().is_none() {
             tracing::info!(
@@ -332,6 +364,14 @@ impl Ostiary {
         tracing::info!(policies = policies.current().len(), dir = %config.policy.dir.display(), "policies loaded");
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
+        let counters = match &config.state.redis {
+            Some(url) => Some(Arc::new(Counters::new(
+                url,
+                &config.state.redis_prefix,
+                &metrics,
+            )?)),
+            None => None,
+        };
 
         let db_path = state.path(files::DATABASE);
         // On the blocking pool: a store's calls block (PostgreSQL's client runs a runtime of
@@ -343,10 +383,12 @@ impl Ostiary {
                 state.audit_key.expose().as_bytes().to_vec(),
                 state.path(files::AUDIT_HEAD),
             );
-            let (config, metrics) = (config.clone(), metrics.clone());
-            tokio::task::spawn_blocking(move || load_state(&config, keys, chain, &metrics))
-                .await
-                .map_err(|e| crate::store::StoreError::Task(e.to_string()))??
+            let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
+            tokio::task::spawn_blocking(move || {
+                load_state(&config, keys, chain, &metrics, counters)
+            })
+            .await
+            .map_err(|e| crate::store::StoreError::Task(e.to_string()))??
         };
         let Loaded {
             stores,
@@ -435,6 +477,10 @@ impl Ostiary {
             upstreams,
             audit: audit.clone(),
             metrics: metrics.clone(),
+            news: counters.map(|counters| crate::lifecycle::News {
+                replica: replica_id(),
+                counters,
+            }),
         };
         let reloader = Reloader {
             policies,
@@ -502,7 +548,9 @@ impl Ostiary {
         plane.approvals.set_control_addr(control_addr);
         // Before the listeners: an execution a crash interrupted is back in the queue
         // before anyone can look at it.
-        approvals::sweep::recover(&plane.approvals).await;
+        // Every claim is this process's own on a store no other replica shares.
+        let exclusive = plane.config.state.store == "sqlite";
+        approvals::sweep::recover(&plane.approvals, exclusive).await;
         data.guard.set_own_listeners(vec![proxy_addr, control_addr]);
         tracing::info!(%proxy_addr, %control_addr, "ostiary serving");
 
@@ -536,6 +584,12 @@ impl Ostiary {
                 .clone()
                 .reap(plane.config.broker.reap_interval, stopped(stop_rx.clone())),
         );
+        // Teardown news from the other replicas, and the bytes long streams moved here.
+        let news_task = tokio::spawn(plane.teardown.clone().follow(stopped(stop_rx.clone())));
+        let bytes_task = tokio::spawn(sync_bytes(
+            plane.guardrails.clone(),
+            stopped(stop_rx.clone()),
+        ));
         let vault_task = plane.config.broker.vault.clone().map(|config| {
             tokio::spawn(vault_session(
                 data.credentials.clone(),
@@ -551,7 +605,9 @@ impl Ostiary {
             desk_task,
             watch_task,
             reap_task,
-            sweep_task
+            sweep_task,
+            news_task,
+            bytes_task
         );
         if let Some(task) = vault_task {
             let _ = task.await;

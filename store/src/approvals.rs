@@ -286,9 +286,13 @@ pub trait ApprovalStore: Send + Sync + std::fmt::Debug {
         reason: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError>;
-    /// At start-up: executions claimed and never finished go back to `approved`, to be
-    /// re-sent with the same idempotency key. Their ids.
-    fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError>;
+    /// Executions claimed and not heard of since `stale_before_ms` (their claim's lease ran
+    /// out: the executor died) go back to `approved`, to be re-sent with the same
+    /// idempotency key. Their ids. At a lone process's start every claim is stale.
+    fn recover(&self, now_ms: i64, stale_before_ms: i64) -> Result<Vec<String>, StoreError>;
+    /// The executor of a claimed approval is alive: its claim's lease runs from `now_ms`.
+    /// False when it is no longer executing (finished, or recovered by another).
+    fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError>;
     /// Ids of approvals waiting for the executor, oldest decision first.
     fn approved(&self) -> Result<Vec<String>, StoreError>;
     /// Expire every pending approval past its deadline; returns them, now `expired`.

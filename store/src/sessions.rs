@@ -43,4 +43,9 @@ pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn revoke(&self, id: &str, at: i64) -> Result<(), StoreError>;
     /// Sessions neither revoked nor expired at `now` (seconds).
     fn live(&self, now: i64) -> Result<Vec<SessionRow>, StoreError>;
+    /// Session `id`, if it is live at `now`: how a replica learns of a session another
+    /// made. The default scans [`SessionStore::live`]; a shared backend looks it up.
+    fn get_live(&self, id: &str, now: i64) -> Result<Option<SessionRow>, StoreError> {
+        Ok(self.live(now)?.into_iter().find(|row| row.id == id))
+    }
 }

@@ -226,7 +226,20 @@ pub fn approvals_recovery_returns_claimed_executions_to_approved(b: &dyn Backend
     )
     .unwrap();
     s.claim("apr_1", 2).unwrap().unwrap();
-    assert_eq!(s.recover(3).unwrap(), vec!["apr_1".to_owned()]);
+    // A claim renewed within its lease is live: another replica's recovery leaves it.
+    assert!(s.renew("apr_1", 10).unwrap());
+    assert!(
+        s.recover(12, 9).unwrap().is_empty(),
+        "a live claim is not taken"
+    );
+    assert_eq!(s.get("apr_1").unwrap().unwrap().status, Status::Executing);
+    // Not heard of since its lease: back to approved, once, for whoever claims it next.
+    assert_eq!(s.recover(20, 10).unwrap(), vec!["apr_1".to_owned()]);
+    assert!(s.recover(21, 21).unwrap().is_empty());
+    assert!(
+        !s.renew("apr_1", 22).unwrap(),
+        "the old executor's claim is gone"
+    );
     let again = s.claim("apr_1", 4).unwrap().unwrap();
     assert_eq!(again.attempts, 2, "the second attempt is counted");
     let result = StoredResponse {
@@ -591,6 +604,12 @@ pub fn sessions_live_rows_come_back_with_their_parent_agent_and_revocation_stick
     s.revoke("root", 300).unwrap();
     let live = b.open().sessions.live(200).unwrap();
     assert_eq!(live.len(), 1, "{live:?}");
+    // One session looked up by id (how a replica learns of another's): live only.
+    let other = b.open().sessions;
+    assert_eq!(other.get_live("child", 200).unwrap().as_ref(), live.first());
+    assert_eq!(other.get_live("root", 200).unwrap(), None, "revoked");
+    assert_eq!(other.get_live("old", 200).unwrap(), None, "expired");
+    assert_eq!(other.get_live("nobody", 200).unwrap(), None);
     let child = &live[0];
     assert_eq!(child.id, "child");
     assert_eq!(child.parent.as_deref(), Some("root"));

@@ -119,7 +119,16 @@ pub async fn run(shared: Executor, id: String) {
         }
     };
     let _ = queue.refresh_gauges().await;
-    let (ending, injected) = execute(&shared, &approval).await;
+    // The claim's heartbeat: while this runs, no other replica takes the execution for
+    // abandoned (`approvals.claim_lease`).
+    let (ending, injected) = {
+        let heartbeat = renew_while_running(queue, &id);
+        tokio::pin!(heartbeat);
+        tokio::select! {
+            done = execute(&shared, &approval) => done,
+            () = &mut heartbeat => unreachable!("the heartbeat never ends"),
+        }
+    };
     let (status, result, reason, transition, decision, error, code) = match ending {
         Ending::Executed(response) => {
             let code = response.status;
@@ -185,6 +194,27 @@ pub async fn run(shared: Executor, id: String) {
     });
     queue.flush_audit().await;
     let _ = queue.refresh_gauges().await;
+}
+
+/// Renew the claim on `id` every third of `approvals.claim_lease`, forever (the caller
+/// drops it when the execution ends).
+async fn renew_while_running(queue: &super::ApprovalQueue, id: &str) {
+    let every = (queue.config.claim_lease / 3).max(std::time::Duration::from_millis(100));
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let owned = id.to_owned();
+        match queue.store.call(move |s| s.renew(&owned, now_ms())).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(approval = %id, "this execution's claim was taken over (its lease ran out); the other executor sends it with the same idempotency key")
+            }
+            Err(e) => {
+                tracing::warn!(approval = %id, error = %e, "renewing an execution's claim failed")
+            }
+        }
+    }
 }
 
 /// What the execution injected, for its audit record.

@@ -15,20 +15,33 @@ use super::notify;
 use super::ApprovalQueue;
 use crate::store::{now_ms, Call};
 
-/// At start-up: executions interrupted by the previous process go back to `approved`.
-pub async fn recover(queue: &ApprovalQueue) {
-    match queue.store.call(|s| s.recover(now_ms())).await {
+/// Executions whose executor is gone go back to `approved`: at start-up every claim when
+/// this process is the store's only one (`exclusive`), and at every sweep those whose
+/// claim was not renewed within `approvals.claim_lease` (a replica killed mid-execution).
+pub async fn recover(queue: &ApprovalQueue, exclusive: bool) {
+    let now = now_ms();
+    let lease = i64::try_from(queue.config.claim_lease.as_millis()).unwrap_or(i64::MAX);
+    let stale_before = if exclusive {
+        now
+    } else {
+        now.saturating_sub(lease)
+    };
+    match queue
+        .store
+        .call(move |s| s.recover(now, stale_before))
+        .await
+    {
         Ok(ids) => {
             for id in ids {
                 if let Ok(Some(approval)) = queue.get(&id).await {
-                    tracing::warn!(approval = %id, "execution interrupted by a restart; sending it again with the same idempotency key");
+                    tracing::warn!(approval = %id, "execution interrupted (a restart, or its executor's lease ran out); sending it again with the same idempotency key");
                     queue.record(
                         &approval,
                         "recovered",
                         "allow",
                         None,
                         format!(
-                            "execution interrupted by a restart (attempt {}); re-sent with Idempotency-Key {}",
+                            "execution interrupted (a restart, or its executor stopped renewing its claim) at attempt {}; re-sent with Idempotency-Key {}",
                             approval.attempts,
                             approval.idempotency_key()
                         ),
@@ -123,6 +136,9 @@ pub async fn sweep(shared: &Executor) {
     }
     // Expiries and reminders are on disk in the queue; their records follow them there.
     queue.flush_audit().await;
+    // Executions whose executor stopped renewing its claim (killed mid-execution) are
+    // approved again, and run below like any other.
+    recover(queue, false).await;
     match queue.store.call(|s| s.approved()).await {
         Ok(ids) => {
             for id in ids {

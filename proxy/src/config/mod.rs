@@ -74,6 +74,10 @@ pub struct Listen {
     /// (`ostiary run --sandbox` binds it into the sandbox). Default: `proxy.sock` in the
     /// state directory, whose `0700` keeps every other local user from reaching it.
     pub proxy_unix: Option<PathBuf>,
+    /// On shutdown (SIGTERM), how long connections in flight may finish after the
+    /// listeners stopped accepting; then they are cut and the audit trail is flushed.
+    #[serde(deserialize_with = "duration")]
+    pub drain: std::time::Duration,
 }
 
 impl Default for Listen {
@@ -82,6 +86,7 @@ impl Default for Listen {
             proxy: SocketAddr::from(([127, 0, 0, 1], 8080)),
             control: SocketAddr::from(([127, 0, 0, 1], 8081)),
             proxy_unix: None,
+            drain: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -105,8 +110,34 @@ pub struct State {
     /// `sqlite` (the database file in `dir`), or a `postgres://` URL ([`crate::stores`]).
     /// May carry a password: never printed as it is ([`State`]'s `Debug`).
     pub store: String,
-    /// Optional Redis for counters shared by replicas (not used yet).
+    /// Redis for the counters several replicas share (budgets, rate limits, spawn
+    /// fan-out) and for teardown across them ([`crate::counters`]); in memory when absent.
     pub redis: Option<String>,
+    /// Where the keys every replica shares are read from (a mounted secret): the CA, the
+    /// session signing key, the audit key, the approval-link key. When set, none is
+    /// generated and a missing one stops start-up ([`crate::state::StateDir::open_shared`]).
+    pub keys_dir: Option<PathBuf>,
+    /// What every Redis key of this deployment starts with: replicas that share counters
+    /// share it; deployments sharing one Redis keep apart by it.
+    pub redis_prefix: String,
+}
+
+/// `state.store` from the environment, for containers: it may carry a password.
+pub const STORE_ENV: &str = "OSTIARY_STATE_STORE";
+/// `state.redis` from the environment.
+pub const REDIS_ENV: &str = "OSTIARY_STATE_REDIS";
+
+impl State {
+    /// `OSTIARY_STATE_STORE` and `OSTIARY_STATE_REDIS` override the file: a container's
+    /// secrets come from its environment, never from a config map. Empty means unset.
+    pub fn from_env(&mut self, var: impl Fn(&str) -> Option<String>) {
+        if let Some(store) = var(STORE_ENV).filter(|v| !v.is_empty()) {
+            self.store = store;
+        }
+        if let Some(redis) = var(REDIS_ENV).filter(|v| !v.is_empty()) {
+            self.redis = Some(redis);
+        }
+    }
 }
 
 impl std::fmt::Debug for State {
@@ -115,6 +146,8 @@ impl std::fmt::Debug for State {
             .field("dir", &self.dir)
             .field("store", &crate::stores::redacted(&self.store))
             .field("redis", &self.redis.as_deref().map(crate::stores::redacted))
+            .field("keys_dir", &self.keys_dir)
+            .field("redis_prefix", &self.redis_prefix)
             .finish()
     }
 }
@@ -125,6 +158,8 @@ impl Default for State {
             dir: PathBuf::from(".ostiary"),
             store: "sqlite".to_owned(),
             redis: None,
+            keys_dir: None,
+            redis_prefix: "ostiary".to_owned(),
         }
     }
 }
@@ -255,6 +290,11 @@ pub struct Approvals {
     pub retry_initial: Duration,
     #[serde(deserialize_with = "duration")]
     pub retry_max: Duration,
+    /// How long an execution's claim holds without its executor renewing it: past that,
+    /// the executor is taken for dead (a replica killed mid-execution) and another replica
+    /// sends the request again, with the same idempotency key. Renewed every third of it.
+    #[serde(deserialize_with = "duration")]
+    pub claim_lease: Duration,
 }
 
 impl Default for Approvals {
@@ -276,6 +316,7 @@ impl Default for Approvals {
             tick: Duration::from_secs(1),
             retry_initial: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
+            claim_lease: Duration::from_secs(30),
         }
     }
 }
@@ -411,10 +452,11 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 impl Config {
     /// Parse a config from TOML text; `path` is only used in messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
+        config.state.from_env(|name| std::env::var(name).ok());
         config.validate()?;
         Ok(config)
     }
@@ -534,15 +576,6 @@ impl Config {
             }
         }
         Ok(())
-    }
-
-    /// Sections accepted but not enforced by this version, for a start-up warning.
-    pub fn unenforced_sections(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        if self.state.redis.is_some() {
-            out.push("state.redis");
-        }
-        out
     }
 }
 

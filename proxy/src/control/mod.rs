@@ -33,6 +33,7 @@ use crate::ids;
 use crate::plane::ControlPlane;
 use crate::policy_store::{self, ReloadError, Trigger};
 use crate::respond::json_response;
+use crate::store::Call;
 
 /// Largest control request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -79,7 +80,7 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
         (&Method::GET, ["healthz"]) => {
             return json_response(StatusCode::OK, &json!({"status": "ok"}), &request_id)
         }
-        (&Method::GET, ["readyz"]) => return ready(&shared, &request_id),
+        (&Method::GET, ["readyz"]) => return ready(&shared, &request_id).await,
         // Metrics name agents, tenants, credentials and tools: admin only, unless the
         // operator made them public for a scraper that cannot send a token.
         (&Method::GET, ["metrics"]) if shared.config.control.public_metrics => {
@@ -107,7 +108,7 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
     let admin = is_admin(&shared, &req);
     // A session creating a child of its own: its token is its credential here.
     if !admin && req.method() == Method::POST && segments.as_slice() == ["v1", "sessions"] {
-        if let Some(parent) = sessions::bearer_session(&shared, &req) {
+        if let Some(parent) = sessions::bearer_session(&shared, &req).await {
             let Reply(status, mut body) = match parent {
                 Ok(parent) => sessions::create(&shared, req, Some(parent)).await,
                 Err(e) => {
@@ -309,25 +310,59 @@ pub fn parse_since(text: &str) -> Option<i64> {
         .map(|d| crate::store::now_ms() - d.as_millis() as i64)
 }
 
-/// `GET /readyz`: 200 while the proxy can serve, else 503 naming each component that cannot
-/// (today the audit trail: while its records cannot be written, nothing is forwarded).
-fn ready(shared: &ControlPlane, request_id: &str) -> Response<ProxyBody> {
+/// `GET /readyz`: 200 while the proxy can serve, else 503 naming each component that cannot:
+/// the audit trail (while its records cannot be written, nothing is forwarded), the store
+/// (sessions, approvals and audit live there), and Redis when counters are shared (budgets
+/// and rate limits refuse without it). Store and Redis are asked afresh, each within
+/// [`READY_TIMEOUT`].
+async fn ready(shared: &ControlPlane, request_id: &str) -> Response<ProxyBody> {
     let audit = shared.audit.status();
-    let status = if audit.available {
+    let trail = shared.trail.clone();
+    let store = tokio::time::timeout(READY_TIMEOUT, trail.call(|s| s.last().map(drop))).await;
+    let store = match store {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {READY_TIMEOUT:?}")),
+    };
+    let redis = match &shared.guardrails.shared {
+        Some(counters) => Some(
+            match tokio::time::timeout(READY_TIMEOUT, counters.ping()).await {
+                Ok(status) => status,
+                Err(_) => crate::counters::Status {
+                    ok: false,
+                    reason: Some(format!("no answer within {READY_TIMEOUT:?}")),
+                },
+            },
+        ),
+        None => None,
+    };
+    let ok = audit.available && store.is_ok() && redis.as_ref().is_none_or(|r| r.ok);
+    let mut components = json!({
+        "audit": {
+            "ok": audit.available,
+            "reason": audit.reason,
+            "queued": audit.queued,
+            "head_seq": audit.head_seq,
+        },
+        "store": {
+            "ok": store.is_ok(),
+            "reason": store.err(),
+        },
+    });
+    if let Some(redis) = redis {
+        components["redis"] = json!({ "ok": redis.ok, "reason": redis.reason });
+    }
+    let body = json!({
+        "status": if ok { "ready" } else { "unavailable" },
+        "components": components,
+    });
+    let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
-        "status": if audit.available { "ready" } else { "unavailable" },
-        "components": {
-            "audit": {
-                "ok": audit.available,
-                "reason": audit.reason,
-                "queued": audit.queued,
-                "head_seq": audit.head_seq,
-            },
-        },
-    });
     json_response(status, &body, request_id)
 }
+
+/// How long `/readyz` waits for the store and for Redis.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -22,13 +22,13 @@ use crate::session::{limits, registry, NewSession, Principal, SessionError};
 use crate::store::Call;
 
 /// The session a `Bearer` token on a control request stands for, if it is a session token.
-pub(super) fn bearer_session<B>(
+pub(super) async fn bearer_session<B>(
     shared: &ControlPlane,
     req: &Request<B>,
 ) -> Option<Result<std::sync::Arc<Principal>, SessionError>> {
     let value = req.headers().get(AUTHORIZATION)?;
     let token = value.to_str().ok()?.strip_prefix("Bearer ")?;
-    Some(shared.sessions.authenticate(token))
+    Some(shared.sessions.authenticate(token).await)
 }
 
 /// `POST /v1/sessions`. `parent` is the session whose token authenticated the call, if a
@@ -62,7 +62,7 @@ pub(super) async fn create(
                 .into()
         }
         (Some(p), _) => Some(p),
-        (None, Some(named)) => match shared.sessions.get(named) {
+        (None, Some(named)) => match shared.sessions.find(named).await {
             Some(p) => Some(p),
             None => {
                 return ControlError::NotFound(format!("parent session {named} is not active"))
@@ -72,10 +72,6 @@ pub(super) async fn create(
         (None, None) => None,
     };
     if let Some(p) = &parent {
-        // The spawn bounds before the budget: a refused child carves nothing.
-        if let Err(SessionError::Bound { limit, used, max }) = shared.sessions.may_spawn(p) {
-            return limit_reply(limit.to_owned(), json!(used), json!(max));
-        }
         // A paused session spawns nothing: a child would be a way around the pause.
         if let Some(paused) = shared.guardrails.paused(&p.session_id) {
             return ControlError::SessionPaused(format!(
@@ -84,7 +80,20 @@ pub(super) async fn create(
             ))
             .into();
         }
+        // The spawn bounds before the budget: a refused child carves nothing.
+        if let Err(SessionError::Bound { limit, used, max }) = shared.sessions.may_spawn(p) {
+            return limit_reply(limit.to_owned(), json!(used), json!(max));
+        }
     }
+    // The fan-out across replicas (`state.redis`), last of the refusals that cost nothing:
+    // counted here, given back below if the child is not made after all.
+    let reserved = match &parent {
+        Some(p) => match reserve_child(shared, p).await {
+            Ok(reserved) => Some(reserved),
+            Err(reply) => return reply,
+        },
+        None => None,
+    };
     // spawn — who the child runs as, before anything is carved for it: its parent's agent,
     // or another name only if policy permits the parent's agent to spawn it.
     let child = match &parent {
@@ -119,9 +128,10 @@ pub(super) async fn create(
     // defaults do not apply to it: what it names, or half of what is left); a root session
     // gets the defaults for what it does not name.
     let limits = match &parent {
-        Some(p) => match shared.guardrails.meter.carve(&p.session_id, named) {
-            Ok(limits) => limits,
-            Err(hit) => return limit_reply(hit.limit, hit.used, hit.max),
+        Some(p) => match shared.guardrails.carve(&p.session_id, named).await {
+            Ok(Ok(limits)) => limits,
+            Ok(Err(hit)) => return limit_reply(hit.limit, hit.used, hit.max),
+            Err(e) => return ControlError::Proxy(e).into(),
         },
         None => named.or(shared.guardrails.default_limits()),
     };
@@ -134,7 +144,7 @@ pub(super) async fn create(
         Err(e) => {
             // Give back what was carved for a child that was not created.
             if let Some(p) = &parent {
-                shared.guardrails.meter.uncarve(&p.session_id, &limits);
+                shared.guardrails.uncarve(&p.session_id, &limits).await;
             }
             return match e {
                 SessionError::Invalid(m) => ControlError::BadRequest(m).into(),
@@ -145,9 +155,25 @@ pub(super) async fn create(
             };
         }
     };
-    shared
+    // The child exists: its count is its own now, given back when it ends.
+    if let Some(reserved) = reserved {
+        reserved.keep();
+    }
+    let opened = shared
         .guardrails
-        .open(&principal.session_id, limits, principal.parent.clone());
+        .open(
+            &principal.session_id,
+            limits,
+            principal.parent.clone(),
+            principal.expires_at,
+        )
+        .await;
+    if let Err(e) = opened {
+        // Without its account, its budget could not be kept: fail closed.
+        let why = "its budget account could not be opened";
+        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
+        return ControlError::Proxy(e).into();
+    }
     let parent_id = principal.parent.as_deref();
     let capped = shared
         .approvals
@@ -200,6 +226,44 @@ pub(super) async fn create(
             "limits": shown_limits,
         }),
     )
+}
+
+/// A child counted against its parent's fan-out across replicas; given back when dropped
+/// unless [`Reserved::keep`] says the child was made.
+struct Reserved {
+    guardrails: std::sync::Arc<crate::guardrails::Guardrails>,
+    parent: Option<String>,
+}
+
+impl Reserved {
+    fn keep(mut self) {
+        self.parent = None;
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Some(parent) = self.parent.take() {
+            let guardrails = self.guardrails.clone();
+            tokio::spawn(async move { guardrails.release_child(&parent).await });
+        }
+    }
+}
+
+async fn reserve_child(shared: &ControlPlane, parent: &Principal) -> Result<Reserved, Reply> {
+    let max = shared.config.sessions.max_children;
+    match shared.guardrails.reserve_child(parent, max).await {
+        Ok(Ok(())) => Ok(Reserved {
+            guardrails: shared.guardrails.clone(),
+            parent: shared
+                .guardrails
+                .shared
+                .is_some()
+                .then(|| parent.session_id.clone()),
+        }),
+        Ok(Err(used)) => Err(limit_reply("children".into(), json!(used), json!(max))),
+        Err(e) => Err(ControlError::Proxy(e).into()),
+    }
 }
 
 /// The agent a child of `parent` runs as (`asked` by its creator, or none), or the reply

@@ -75,6 +75,10 @@ pub struct Account {
     pub carved_calls: u64,
     pub carved_cost_micros: i64,
     pub parent: Option<String>,
+    /// Bytes counted here and not yet added to the shared account (`state.redis`; in
+    /// memory alone they are never taken). Not stored: the usage above includes them.
+    #[serde(skip)]
+    pub unsynced: (u64, u64),
 }
 
 impl Account {
@@ -278,10 +282,67 @@ impl Meter {
         // Charged up the spawn chain: bytes are not carved out of a parent (a child's
         // traffic is counted where it flows), so a parent's byte budget bounds the bytes of
         // all its descendants together — sixteen children cannot each spend it again.
-        for account in self.chain(session) {
+        for (i, account) in self.chain(session).into_iter().enumerate() {
             let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
             a.usage.bytes_sent += sent;
             a.usage.bytes_received += received;
+            // The shared account's script charges the chain itself.
+            if i == 0 {
+                a.unsynced.0 = a.unsynced.0.saturating_add(sent);
+                a.unsynced.1 = a.unsynced.1.saturating_add(received);
+            }
+        }
+    }
+
+    /// Take the bytes of `session` not yet added to its shared account.
+    pub fn take_unsynced(&self, session: &str) -> (u64, u64) {
+        self.account(session).map_or((0, 0), |a| {
+            std::mem::take(&mut a.lock().unwrap_or_else(|e| e.into_inner()).unsynced)
+        })
+    }
+
+    /// Give back bytes taken by [`Meter::take_unsynced`] that could not be added.
+    pub fn return_unsynced(&self, session: &str, (sent, received): (u64, u64)) {
+        if let Some(a) = self.account(session) {
+            let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+            a.unsynced.0 = a.unsynced.0.saturating_add(sent);
+            a.unsynced.1 = a.unsynced.1.saturating_add(received);
+        }
+    }
+
+    /// Sessions holding bytes not yet added to their shared accounts.
+    pub fn unsynced_sessions(&self) -> Vec<String> {
+        self.accounts
+            .entries()
+            .into_iter()
+            .filter(|(_, a)| a.lock().unwrap_or_else(|e| e.into_inner()).unsynced != (0, 0))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Take the shared accounts' figures as this replica's own (`state.redis`): Redis is
+    /// the truth, plus whatever bytes this replica counted since it took them.
+    pub fn mirror(&self, accounts: Vec<(String, Account)>) {
+        for (id, mut shared) in accounts {
+            match self.account(&id) {
+                Some(local) => {
+                    let mut a = local.lock().unwrap_or_else(|e| e.into_inner());
+                    shared.unsynced = a.unsynced;
+                    shared.usage.bytes_sent += a.unsynced.0;
+                    shared.usage.bytes_received += a.unsynced.1;
+                    *a = shared;
+                }
+                None => self.open(&id, shared),
+            }
+        }
+    }
+
+    /// Take charged figures as this replica's own (`state.redis`).
+    pub fn mirror_calls(&self, session: &str, usage: Usage) {
+        if let Some(a) = self.account(session) {
+            let mut a = a.lock().unwrap_or_else(|e| e.into_inner());
+            a.usage.calls = usage.calls;
+            a.usage.cost_micros = usage.cost_micros;
         }
     }
 
@@ -312,9 +373,16 @@ impl Meter {
                 fits = fits.min(max.saturating_sub(*used));
             }
         }
-        for account in &chain {
+        for (i, account) in chain.iter().enumerate() {
             let mut a = account.lock().unwrap_or_else(|e| e.into_inner());
             *field(&mut a, direction).1 += fits;
+            if i == 0 {
+                let unsynced = match direction {
+                    super::counted::Direction::Sent => &mut a.unsynced.0,
+                    super::counted::Direction::Received => &mut a.unsynced.1,
+                };
+                *unsynced = unsynced.saturating_add(fits);
+            }
         }
         fits
     }

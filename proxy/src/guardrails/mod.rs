@@ -12,6 +12,11 @@
 //! `429`) right after authentication; the rate limits once the request's tier is known;
 //! the call budget after policy and checks allowed the call, so a refused call costs
 //! nothing. Limits hold regardless of policy; policy sees usage as `context.session`.
+//!
+//! With `state.redis` the budgets, rate limits, spawn counts and pauses are counted in
+//! Redis ([`crate::counters`]), shared by every replica; the meter here is then this
+//! replica's mirror of the shared accounts (for `context.session` and for byte streams),
+//! refreshed by each request's gate. Redis unreachable: every such check refuses (503).
 
 pub mod counted;
 pub mod idempotency;
@@ -29,6 +34,7 @@ use std::time::{Duration, Instant};
 use ostiary_policies::SessionState;
 
 use crate::config::{Sessions, Tiers};
+use crate::counters::Counters;
 use crate::error::ProxyError;
 use crate::session::watchdog::{self, Watchdog};
 use crate::session::Principal;
@@ -49,6 +55,8 @@ pub struct Guardrails {
     /// Sessions paused now: when none is (nearly always), the gate does not look further.
     paused_count: std::sync::atomic::AtomicUsize,
     settings: Sessions,
+    /// The counters replicas share (`state.redis`); `None`: this process counts alone.
+    pub shared: Option<Arc<Counters>>,
 }
 
 impl Guardrails {
@@ -56,9 +64,16 @@ impl Guardrails {
     pub fn load(
         store: Arc<dyn GuardStore>,
         settings: Sessions,
+        shared: Option<Arc<Counters>>,
     ) -> Result<Self, crate::store::StoreError> {
         let meter = Arc::new(Meter::default());
-        for (session, account) in store.load_accounts()? {
+        // Shared accounts are in Redis; what the store kept of a single process's does not
+        // apply to them.
+        let accounts = match shared {
+            Some(_) => Vec::new(),
+            None => store.load_accounts()?,
+        };
+        for (session, account) in accounts {
             // An account a newer or broken version wrote is not guessed at: the session
             // starts from its limits again, which the log says.
             match serde_json::from_value::<Account>(account) {
@@ -95,6 +110,7 @@ impl Guardrails {
             paused,
             paused_count: std::sync::atomic::AtomicUsize::new(n),
             settings,
+            shared,
         })
     }
 
@@ -114,8 +130,23 @@ impl Guardrails {
         }
     }
 
-    /// Open a new session's account.
-    pub fn open(&self, session: &str, limits: Limits, parent: Option<String>) {
+    /// Open a new session's account, to live until `expires_at` (seconds since the epoch).
+    pub async fn open(
+        &self,
+        session: &str,
+        limits: Limits,
+        parent: Option<String>,
+        expires_at: i64,
+    ) -> Result<(), ProxyError> {
+        if let Some(shared) = &self.shared {
+            // A day past its end: long enough for teardown, short enough to be forgotten.
+            let left = expires_at.saturating_mul(1000) - crate::store::now_ms();
+            let ttl = Duration::from_millis(u64::try_from(left).unwrap_or(0))
+                + Duration::from_secs(24 * 3600);
+            shared
+                .open(session, &limits, parent.as_deref(), ttl)
+                .await?;
+        }
         self.meter.open(
             session,
             Account {
@@ -124,23 +155,152 @@ impl Guardrails {
                 ..Default::default()
             },
         );
+        Ok(())
+    }
+
+    /// Carve a child's limits out of `parent`'s remaining budget (see [`Meter::carve`]).
+    pub async fn carve(
+        &self,
+        parent: &str,
+        asked: Limits,
+    ) -> Result<Result<Limits, Box<LimitHit>>, ProxyError> {
+        match &self.shared {
+            Some(shared) => Ok(shared.carve(parent, asked).await?),
+            None => Ok(self.meter.carve(parent, asked)),
+        }
+    }
+
+    /// Give back a carve whose child was never created.
+    pub async fn uncarve(&self, parent: &str, child: &Limits) {
+        match &self.shared {
+            Some(shared) => {
+                if let Err(e) = shared.uncarve(parent, child).await {
+                    tracing::error!(parent, error = %e, "giving back a child's carve failed");
+                }
+            }
+            None => self.meter.uncarve(parent, child),
+        }
+    }
+
+    /// Count one more child of `parent` against `max` across replicas (`state.redis`; the
+    /// registry's own count of live children bounds one process). `Err` with the count.
+    pub async fn reserve_child(
+        &self,
+        parent: &Principal,
+        max: u32,
+    ) -> Result<Result<(), u64>, ProxyError> {
+        let Some(shared) = &self.shared else {
+            return Ok(Ok(()));
+        };
+        let left = parent.expires_at.saturating_mul(1000) - crate::store::now_ms();
+        let ttl = Duration::from_millis(u64::try_from(left).unwrap_or(0))
+            + Duration::from_secs(24 * 3600);
+        Ok(shared.spawn(&parent.session_id, max, ttl).await?)
+    }
+
+    /// Give back a child count whose child was never created.
+    pub async fn release_child(&self, parent: &str) {
+        if let Some(shared) = &self.shared {
+            if let Err(e) = shared.unspawn(parent).await {
+                tracing::error!(parent, error = %e, "giving back a child count failed");
+            }
+        }
     }
 
     /// The session's gate, first thing after authentication: a paused session is refused
-    /// everything, and so is one that sent or received all the bytes it may.
-    pub fn gate(&self, principal: &Principal) -> Result<(), ProxyError> {
-        if let Some(paused) = self.paused(&principal.session_id) {
+    /// everything, and so is one that sent or received all the bytes it may. With shared
+    /// counters this replica's bytes are added to the shared accounts here, and what the
+    /// others counted comes back.
+    pub async fn gate(&self, principal: &Principal) -> Result<(), ProxyError> {
+        let session = &principal.session_id;
+        if let Some(shared) = &self.shared {
+            self.sync(shared, session).await?;
+        }
+        if let Some(paused) = self.paused(session) {
             return Err(ProxyError::SessionPaused {
                 reason: paused.reason,
             });
         }
-        self.meter
-            .check_bytes(&principal.session_id)
-            .map_err(limit_exceeded)
+        self.meter.check_bytes(session).map_err(limit_exceeded)
+    }
+
+    /// Add this replica's unsynced bytes of `session` to Redis and mirror what it holds.
+    async fn sync(&self, shared: &Counters, session: &str) -> Result<(), ProxyError> {
+        let bytes = self.meter.take_unsynced(session);
+        let synced = match shared.sync(session, bytes.0, bytes.1).await {
+            Ok(synced) => synced,
+            Err(e) => {
+                self.meter.return_unsynced(session, bytes);
+                return Err(e.into());
+            }
+        };
+        self.meter.mirror(synced.accounts);
+        // Redis holds the pause every replica honours; this replica's copy follows it.
+        match synced.pause {
+            Some(pause) => self.mark_paused(session, pause),
+            None => {
+                self.unmark_paused(session);
+            }
+        }
+        Ok(())
+    }
+
+    /// Add the bytes long streams moved to the shared accounts ([`crate::counters::SYNC_EVERY`]).
+    pub async fn sync_streams(&self) {
+        let Some(shared) = &self.shared else { return };
+        for session in self.meter.unsynced_sessions() {
+            if let Err(e) = self.sync(shared, &session).await {
+                tracing::warn!(session, error = %e, "adding streamed bytes to the shared account failed; retried");
+                return;
+            }
+        }
+    }
+
+    /// Charge one tool call costing `cost_micros`, unless it would pass a limit (the inner
+    /// `Err`, which may ask for a human); the outer `Err` when the counters cannot be reached.
+    pub async fn charge_call(
+        &self,
+        session: &str,
+        cost_micros: i64,
+    ) -> Result<Result<(), Box<LimitHit>>, ProxyError> {
+        Ok(match &self.shared {
+            Some(shared) => shared
+                .charge(session, cost_micros, true)
+                .await?
+                .map(|usage| self.meter.mirror_calls(session, usage)),
+            None => self.meter.charge_call(session, cost_micros).map(drop),
+        })
+    }
+
+    /// Charge a call a human approved (it runs whatever the budget says), after granting
+    /// the limits the approval raised.
+    pub async fn charge_approved(
+        &self,
+        session: &str,
+        cost_micros: i64,
+        grants: &[String],
+    ) -> Result<(), ProxyError> {
+        match &self.shared {
+            Some(shared) => {
+                for limit in grants {
+                    shared.grant(session, limit).await?;
+                }
+                if let Ok(usage) = shared.charge(session, cost_micros, false).await? {
+                    self.meter.mirror_calls(session, usage);
+                }
+            }
+            None => {
+                for limit in grants {
+                    self.meter.grant(session, limit);
+                }
+                self.meter.charge_approved(session, cost_micros);
+            }
+        }
+        Ok(())
     }
 
     /// The rate limits of `tier` for the principal's agent and tenant.
-    pub fn admit_rate(
+    pub async fn admit_rate(
         &self,
         principal: &Principal,
         tier: &'static str,
@@ -160,8 +320,15 @@ impl Guardrails {
                 "agent" => format!("{}/{}", principal.tenant, principal.agent),
                 _ => principal.tenant.clone(),
             };
-            let key = rate::Key { scope, name, tier };
-            if let Err(wait) = self.rate.admit(key, &rate, now) {
+            let admitted = match &self.shared {
+                Some(shared) => {
+                    shared
+                        .admit_rate(&format!("{scope}:{tier}:{name}"), &rate)
+                        .await?
+                }
+                None => self.rate.admit(rate::Key { scope, name, tier }, &rate, now),
+            };
+            if let Err(wait) = admitted {
                 return Err(limit_exceeded(Box::new(LimitHit {
                     limit: format!("rate:{scope}"),
                     // The window is full: as many as the burst allows, of as many.
@@ -196,8 +363,19 @@ impl Guardrails {
         self.paused.get(session)
     }
 
-    /// Mark a session paused in memory (after [`GuardStore::pause`] stored it).
-    pub fn set_paused(&self, session: &str, paused: Paused) {
+    /// Mark a session paused (after [`GuardStore::pause`] stored it, or before, to refuse
+    /// its next request at once): for every replica first when they share counters.
+    pub async fn set_paused(&self, session: &str, paused: Paused) {
+        if let Some(shared) = &self.shared {
+            if let Err(e) = shared.set_pause(session, Some(&paused)).await {
+                // This replica refuses it still; the others learn at the backstop's pace.
+                tracing::error!(session, error = %e, "sharing a pause failed");
+            }
+        }
+        self.mark_paused(session, paused);
+    }
+
+    fn mark_paused(&self, session: &str, paused: Paused) {
         if self.paused.get(session).is_none() {
             self.paused_count
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -205,9 +383,18 @@ impl Guardrails {
         self.paused.insert(session, paused);
     }
 
-    /// Lift a pause in memory; the watchdog starts counting afresh.
-    pub fn clear_paused(&self, session: &str) -> bool {
+    /// Lift a pause (everywhere, with shared counters); the watchdog starts counting afresh.
+    pub async fn clear_paused(&self, session: &str) -> bool {
+        if let Some(shared) = &self.shared {
+            if let Err(e) = shared.set_pause(session, None).await {
+                tracing::error!(session, error = %e, "lifting a shared pause failed");
+            }
+        }
         self.watchdog.reset(session);
+        self.unmark_paused(session)
+    }
+
+    fn unmark_paused(&self, session: &str) -> bool {
         let removed = self.paused.remove(session).is_some();
         if removed {
             self.paused_count
@@ -218,6 +405,10 @@ impl Guardrails {
 
     /// Persist every account (the reaper's tick).
     pub async fn save(&self) {
+        if self.shared.is_some() {
+            // Shared accounts live in Redis; the mirror here is not the truth to keep.
+            return;
+        }
         let accounts = self.meter.all();
         if accounts.is_empty() {
             return;
@@ -239,7 +430,17 @@ impl Guardrails {
     /// A session ended: close its account (its totals are returned for the audit record),
     /// forget its watchdog trail and its idempotency keys.
     pub async fn close(&self, session: &str) -> Option<Account> {
-        let account = self.meter.close(session);
+        let mut account = self.meter.close(session);
+        if let Some(shared) = &self.shared {
+            // Once across replicas: the first to close gets the totals and returns the carve.
+            match shared.close(session).await {
+                Ok(Some(totals)) => account = Some(totals),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(session, error = %e, "closing a shared account failed; Redis forgets it at its expiry")
+                }
+            }
+        }
         self.watchdog.forget(session);
         let owned = session.to_owned();
         let result = self

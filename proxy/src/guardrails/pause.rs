@@ -267,15 +267,17 @@ pub async fn observe(
             }
             // In memory first, so the session's next request is refused whatever the
             // store and the notifications below take.
-            guardrails.set_paused(
-                &principal.session_id,
-                Paused {
-                    kind: kind_name(&trip),
-                    reason: trip.reason.clone(),
-                    at_ms: now_ms(),
-                    dead_letter: 0,
-                },
-            );
+            guardrails
+                .set_paused(
+                    &principal.session_id,
+                    Paused {
+                        kind: kind_name(&trip),
+                        reason: trip.reason.clone(),
+                        at_ms: now_ms(),
+                        dead_letter: 0,
+                    },
+                )
+                .await;
             tracing::warn!(session = %principal.session_id, reason = %trip.reason, "watchdog paused a session");
             trips.send(principal, trip).await;
             return;
@@ -355,7 +357,7 @@ async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
             .await;
         return;
     }
-    guardrails.set_paused(&session, paused.clone());
+    guardrails.set_paused(&session, paused.clone()).await;
     shared.audit.session_event(
         &shared.metrics,
         &session,
@@ -439,7 +441,7 @@ async fn resume(shared: &Desk, session: &str, by: &str) -> Result<bool, crate::s
         .call(move |s| s.unpause(&owned, "resumed", now_ms()))
         .await?;
     // A pause only in memory (its snapshot still being written) is lifted too.
-    let in_memory = shared.guardrails.clear_paused(session);
+    let in_memory = shared.guardrails.clear_paused(session).await;
     if was || in_memory {
         let principal = shared.sessions.get(session);
         let (agent, tenant) = principal

@@ -17,14 +17,14 @@ use crate::session::Principal;
 
 /// The session a request belongs to. In a tunnel the token was checked at CONNECT; the
 /// session is re-checked on every request so that teardown cuts off open tunnels too.
-pub(super) fn authenticate(
+pub(super) async fn authenticate(
     plane: &DataPlane,
     origin: &Origin,
     req: &Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<Arc<Principal>, ProxyError> {
     let principal = match origin {
-        Origin::Plain => authenticate::principal(&plane.sessions, req.headers())?,
+        Origin::Plain => authenticate::principal(&plane.sessions, req.headers()).await?,
         Origin::Tunnel(tunnel) => tunnel.principal.clone(),
     };
     // Recorded before the liveness check below, so that a request refused inside the tunnel
@@ -49,12 +49,12 @@ pub(super) fn authenticate(
 /// A session the watchdog paused is refused everything (423), one that spent its bytes too
 /// (429). Past the gate the request counts for the watchdog and is in flight, so teardown
 /// can wait for it.
-pub(super) fn gate(
+pub(super) async fn gate(
     plane: &DataPlane,
     principal: &Arc<Principal>,
     note: &mut Note,
 ) -> Result<Ticket, ProxyError> {
-    plane.guardrails.gate(principal)?;
+    plane.guardrails.gate(principal).await?;
     note.principal = Some(principal.clone());
     Ok(plane.guardrails.inflight.enter(&principal.session_id))
 }

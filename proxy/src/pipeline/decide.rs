@@ -134,7 +134,7 @@ async fn decide_one(
     // limit — the call budget; a call over a limit listed in `escalate_limits` goes to a
     // human who may grant more. A call held anyway is charged when it runs.
     let over_limit = match (&tool, escalated, &asked_for_human) {
-        (Some((tool, _)), false, None) => charge(ctx, tool)?,
+        (Some((tool, _)), false, None) => charge(ctx, tool).await?,
         _ => None,
     };
     // escalate (hold) — policy, a check or a limit asked for a human.
@@ -218,15 +218,15 @@ async fn checks(
 }
 
 /// Charge the call budget; the limit that asks for a human instead, if one does.
-fn charge(
+async fn charge(
     ctx: &mut RequestCtx<'_>,
     tool: &ostiary_policies::Tool,
 ) -> Result<Option<String>, ProxyError> {
     let cost = tool.cost_micros();
     let guardrails = &ctx.plane.guardrails;
     match guardrails
-        .meter
         .charge_call(&ctx.principal.session_id, cost)
+        .await?
     {
         Ok(_) => {
             ctx.audit.update(|r| r.cost_micros = Some(cost));

@@ -45,7 +45,7 @@ pub(super) async fn run(
 
     // rate — each call policy allowed or escalated, by its own tool's tier; one over the
     // limit is refused on its own (`-32001 limit_exceeded`).
-    rate(ctx, &mut decided);
+    rate(ctx, &mut decided).await;
     // check — each call policy allowed or escalated, under its own tier's budget, all calls
     // of a batch at once; after evaluate and before the holds, as for a REST call.
     check::calls::run(
@@ -61,7 +61,7 @@ pub(super) async fn run(
     .await;
     // limit — each call still allowed is charged to the session's budget; one over it is
     // refused like a denied call, or held for a human when that limit escalates.
-    let charged = charge(ctx, &mut decided);
+    let charged = charge(ctx, &mut decided).await;
     let mut plan = decided.finish(bytes);
     // A batch's calls carry their costs in their own `mcp_call` records; the request's
     // record carries it only for a single call, so `audit cost` counts each call once.
@@ -207,16 +207,17 @@ fn approved_call(
 }
 
 /// The rate limit of each checkable call's tier.
-fn rate(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) {
+async fn rate(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) {
     let rated: Vec<(usize, &'static str)> = decided
         .checkable()
         .filter_map(|call| Some((call.index, crate::config::tier_name(call.tier)?)))
         .collect();
     for (index, tier) in rated {
-        if let Err(e) =
-            ctx.plane
-                .guardrails
-                .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)
+        if let Err(e) = ctx
+            .plane
+            .guardrails
+            .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)
+            .await
         {
             if let ProxyError::LimitExceeded(hit) = &e {
                 ctx.plane.metrics.limit_exceeded(&hit.limit);
@@ -227,15 +228,23 @@ fn rate(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) {
 }
 
 /// Charge each allowed call to the session's budget; what was charged in all.
-fn charge(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) -> i64 {
+async fn charge(ctx: &RequestCtx<'_>, decided: &mut mcp::plan::Decided) -> i64 {
     let mut charged = 0;
     for (index, cost) in decided.allowed_costs(ctx.engine.catalog()) {
         let guardrails = &ctx.plane.guardrails;
-        match guardrails
-            .meter
+        let charged_one = match guardrails
             .charge_call(&ctx.principal.session_id, cost)
+            .await
         {
-            Ok(_) => {
+            Ok(charged_one) => charged_one,
+            // The counters cannot be reached: this call is refused, not run uncounted.
+            Err(e) => {
+                decided.refuse(index, e);
+                continue;
+            }
+        };
+        match charged_one {
+            Ok(()) => {
                 charged += cost;
                 decided.charged(index, cost);
             }

@@ -24,11 +24,10 @@ pub(super) async fn run(
     if let (Some(approved), Some(cost)) = (ctx.mode.approved(), decided.charge_when_sent) {
         // A limit a human was asked about is granted again (as much as the session started
         // with), and the call is charged whatever the budget says: a human approved it.
-        let meter = &ctx.plane.guardrails.meter;
-        for limit in &approved.grants {
-            meter.grant(&ctx.principal.session_id, limit);
-        }
-        meter.charge_approved(&ctx.principal.session_id, cost);
+        ctx.plane
+            .guardrails
+            .charge_approved(&ctx.principal.session_id, cost, &approved.grants)
+            .await?;
     }
     // Checked again right before forward, for audit failures that arrived while the
     // request was being decided: nothing leaves that could not be recorded.

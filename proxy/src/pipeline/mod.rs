@@ -113,9 +113,9 @@ async fn run(
         return escalate::status(plane, req, &id, request_id).await;
     }
     // authenticate — first: nothing about an unauthenticated request is examined further.
-    let principal = admit::authenticate(plane, origin, &req, audit)?;
+    let principal = admit::authenticate(plane, origin, &req, audit).await?;
     // gate — right after: a paused or spent session is refused everything.
-    let ticket = admit::gate(plane, &principal, note)?;
+    let ticket = admit::gate(plane, &principal, note).await?;
     // classify — before policy: fronting (421) and malformed targets never reach Cedar.
     let target = classify::target(origin, &req)?;
     // Taken once, so the whole request is recognised and decided under one policy set.
@@ -145,7 +145,7 @@ async fn run(
     // before decide (it says which action Cedar is asked about).
     let recognised = recognise::run(&mut ctx, &mut req).await?;
     // rate — as soon as the tier is known, before anything costly is spent on a flood.
-    rate::run(&mut ctx, &recognised)?;
+    rate::run(&mut ctx, &recognised).await?;
     // idempotency — once the body is in hand for the fingerprint, before decide: a retry of
     // a request already run is answered with its stored outcome, nothing decided or sent.
     let claim = match idempotency::begin(&mut ctx, &mut req, &recognised).await? {

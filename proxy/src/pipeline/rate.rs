@@ -7,7 +7,10 @@ use super::recognise::Recognised;
 use crate::error::ProxyError;
 use crate::guardrails::pause::Seen;
 
-pub(super) fn run(ctx: &mut RequestCtx<'_>, recognised: &Recognised<'_>) -> Result<(), ProxyError> {
+pub(super) async fn run(
+    ctx: &mut RequestCtx<'_>,
+    recognised: &Recognised<'_>,
+) -> Result<(), ProxyError> {
     // An approved execution was rated when it was held; a human's yes is not a flood.
     if !ctx.mode.is_live() || !recognised.rated_as_one() {
         return Ok(());
@@ -15,7 +18,8 @@ pub(super) fn run(ctx: &mut RequestCtx<'_>, recognised: &Recognised<'_>) -> Resu
     let tier = recognised.tier(&ctx.target.method);
     ctx.plane
         .guardrails
-        .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)?;
+        .admit_rate(&ctx.principal, tier, &ctx.plane.config.tiers)
+        .await?;
     // After the rate limit: a request refused for its rate never ran.
     ctx.note.calls.push(match recognised {
         Recognised::Tool(call) => Seen::new(call.tool.name(), &call.args, tier, None, true),

@@ -4,6 +4,10 @@
 //!
 //! A token is accepted only while its session is live here: a valid signature on a revoked
 //! or expired session is still a 407, so a token replayed after teardown is refused.
+//!
+//! Replicas sharing a store ([`SessionRegistry::set_shared`]) learn of a session another
+//! made when its token first arrives: the store says whether it is live. A session ended
+//! here or elsewhere is remembered as ended ([`ENDED_FOR`]), so its token costs no lookup.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -114,13 +118,34 @@ pub struct SessionRegistry {
     max_ttl: Duration,
     max_depth: u32,
     max_children: u32,
+    /// Whether other replicas create sessions in the same store.
+    shared: std::sync::atomic::AtomicBool,
+    /// Sessions known to have ended, so that their tokens are refused without a lookup.
+    ended: moka::sync::Cache<String, ()>,
 }
+
+/// How long an ended session is remembered as ended (past any token's lifetime would be
+/// needless: a token of an ended session is refused by the store too).
+pub const ENDED_FOR: Duration = Duration::from_secs(3600);
 
 impl std::fmt::Debug for SessionRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionRegistry")
             .field("live", &self.live.read().map(|l| l.len()).unwrap_or(0))
             .finish_non_exhaustive()
+    }
+}
+
+fn principal_of(row: crate::store::sessions::SessionRow) -> Principal {
+    Principal {
+        session_id: row.id,
+        agent: row.agent,
+        tenant: row.tenant,
+        depth: row.depth,
+        expires_at: row.expires_at,
+        parent: row.parent,
+        parent_agent: row.parent_agent,
+        profile: row.profile,
     }
 }
 
@@ -152,16 +177,7 @@ impl SessionRegistry {
             .live(now)?
             .into_iter()
             .map(|row| {
-                let p = Principal {
-                    session_id: row.id,
-                    agent: row.agent,
-                    tenant: row.tenant,
-                    depth: row.depth,
-                    expires_at: row.expires_at,
-                    parent: row.parent,
-                    parent_agent: row.parent_agent,
-                    profile: row.profile,
-                };
+                let p = principal_of(row);
                 (p.session_id.clone(), Arc::new(p))
             })
             .collect::<HashMap<_, _>>();
@@ -180,7 +196,124 @@ impl SessionRegistry {
             max_ttl: settings.max_ttl,
             max_depth: settings.max_depth,
             max_children: settings.max_children,
+            shared: std::sync::atomic::AtomicBool::new(false),
+            ended: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(ENDED_FOR)
+                .build(),
         })
+    }
+
+    /// Other replicas create and end sessions in the same store: look there for a session
+    /// not known here.
+    pub fn set_shared(&self) {
+        self.shared
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn is_shared(&self) -> bool {
+        self.shared.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The live session `id`, from the store if another replica made it.
+    pub async fn find(&self, id: &str) -> Option<Arc<Principal>> {
+        if let Some(p) = self.get(id) {
+            return Some(p);
+        }
+        self.load_one(id).await.ok().flatten()
+    }
+
+    /// Look `id` up in the store (shared stores only); a live one joins the live map.
+    async fn load_one(&self, id: &str) -> Result<Option<Arc<Principal>>, SessionError> {
+        if !self.is_shared() || self.ended.contains_key(id) {
+            return Ok(None);
+        }
+        let owned = id.to_owned();
+        let now = now_ms() / 1000;
+        let Some(row) = self.db.call(move |db| db.get_live(&owned, now)).await? else {
+            self.ended.insert(id.to_owned(), ());
+            return Ok(None);
+        };
+        let principal = Arc::new(principal_of(row));
+        let mut live = self
+            .live
+            .write()
+            .map_err(|e| StoreError::Task(e.to_string()))?;
+        // Ended meanwhile (teardown news raced the lookup): stays ended.
+        if self.ended.contains_key(id) {
+            return Ok(None);
+        }
+        Ok(Some(
+            live.entry(id.to_owned())
+                .or_insert_with(|| principal)
+                .clone(),
+        ))
+    }
+
+    /// Bring every live descendant of `session` that another replica made into the live
+    /// map, so that teardown reaches the whole tree (shared stores only).
+    pub async fn load_tree(&self, session: &str) -> Result<(), SessionError> {
+        if !self.is_shared() {
+            return Ok(());
+        }
+        let now = now_ms() / 1000;
+        let rows = self.db.call(move |db| db.live(now)).await?;
+        let mut tree = std::collections::HashSet::from([session.to_owned()]);
+        let mut found = Vec::new();
+        // Parents before children is not guaranteed: sweep until nothing joins.
+        let mut rest = rows;
+        loop {
+            let before = found.len();
+            rest.retain(|row| {
+                let joins = row.parent.as_ref().is_some_and(|p| tree.contains(p));
+                if joins {
+                    tree.insert(row.id.clone());
+                    found.push(row.clone());
+                }
+                !joins
+            });
+            if found.len() == before {
+                break;
+            }
+        }
+        let mut live = self
+            .live
+            .write()
+            .map_err(|e| StoreError::Task(e.to_string()))?;
+        for row in found {
+            if !self.ended.contains_key(&row.id) {
+                live.entry(row.id.clone())
+                    .or_insert_with(|| Arc::new(principal_of(row)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget sessions the store no longer holds live (ended on another replica whose news
+    /// did not arrive): the reaper's backstop. Returns those taken out, for teardown.
+    pub async fn reconcile(&self) -> Result<Vec<Arc<Principal>>, SessionError> {
+        if !self.is_shared() {
+            return Ok(Vec::new());
+        }
+        let now = now_ms() / 1000;
+        let rows = self.db.call(move |db| db.live(now)).await?;
+        let alive: std::collections::HashSet<String> = rows.into_iter().map(|r| r.id).collect();
+        let mut live = self
+            .live
+            .write()
+            .map_err(|e| StoreError::Task(e.to_string()))?;
+        let gone: Vec<String> = live
+            .keys()
+            .filter(|id| !alive.contains(*id))
+            .cloned()
+            .collect();
+        Ok(gone
+            .iter()
+            .filter_map(|id| {
+                self.ended.insert(id.clone(), ());
+                live.remove(id)
+            })
+            .collect())
     }
 
     /// Create a session and sign its token. A child (`parent` given, with the agent it runs
@@ -368,8 +501,21 @@ impl SessionRegistry {
         self.live.read().ok()?.get(session_id).cloned()
     }
 
+    /// Take a session another replica ended out of the live map; remembered as ended.
+    pub fn forget_ended(&self, session_id: &str) {
+        self.ended.insert(session_id.to_owned(), ());
+        if let Ok(mut live) = self.live.write() {
+            live.remove(session_id);
+        }
+        let id = session_id.to_owned();
+        let _ = self
+            .verified
+            .invalidate_entries_if(move |_, p| p.session_id == id);
+    }
+
     /// Tear a session down. Returns false when it was not live. Idempotent.
     pub async fn revoke(&self, session_id: &str) -> Result<bool, SessionError> {
+        self.ended.insert(session_id.to_owned(), ());
         let removed = self
             .live
             .write()
@@ -389,13 +535,17 @@ impl SessionRegistry {
     }
 
     /// The principal a token stands for, if its signature, claims and session are valid.
-    pub fn authenticate(&self, token: &str) -> Result<Arc<Principal>, SessionError> {
+    pub async fn authenticate(&self, token: &str) -> Result<Arc<Principal>, SessionError> {
         let now = now_ms() / 1000;
         let principal = match self.verified.get(token) {
             Some(p) => p,
             None => {
                 let claims = self.keys.verify(token)?;
-                let p = self.lookup(&claims.jti)?;
+                // Only a token whose signature verified may cost a lookup in the store.
+                let p = match self.lookup(&claims.jti) {
+                    Ok(p) => p,
+                    Err(e) => self.load_one(&claims.jti).await?.ok_or(e)?,
+                };
                 if p.agent != claims.sub || p.tenant != claims.ten {
                     return Err(SessionError::Invalid(
                         "token claims do not match the session".into(),

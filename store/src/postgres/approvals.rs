@@ -183,17 +183,33 @@ impl ApprovalStore for PgApprovals {
         Ok(changed == 1)
     }
 
-    fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    fn recover(&self, now_ms: i64, stale_before_ms: i64) -> Result<Vec<String>, StoreError> {
+        // `updated_ms` of an executing approval is its claim's heartbeat (`renew`); rows
+        // another replica is recovering at this moment are skipped, not waited for.
         let rows = self.0.with(|c| {
             c.query(
                 "UPDATE approvals SET status = 'approved', updated_ms = $1
-                 WHERE status = 'executing' RETURNING id",
-                &[&now_ms],
+                 WHERE id IN (SELECT id FROM approvals
+                              WHERE status = 'executing' AND updated_ms <= $2
+                              FOR UPDATE SKIP LOCKED)
+                   AND status = 'executing'
+                 RETURNING id",
+                &[&now_ms, &stale_before_ms],
             )
         })?;
         let mut ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
         ids.sort();
         Ok(ids)
+    }
+
+    fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let changed = self.0.with(|c| {
+            c.execute(
+                "UPDATE approvals SET updated_ms = $2 WHERE id = $1 AND status = 'executing'",
+                &[&id, &now_ms],
+            )
+        })?;
+        Ok(changed == 1)
     }
 
     fn approved(&self) -> Result<Vec<String>, StoreError> {

@@ -44,16 +44,35 @@ impl SessionStore for PgSessions {
     }
 
     fn live(&self, now: i64) -> Result<Vec<SessionRow>, StoreError> {
+        self.select("", now, None)
+    }
+
+    fn get_live(&self, id: &str, now: i64) -> Result<Option<SessionRow>, StoreError> {
+        Ok(self.select(" AND s.id = $2", now, Some(id))?.pop())
+    }
+}
+
+impl PgSessions {
+    /// Live sessions (`extra` narrows it, with `id` as `$2`).
+    fn select(
+        &self,
+        extra: &str,
+        now: i64,
+        id: Option<&str>,
+    ) -> Result<Vec<SessionRow>, StoreError> {
         let rows = self.0.with(|c| {
             // The parent's row stays after it ends (revoked, not deleted): its agent is the
             // child's `parent_agent`.
-            c.query(
+            let sql = format!(
                 "SELECT s.id, s.agent, s.tenant, s.depth, s.expires_at, s.parent, p.agent,
                         s.profile
                  FROM sessions s LEFT JOIN sessions p ON p.id = s.parent
-                 WHERE s.revoked_at IS NULL AND s.expires_at > $1",
-                &[&now],
-            )
+                 WHERE s.revoked_at IS NULL AND s.expires_at > $1{extra}"
+            );
+            match id {
+                Some(id) => c.query(&sql, &[&now, &id]),
+                None => c.query(&sql, &[&now]),
+            }
         })?;
         Ok(rows
             .iter()

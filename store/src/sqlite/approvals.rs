@@ -184,15 +184,30 @@ impl SqliteApprovals {
 
     /// At start-up: executions a previous process claimed and never finished go back to
     /// `approved`, to be re-sent with the same idempotency key. Returns their ids.
-    pub(super) fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+    pub(super) fn recover(
+        &self,
+        now_ms: i64,
+        stale_before_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        // `updated_ms` of an executing approval is its claim's heartbeat (`renew`).
         self.with(|c| {
             returning_ids(
                 c,
                 "UPDATE approvals SET status = 'approved', updated_ms = ?1
-                 WHERE status = 'executing' RETURNING id",
-                [now_ms],
+                 WHERE status = 'executing' AND updated_ms <= ?2 RETURNING id",
+                [now_ms, stale_before_ms],
             )
         })
+    }
+
+    pub(super) fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET updated_ms = ?2 WHERE id = ?1 AND status = 'executing'",
+                params![id, now_ms],
+            )
+        })?;
+        Ok(changed == 1)
     }
 
     /// Ids of approvals waiting for the executor, oldest first.
@@ -467,8 +482,11 @@ impl ApprovalStore for SqliteApprovals {
     ) -> Result<bool, StoreError> {
         Self::finish(self, id, status, result, reason, now_ms)
     }
-    fn recover(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
-        Self::recover(self, now_ms)
+    fn recover(&self, now_ms: i64, stale_before_ms: i64) -> Result<Vec<String>, StoreError> {
+        Self::recover(self, now_ms, stale_before_ms)
+    }
+    fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        Self::renew(self, id, now_ms)
     }
     fn approved(&self) -> Result<Vec<String>, StoreError> {
         Self::approved(self)

@@ -1,0 +1,263 @@
+//! The example deployment files in `deploy/` (docs/deploy.md) hold what the docs promise.
+//!
+//! `tests/scripts/check_deploy.py` validates the Kubernetes manifests offline and strictly
+//! (kubernetes-validate, unknown fields refused), checks the properties across files
+//! (replicas, probes, grace period, security context, references, selectors, the PDB), runs
+//! `systemd-analyze` on the unit, and extracts the ConfigMaps. This test runs it, then loads
+//! what it extracted with Ostiary's own code: the config as `ostiary serve` parses it, the
+//! policies as `ostiary policy validate` loads them, and the keys the Deployment mounts as a
+//! replica opens them. Copies of the manifests with one defect each must make the script fail,
+//! so a check that stopped checking is noticed. A missing Python package fails the test with
+//! the script's message; nothing is skipped.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use ostiary::config::Config;
+use ostiary::state::StateDir;
+use ostiary_e2e::clients::{self, CmdOutput};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the workspace")
+        .to_owned()
+}
+
+/// `check_deploy.py OUT [ARGS]` with the venv's Python (`OSTIARY_TEST_PYTHON`).
+async fn check_deploy(out: &Path, args: &[&str]) -> CmdOutput {
+    let script = root().join("tests/scripts/check_deploy.py");
+    let out = out.to_str().expect("utf-8 temp path");
+    let mut all = vec![out];
+    all.extend_from_slice(args);
+    let result = clients::python(&script, &all, &[]).await;
+    assert!(
+        !result.stderr.contains("cannot import"),
+        "check_deploy.py lacks its packages (run scripts/test.sh --setup-only, and set \
+         OSTIARY_TEST_PYTHON={}):\n{result}",
+        root().join(".venv/bin/python").display()
+    );
+    result
+}
+
+fn load_config(path: &Path) -> Config {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Config::from_toml(&text, path)
+        .unwrap_or_else(|e| panic!("{} does not load as ostiary.toml: {e}", path.display()))
+}
+
+/// The policies of `dir`, loaded as `ostiary policy validate` does ([`ostiary::server::load_policies`]).
+fn load_policies(config: &Config, dir: &Path) -> ostiary_policies::PolicyEngine {
+    let mut config = config.clone();
+    config.policy.dir = dir.to_owned();
+    let engine = ostiary::server::load_policies(&config)
+        .unwrap_or_else(|e| panic!("policies in {} do not validate: {e}", dir.display()));
+    assert!(!engine.is_empty(), "no policy in {}", dir.display());
+    // A tool naming a credential no binding defines would run without it: `serve` warns,
+    // as long as the config binds any (the shipped library names credentials for
+    // illustration, and a config without bindings has nothing to misspell).
+    let bound: BTreeSet<&str> = config.credential.iter().map(|b| b.name.as_str()).collect();
+    for tool in engine
+        .catalog()
+        .tools()
+        .iter()
+        .filter(|_| !bound.is_empty())
+    {
+        if let Some(credential) = tool.credential() {
+            assert!(
+                bound.contains(credential),
+                "tool {} in {} uses credential {credential:?}, which the config does not bind ({bound:?})",
+                tool.name(),
+                dir.display()
+            );
+        }
+    }
+    engine
+}
+
+#[tokio::test]
+async fn the_kubernetes_manifests_validate_and_what_they_mount_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = check_deploy(&out, &[]).await;
+    assert!(run.success(), "check_deploy.py refused deploy/:\n{run}");
+    assert!(run.stdout.contains("strict"), "{run}");
+
+    let facts: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("deployment.json")).expect("deployment.json"),
+    )
+    .expect("deployment.json is JSON");
+    let mount_of = |volume: &str| -> PathBuf {
+        let mounts = facts["mounts"].as_object().expect("mounts");
+        let (path, _) = mounts
+            .iter()
+            .find(|(_, m)| m["volume"] == volume)
+            .unwrap_or_else(|| panic!("no mount of volume {volume}: {facts}"));
+        PathBuf::from(path)
+    };
+
+    // The config map's ostiary.toml, as `ostiary serve` parses and validates it.
+    // `state.keys_dir` is required: a replica that generated keys of its own would sign
+    // tokens, links and audit records no other replica accepts.
+    let config = load_config(&out.join("ostiary.toml"));
+    assert_eq!(
+        config.state.keys_dir.as_deref(),
+        Some(mount_of("keys").as_path()),
+        "state.keys_dir is where the ostiary-keys Secret is mounted"
+    );
+    assert_eq!(config.policy.dir, mount_of("policies"));
+    assert!(
+        config.state.dir.starts_with(mount_of("state")) && config.state.dir != mount_of("state"),
+        "state.dir {} is a directory Ostiary makes inside the emptyDir",
+        config.state.dir.display()
+    );
+    let port = |name: &str| facts["ports"][name].as_u64().expect("container port") as u16;
+    assert_eq!(
+        config.listen.proxy,
+        SocketAddr::from(([0, 0, 0, 0], port("proxy")))
+    );
+    assert_eq!(
+        config.listen.control,
+        SocketAddr::from(([0, 0, 0, 0], port("control")))
+    );
+    assert_eq!(config.broker.backend, "vault");
+    assert!(config.broker.vault.is_some());
+
+    // The policy ConfigMap in the kubelet's layout (symlinks through `..data`).
+    load_policies(&config, &out.join("policies"));
+
+    // The keys `ostiary state init` makes are exactly the files the Deployment mounts, and a
+    // replica opens its state with only those.
+    let made = tmp.path().join("keys-made");
+    let names: BTreeSet<String> = StateDir::init_keys(&made)
+        .expect("state init")
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let mounted: BTreeSet<String> = facts["key_files"]
+        .as_array()
+        .expect("key_files")
+        .iter()
+        .map(|v| v.as_str().expect("file name").to_owned())
+        .collect();
+    assert_eq!(
+        names, mounted,
+        "ostiary state init vs the keys volume's items"
+    );
+    let keys = tmp.path().join("keys-mounted");
+    std::fs::create_dir(&keys).unwrap();
+    for name in &mounted {
+        std::fs::copy(made.join(name), keys.join(name)).unwrap();
+    }
+    StateDir::open_shared(&tmp.path().join("state"), &keys)
+        .unwrap_or_else(|e| panic!("a replica cannot open its state with the mounted keys: {e}"));
+}
+
+#[test]
+fn the_systemd_config_loads_with_the_library_it_installs() {
+    let config = load_config(&root().join("deploy/systemd/ostiary.toml"));
+    assert_eq!(config.state.dir, Path::new("/var/lib/ostiary"));
+    assert_eq!(
+        config.state.keys_dir, None,
+        "one replica makes its own keys"
+    );
+    assert_eq!(config.state.store, "sqlite");
+    assert_eq!(config.policy.dir, Path::new("/etc/ostiary/policies"));
+    // The unit's install steps copy policies/library/ to policy.dir.
+    load_policies(&config, &root().join("policies/library"));
+}
+
+/// Copies `deploy/<what>` to a temp dir with `from` replaced by `to` in `file`, runs the
+/// script on the copy, and checks it fails naming `expect`.
+async fn defect_is_refused(what: &str, file: &str, from: &str, to: &str, expect: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join(what);
+    std::fs::create_dir(&copy).unwrap();
+    let source = root().join("deploy").join(what);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let text = std::fs::read_to_string(copy.join(file)).unwrap();
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "the defect's anchor {from:?} must occur once in deploy/{what}/{file}"
+    );
+    std::fs::write(copy.join(file), text.replace(from, to)).unwrap();
+
+    let flag = format!("--{what}-dir");
+    let copy = copy.to_str().unwrap();
+    let run = check_deploy(&tmp.path().join("out"), &[&flag, copy]).await;
+    assert!(
+        !run.success(),
+        "check_deploy.py accepted {file} with {to:?}:\n{run}"
+    );
+    assert!(
+        run.stderr.contains("FAIL") && run.stderr.contains(expect),
+        "check_deploy.py failed without naming {expect:?}:\n{run}"
+    );
+}
+
+#[tokio::test]
+async fn one_replica_is_refused() {
+    defect_is_refused(
+        "k8s",
+        "30-deployment.yaml",
+        "replicas: 3",
+        "replicas: 1",
+        "spec.replicas is 1, not 3",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_missing_readiness_probe_is_refused() {
+    defect_is_refused(
+        "k8s",
+        "30-deployment.yaml",
+        "readinessProbe:",
+        "startupProbe:",
+        "no readinessProbe",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_unknown_field_is_refused_by_the_schema() {
+    defect_is_refused(
+        "k8s",
+        "30-deployment.yaml",
+        "terminationGracePeriodSeconds: 45",
+        "terminationGracePeriodSeconds: 45\n      terminationGraceSeconds: 45",
+        "'terminationGraceSeconds' was unexpected",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_env_reference_to_a_missing_secret_key_is_refused() {
+    defect_is_refused(
+        "k8s",
+        "20-secrets.yaml",
+        "OSTIARY_STATE_REDIS:",
+        "OSTIARY_REDIS:",
+        "has no key 'OSTIARY_STATE_REDIS'",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_stop_timeout_within_the_drain_bound_is_refused() {
+    defect_is_refused(
+        "systemd",
+        "ostiary.service",
+        "TimeoutStopSec=45s",
+        "TimeoutStopSec=20s",
+        "TimeoutStopSec is '20s'",
+    )
+    .await;
+}
