@@ -3,7 +3,7 @@
 //! none, the built-in defaults apply, so `ostiary serve` works on a fresh machine with no
 //! file at all.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub mod approvals;
@@ -433,7 +433,8 @@ fn control_client(config: &Config) -> Result<ControlClient, CliError> {
 
 /// The CA bundle path given to children: the state directory's copy, absolute.
 fn ca_path(config: &Config, session: &Session) -> Result<PathBuf, CliError> {
-    let path = config.state.dir.join(files::CA_CERT);
+    let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
+    let path = dir.join(files::CA_CERT);
     if !path.exists() {
         std::fs::write(&path, &session.ca_pem).map_err(|source| CliError::Io {
             what: format!("writing {}", path.display()),
@@ -547,7 +548,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         AuditCommand::Verify => {
-            let key = read_audit_key(&config.state.dir)?;
+            let key = read_audit_key(config)?;
             let report = verify::verify(
                 &*read_only()?,
                 &key,
@@ -581,7 +582,7 @@ fn reanchor(
     reason: &str,
 ) -> Result<ExitCode, CliError> {
     use ostiary::audit::anchor::{self, ReanchorError};
-    let key = read_audit_key(&config.state.dir)?;
+    let key = read_audit_key(config)?;
     let trail = backend.open()?.audit;
     let head = config.state.dir.join(files::AUDIT_HEAD);
     match anchor::reanchor(&*trail, &key, &head, reason) {
@@ -717,7 +718,9 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
     Ok(ExitCode::SUCCESS)
 }
 
-fn read_audit_key(dir: &Path) -> Result<Vec<u8>, CliError> {
+/// The audit key: from the shared keys (`state.keys_dir`) when set, else the state directory.
+fn read_audit_key(config: &Config) -> Result<Vec<u8>, CliError> {
+    let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
     let path = dir.join(files::AUDIT_KEY);
     std::fs::read_to_string(&path)
         .map(|k| k.trim().as_bytes().to_vec())

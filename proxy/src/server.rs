@@ -548,9 +548,14 @@ impl Ostiary {
         plane.approvals.set_control_addr(control_addr);
         // Before the listeners: an execution a crash interrupted is back in the queue
         // before anyone can look at it.
-        // Every claim is this process's own on a store no other replica shares.
-        let exclusive = plane.config.state.store == "sqlite";
-        approvals::sweep::recover(&plane.approvals, exclusive).await;
+        // Every claim was the previous run's on a store no other replica shares; on a shared
+        // one only those whose lease ran out (the others' executors are alive).
+        let when = if plane.config.state.store == "sqlite" {
+            approvals::sweep::Recovery::Restart
+        } else {
+            approvals::sweep::Recovery::Lapsed
+        };
+        approvals::sweep::recover(&plane.approvals, when).await;
         data.guard.set_own_listeners(vec![proxy_addr, control_addr]);
         tracing::info!(%proxy_addr, %control_addr, "ostiary serving");
 

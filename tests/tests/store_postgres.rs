@@ -15,65 +15,15 @@ use ostiary_e2e::upstream::Upstream;
 #[path = "support/cli.rs"]
 mod cli;
 
+#[path = "support/postgres.rs"]
+mod postgres;
+use postgres::{psql, Schema};
+
 const POLICY: &str = r#"
 @id("allow-echo")
 permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
 when { context.path == "/echo" };
 "#;
-
-fn base_url() -> String {
-    std::env::var("OSTIARY_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A schema of the test's own, dropped with it.
-struct Schema(String);
-
-impl Schema {
-    fn create() -> Self {
-        let name = format!(
-            "e2e_{}_{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        );
-        psql(&format!("CREATE SCHEMA {name}"));
-        Self(name)
-    }
-
-    /// The store URL whose connections start in this schema.
-    fn url(&self) -> String {
-        format!("{}?options=-csearch_path%3D{}", base_url(), self.0)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .args([
-                &base_url(),
-                "-qc",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
-            ])
-            .status();
-    }
-}
-
-fn psql(sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .args([&base_url(), "-tAqc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "PostgreSQL at {} is required: {}",
-        base_url(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_on_postgres_decides_audits_restarts_and_verifies() {

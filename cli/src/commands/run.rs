@@ -165,6 +165,20 @@ fn readable_secrets(config: &Config) -> Vec<PathBuf> {
             readable.push(path);
         }
     }
+    // Shared keys (`state.keys_dir`) are the same secrets, kept apart.
+    if let Some(keys) = &config.state.keys_dir {
+        for name in [
+            files::CA_KEY,
+            files::SIGNING_KEY,
+            files::AUDIT_KEY,
+            files::APPROVALS_KEY,
+        ] {
+            let path = keys.join(name);
+            if std::fs::File::open(&path).is_ok() {
+                readable.push(path);
+            }
+        }
+    }
     if std::fs::File::open(&config.broker.file).is_ok() {
         readable.push(config.broker.file.clone());
     }

@@ -118,6 +118,7 @@ pub async fn run(shared: Executor, id: String) {
             return;
         }
     };
+    tracing::info!(approval = %id, attempt = approval.attempts, "approval claimed for execution");
     let _ = queue.refresh_gauges().await;
     // The claim's heartbeat: while this runs, no other replica takes the execution for
     // abandoned (`approvals.claim_lease`).
@@ -273,15 +274,14 @@ async fn attempt(
         .clone()
         .ok_or_else(|| Refusal::Refused("the approval names no approver".into()))?;
     // The session must still be live: a revoked or expired session's approvals never run.
-    if !shared.sessions.is_live(&approval.session) {
+    // Looked up in the store too: another replica may have made it and held the request.
+    let principal = shared.sessions.find(&approval.session).await;
+    if principal.is_none() || !shared.sessions.is_live(&approval.session) {
         return Err(Refusal::Refused(
             "the session ended before the request could run".into(),
         ));
     }
-    let principal = shared
-        .sessions
-        .get(&approval.session)
-        .ok_or_else(|| Refusal::Refused("the session ended".into()))?;
+    let principal = principal.ok_or_else(|| Refusal::Refused("the session ended".into()))?;
     // A watchdog pause put before a human: approving it resumes the session; nothing is
     // sent anywhere.
     if let Some(session) = resume_target(approval) {

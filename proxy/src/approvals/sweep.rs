@@ -15,16 +15,26 @@ use super::notify;
 use super::ApprovalQueue;
 use crate::store::{now_ms, Call};
 
-/// Executions whose executor is gone go back to `approved`: at start-up every claim when
-/// this process is the store's only one (`exclusive`), and at every sweep those whose
-/// claim was not renewed within `approvals.claim_lease` (a replica killed mid-execution).
-pub async fn recover(queue: &ApprovalQueue, exclusive: bool) {
+/// When executions are recovered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// At start-up, by the store's only process: every claim was the previous run's.
+    Restart,
+    /// At a sweep (or a replica's start): claims not renewed within `approvals.claim_lease`,
+    /// whose executor died (a replica killed mid-execution).
+    Lapsed,
+}
+
+/// Executions whose executor is gone go back to `approved` (see [`Recovery`]).
+pub async fn recover(queue: &ApprovalQueue, when: Recovery) {
     let now = now_ms();
     let lease = i64::try_from(queue.config.claim_lease.as_millis()).unwrap_or(i64::MAX);
-    let stale_before = if exclusive {
-        now
-    } else {
-        now.saturating_sub(lease)
+    let (stale_before, why) = match when {
+        Recovery::Restart => (now, "execution interrupted by a restart"),
+        Recovery::Lapsed => (
+            now.saturating_sub(lease),
+            "execution abandoned: its executor stopped renewing its claim",
+        ),
     };
     match queue
         .store
@@ -34,14 +44,14 @@ pub async fn recover(queue: &ApprovalQueue, exclusive: bool) {
         Ok(ids) => {
             for id in ids {
                 if let Ok(Some(approval)) = queue.get(&id).await {
-                    tracing::warn!(approval = %id, "execution interrupted (a restart, or its executor's lease ran out); sending it again with the same idempotency key");
+                    tracing::warn!(approval = %id, why, "sending an interrupted execution again with the same idempotency key");
                     queue.record(
                         &approval,
                         "recovered",
                         "allow",
                         None,
                         format!(
-                            "execution interrupted (a restart, or its executor stopped renewing its claim) at attempt {}; re-sent with Idempotency-Key {}",
+                            "{why} (attempt {}); re-sent with Idempotency-Key {}",
                             approval.attempts,
                             approval.idempotency_key()
                         ),
@@ -138,7 +148,7 @@ pub async fn sweep(shared: &Executor) {
     queue.flush_audit().await;
     // Executions whose executor stopped renewing its claim (killed mid-execution) are
     // approved again, and run below like any other.
-    recover(queue, false).await;
+    recover(queue, Recovery::Lapsed).await;
     match queue.store.call(|s| s.approved()).await {
         Ok(ids) => {
             for id in ids {

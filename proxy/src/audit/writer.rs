@@ -213,9 +213,12 @@ impl AuditWriter {
     }
 }
 
-/// How many times one batch takes on records other writers appended before it gives up
-/// for this attempt (and retries after the backoff): writers that keep winning the lock.
-const MAX_ADOPTIONS: u32 = 16;
+/// How long one batch keeps taking on records other writers appended before it gives up
+/// for this attempt (and retries after the backoff). Each round checks what was appended
+/// and tries again; with several busy replicas a batch can lose the race many times in a
+/// row (seen: 16 lost rounds in a few milliseconds with three replicas under load), so the
+/// bound is time, not a count: what it guards against is a store that never settles.
+const ADOPT_FOR: Duration = Duration::from_secs(2);
 
 /// Why a batch or a checkpoint could not be written; the text is what `/readyz`, the
 /// log and the outage's record say.
@@ -418,7 +421,7 @@ impl Writer {
         }
         let n = self.pending.len().min(self.health.limits.batch);
         let records = &self.pending.make_contiguous()[..n];
-        let mut adopted = 0;
+        let adopting = Instant::now();
         self.tip = loop {
             match append(&*self.trail, &self.key, &self.tip, records) {
                 // Another writer sharing the store (a replica, on PostgreSQL) extended the
@@ -426,11 +429,10 @@ impl Writer {
                 // only Ostiary holds — and ours are sealed after them. A chain that ends
                 // *before* our tip lost rows, and stays refused.
                 Err(WriteError::Changed { expected, found })
-                    if found > expected && adopted < MAX_ADOPTIONS =>
+                    if found > expected && adopting.elapsed() < ADOPT_FOR =>
                 {
                     self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
                         .map_err(|e| WriteError::Foreign(e.problem()))?;
-                    adopted += 1;
                 }
                 other => break other?,
             }

@@ -131,7 +131,7 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
     let reply = match (req.method().clone(), segments.as_slice()) {
         (Method::GET, ["metrics"]) => return metrics(&shared),
         (Method::POST, ["v1", "sessions"]) => sessions::create(&shared, req, None).await,
-        (Method::GET, ["v1", "sessions", id]) => sessions::show(&shared, id),
+        (Method::GET, ["v1", "sessions", id]) => sessions::show(&shared, id).await,
         (Method::DELETE, ["v1", "sessions", id]) => {
             sessions::terminate(&shared, id, "session revoked", "revoked").await
         }

@@ -307,8 +307,8 @@ fn limits_json(l: &Limits) -> Value {
 }
 
 /// `GET /v1/sessions/{id}`.
-pub(super) fn show(shared: &ControlPlane, id: &str) -> Reply {
-    let Some(principal) = shared.sessions.get(id) else {
+pub(super) async fn show(shared: &ControlPlane, id: &str) -> Reply {
+    let Some(principal) = shared.sessions.find(id).await else {
         return ControlError::NotFound(format!("session {id} is not active")).into();
     };
     let account = shared.guardrails.meter.snapshot(id).unwrap_or_default();
@@ -350,7 +350,7 @@ pub(super) fn show(shared: &ControlPlane, id: &str) -> Reply {
 
 /// `POST /v1/sessions/{id}/resume`: a human lifted a watchdog pause.
 pub(super) async fn resume(shared: &ControlPlane, id: &str, by: &str) -> Reply {
-    let Some(principal) = shared.sessions.get(id) else {
+    let Some(principal) = shared.sessions.find(id).await else {
         return ControlError::NotFound(format!("session {id} is not active")).into();
     };
     match shared.desk.resume(&principal.session_id, by).await {
@@ -409,7 +409,7 @@ pub(super) async fn terminate_as_told(
         }
         _ => "session terminated by an operator".to_owned(),
     };
-    let principal = shared.sessions.get(id);
+    let principal = shared.sessions.find(id).await;
     let reply = terminate(shared, id, &why, "terminated").await;
     if let (Some(mut run), Some(principal), StatusCode::OK) = (told.run, principal, reply.0) {
         // The session's own end (its leases, its record) is the proxy's to vouch for.

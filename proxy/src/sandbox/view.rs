@@ -137,11 +137,13 @@ pub struct ViewSpec<'a> {
     pub hidden: Vec<PathBuf>,
 }
 
-/// The host paths no sandbox may see: the state directory, the file backend's secrets, and
-/// the profile's `hide` paths; relative ones are taken from `cwd`, as the config is.
+/// The host paths no sandbox may see: the state directory, the shared keys
+/// (`state.keys_dir`), the file backend's secrets, and the profile's `hide` paths; relative
+/// ones are taken from `cwd`, as the config is.
 pub fn secret_paths(config: &Config, profile: &Profile, cwd: &Path) -> Vec<PathBuf> {
     [&config.state.dir, &config.broker.file]
         .into_iter()
+        .chain(&config.state.keys_dir)
         .chain(&profile.hide)
         .map(|p| absolute(cwd, p))
         .collect()
