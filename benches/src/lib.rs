@@ -5,11 +5,14 @@
 //! - this library — [`engine_with_hosts`] and [`request`], the fixtures the benches share.
 //! - `benches/` — criterion benches, each against a baseline in the same run: `decision`
 //!   (Cedar as the set grows), `inject`, `scrub`, `dlp`, `checks`, `guardrails`, `ambiguity`.
-//! - `src/bin/load.rs` — the load harness: direct against through Ostiary.
+//! - [`load`] — the load harness's client; `src/bin/load.rs` — direct against through
+//!   Ostiary; `src/bin/fleet.rs` — one replica on SQLite against PostgreSQL + Redis and three.
 //! - `src/bin/approvals.rs` — what the approval queue costs against a plain forwarded call.
 //!
 //! Results and how to run them: `docs/benchmarks.md`.
 #![forbid(unsafe_code)]
+
+pub mod load;
 
 use ostiary_policies::{AccessRequest, Action, PolicyEngine, PolicySource};
 

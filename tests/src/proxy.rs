@@ -59,6 +59,10 @@ pub struct ProxySpec {
     /// `listen.proxy_unix` (default: in the state directory), for a second proxy on a
     /// shared state directory.
     pub proxy_unix: Option<PathBuf>,
+    /// `state.redis` (counters shared by replicas) and its `redis_prefix`.
+    pub redis: Option<(String, String)>,
+    /// `state.keys_dir`: keys shared by replicas, made with `StateDir::init_keys`.
+    pub keys_dir: Option<PathBuf>,
 }
 
 impl Default for ProxySpec {
@@ -77,6 +81,8 @@ impl Default for ProxySpec {
             state_dir: None,
             store: None,
             proxy_unix: None,
+            redis: None,
+            keys_dir: None,
         }
     }
 }
@@ -155,6 +161,7 @@ control = "127.0.0.1:0"
 [state]
 dir = "{state}"
 store = "{store}"
+{shared}
 
 [policy]
 dir = "{policy}"
@@ -175,6 +182,18 @@ tunnel = {tunnel}
                 .unwrap_or_else(|| dir.path().join("state"))
                 .display(),
             store = spec.store.as_deref().unwrap_or("sqlite"),
+            shared = [
+                spec.redis
+                    .as_ref()
+                    .map(|(url, prefix)| format!("redis = \"{url}\"\nredis_prefix = \"{prefix}\"")),
+                spec.keys_dir
+                    .as_ref()
+                    .map(|dir| format!("keys_dir = \"{}\"", dir.display())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("\n"),
             proxy_unix = spec
                 .proxy_unix
                 .as_ref()

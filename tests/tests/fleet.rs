@@ -53,6 +53,11 @@ tier = "write"
 match = { host = "api.example.test", method = "GET", path = "/status/{code}" }
 
 [[tool]]
+name = "pay.note"
+tier = "write"
+match = { host = "api.example.test", method = "POST", path = "/idem/notes/{n}" }
+
+[[tool]]
 name = "pay.refund"
 tier = "irreversible"
 match = { host = "api.example.test", method = "POST", path = "/idem/refunds/{charge}" }
@@ -429,6 +434,34 @@ async fn a_session_its_budget_and_its_fan_out_hold_across_three_replicas_and_the
             },
         )
         .await;
+    // An `Idempotency-Key` used through one replica is replayed by another.
+    let mut outcomes = Vec::new();
+    for i in [0, 2] {
+        let response = fleet
+            .agent(i, &parent)
+            .post(fleet.url("/idem/notes/1"))
+            .header("idempotency-key", "note-1")
+            .header("content-type", "application/json")
+            .body(r#"{"text": "once"}"#)
+            .send()
+            .await
+            .unwrap();
+        outcomes.push((
+            response.status().as_u16(),
+            response.headers().contains_key("idempotency-replayed"),
+        ));
+    }
+    assert_eq!(
+        outcomes,
+        [(201, false), (201, true)],
+        "the second is the first's answer"
+    );
+    let notes = upstream
+        .effects()
+        .iter()
+        .filter(|e| e.path == "/idem/notes/1")
+        .count();
+    assert_eq!(notes, 1, "applied once across replicas");
     let spawned = futures_util::future::join_all((0..9).map(|n| {
         let client = ControlClient::new(
             format!("http://{}", fleet.replicas[n % 3].control_addr),
@@ -473,7 +506,23 @@ async fn a_session_its_budget_and_its_fan_out_hold_across_three_replicas_and_the
         ..Default::default()
     })
     .await;
-    assert!(again.is_ok(), "{:?}", again.err().map(|e| e.to_string()));
+    let again = again.unwrap_or_else(|e| panic!("{e}"));
+    // The parent ends through replica 0: its children, made through the others, end too.
+    assert_eq!(
+        get(&fleet.agent(1, &again), &fleet.url("/echo")).await.0,
+        200
+    );
+    fleet
+        .control(0)
+        .delete_session(&parent.session_id)
+        .await
+        .unwrap();
+    for child in children.iter().skip(1).copied().chain([&again]) {
+        for i in 0..3 {
+            let (status, _) = get(&fleet.agent(i, child), &fleet.url("/echo")).await;
+            assert_eq!(status, 407, "child {} on replica {i}", child.session_id);
+        }
+    }
 
     // The chain the three wrote concurrently verifies, from any replica's config.
     for replica in std::mem::take(&mut fleet.replicas) {

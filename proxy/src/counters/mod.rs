@@ -5,8 +5,9 @@
 //! Every check-and-charge is one server-side script ([`scripts`]), so replicas racing on a
 //! session or a rate key cannot together pass a limit. Calls and cost are charged in Redis
 //! before a call is forwarded; bytes are counted where they flow and added to Redis at the
-//! session's next request (and every [`SYNC_EVERY`] for long streams), so a byte budget
-//! shared by replicas can be passed by what the others move in between.
+//! session's next request (at most every [`SYNC_FRESH`], and every [`SYNC_EVERY`] for long
+//! streams), so a byte budget shared by replicas can be passed by what the others move in
+//! between, and a pause set on one replica reaches the others' gates within [`SYNC_FRESH`].
 //!
 //! Fail closed: when Redis cannot be reached, nothing whose limits live here is admitted
 //! (`503 state_unavailable`, `component: "redis"`), `/readyz` fails and
@@ -32,6 +33,11 @@ use crate::metrics::Metrics;
 
 /// How often a replica adds the bytes its open streams moved to the shared accounts.
 pub const SYNC_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a session's shared figures (bytes, a pause set elsewhere) are taken as they were
+/// at its last sync: its requests within this of the last one skip the gate's round trip. A
+/// pause another replica set, or bytes the others moved, reach this replica's gate within it.
+pub const SYNC_FRESH: Duration = Duration::from_millis(100);
 
 /// How long one Redis call may take before the request it serves is refused.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(750);

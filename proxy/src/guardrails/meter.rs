@@ -79,6 +79,9 @@ pub struct Account {
     /// memory alone they are never taken). Not stored: the usage above includes them.
     #[serde(skip)]
     pub unsynced: (u64, u64),
+    /// When this replica last took the shared account's figures (`state.redis`).
+    #[serde(skip)]
+    pub synced_at: Option<std::time::Instant>,
 }
 
 impl Account {
@@ -323,7 +326,9 @@ impl Meter {
     /// Take the shared accounts' figures as this replica's own (`state.redis`): Redis is
     /// the truth, plus whatever bytes this replica counted since it took them.
     pub fn mirror(&self, accounts: Vec<(String, Account)>) {
+        let now = std::time::Instant::now();
         for (id, mut shared) in accounts {
+            shared.synced_at = Some(now);
             match self.account(&id) {
                 Some(local) => {
                     let mut a = local.lock().unwrap_or_else(|e| e.into_inner());
@@ -335,6 +340,16 @@ impl Meter {
                 None => self.open(&id, shared),
             }
         }
+    }
+
+    /// Whether `session`'s figures were taken from the shared account less than `fresh` ago.
+    pub fn synced_within(&self, session: &str, fresh: std::time::Duration) -> bool {
+        self.account(session).is_some_and(|a| {
+            a.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .synced_at
+                .is_some_and(|at| at.elapsed() < fresh)
+        })
     }
 
     /// Take charged figures as this replica's own (`state.redis`).

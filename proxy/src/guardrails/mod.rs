@@ -210,11 +210,19 @@ impl Guardrails {
     /// The session's gate, first thing after authentication: a paused session is refused
     /// everything, and so is one that sent or received all the bytes it may. With shared
     /// counters this replica's bytes are added to the shared accounts here, and what the
-    /// others counted comes back.
+    /// others counted (and a pause another replica set) comes back — at most every
+    /// [`crate::counters::SYNC_FRESH`] per session, so a busy session does not pay a round
+    /// trip per request for figures that only bound bytes (calls and cost are charged in
+    /// Redis itself, exactly).
     pub async fn gate(&self, principal: &Principal) -> Result<(), ProxyError> {
         let session = &principal.session_id;
         if let Some(shared) = &self.shared {
-            self.sync(shared, session).await?;
+            if !self
+                .meter
+                .synced_within(session, crate::counters::SYNC_FRESH)
+            {
+                self.sync(shared, session).await?;
+            }
         }
         if let Some(paused) = self.paused(session) {
             return Err(ProxyError::SessionPaused {
