@@ -285,6 +285,13 @@ check_services() {
   else
     missing+=("Redis is not answering at $REDIS_HOST:$REDIS_PORT. Start it with: $REDIS_START_HINT")
   fi
+  # The fleet tests stop and restart a Redis of their own (tests/tests/fleet.rs).
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "redis-server is missing; installing it with apt"
+    apt_install redis-server || true
+    command -v redis-server >/dev/null 2>&1 ||
+      missing+=("redis-server is not installed (Debian's redis-server): the fleet tests run one of their own")
+  fi
   if [ "${#missing[@]}" -gt 0 ]; then
     echo >&2
     echo "scripts/test.sh: services the tests need are missing:" >&2
@@ -332,6 +339,8 @@ export OSTIARY_TEST_PYTHON="$VENV/bin/python"
 export OSTIARY_CHROMIUM="$CHROMIUM"
 # The store suite and the end-to-end tests on PostgreSQL: each in a schema of its own.
 export OSTIARY_TEST_POSTGRES="${OSTIARY_TEST_POSTGRES:-postgres://postgres@$PG_HOST:$PG_PORT/test}"
+# The shared-counter tests (counters_redis, fleet) key under prefixes of their own.
+export OSTIARY_TEST_REDIS="${OSTIARY_TEST_REDIS:-redis://$REDIS_HOST:$REDIS_PORT}"
 
 step "services (PostgreSQL, Redis)" check_services
 
