@@ -149,12 +149,13 @@ mod tests {
             ),
         );
         journal.settled("database/creds/r/1");
-        // Writes are asynchronous: wait for the thread to catch up.
+        // Writes are asynchronous: wait for the thread to catch up — for the state after
+        // all three (one owed lease is also what the first write alone leaves).
         let reader = store::sqlite::open(&path).unwrap().leases;
         let mut left = Vec::new();
         for _ in 0..100 {
             left = load(&*reader).unwrap();
-            if left.len() == 1 {
+            if left.len() == 1 && left[0].1.lease.id == "pki:pki:0a:0b" {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));

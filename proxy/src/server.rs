@@ -617,6 +617,9 @@ impl Ostiary {
         if let Some(task) = vault_task {
             let _ = task.await;
         }
+        // Executions still running are given back, not left to lapse (before the audit
+        // trail closes: their release is recorded).
+        approvals::sweep::release(&plane.approvals).await;
         // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
         plane.guardrails.save().await;
         // Everything queued is written (retried for a grace period if the trail is

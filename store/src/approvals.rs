@@ -293,6 +293,9 @@ pub trait ApprovalStore: Send + Sync + std::fmt::Debug {
     /// The executor of a claimed approval is alive: its claim's lease runs from `now_ms`.
     /// False when it is no longer executing (finished, or recovered by another).
     fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError>;
+    /// The executor of a claimed approval is shutting down: `executing → approved`, for
+    /// whoever claims it next (with the same idempotency key). False when it was not executing.
+    fn release(&self, id: &str, now_ms: i64) -> Result<bool, StoreError>;
     /// Ids of approvals waiting for the executor, oldest decision first.
     fn approved(&self) -> Result<Vec<String>, StoreError>;
     /// Expire every pending approval past its deadline; returns them, now `expired`.

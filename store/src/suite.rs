@@ -240,8 +240,13 @@ pub fn approvals_recovery_returns_claimed_executions_to_approved(b: &dyn Backend
         !s.renew("apr_1", 22).unwrap(),
         "the old executor's claim is gone"
     );
-    let again = s.claim("apr_1", 4).unwrap().unwrap();
-    assert_eq!(again.attempts, 2, "the second attempt is counted");
+    // Claimed and released (its executor shutting down): approved again, once.
+    s.claim("apr_1", 23).unwrap().unwrap();
+    assert!(s.release("apr_1", 24).unwrap());
+    assert!(!s.release("apr_1", 25).unwrap(), "not executing any more");
+    assert_eq!(s.get("apr_1").unwrap().unwrap().status, Status::Approved);
+    let again = s.claim("apr_1", 26).unwrap().unwrap();
+    assert_eq!(again.attempts, 3, "every attempt is counted");
     let result = StoredResponse {
         status: 201,
         headers: vec![],

@@ -292,3 +292,65 @@ async fn a_redis_that_does_not_answer_is_an_error_and_says_so() {
         .to_string();
     assert!(!bad.contains("hunter2"), "{bad}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_trail_is_one_sequence_every_replica_reads_in_order() {
+    use ostiary::counters::trail::TrailEvent;
+    let fleet = replicas(2).await;
+    let event = |key: &str, at_ms| TrailEvent {
+        key: key.into(),
+        args_hash: 7,
+        tier_rank: 0,
+        denied: false,
+        held: false,
+        repeat_max: 20,
+        repeat_window_ms: 60_000,
+        at_ms,
+        reset: false,
+    };
+    let a = fleet[0]
+        .exchange_trail("s", "0-0", &[event("x", 1)], HOUR)
+        .await
+        .unwrap();
+    assert_eq!(a.events, vec![(event("x", 1), true)]);
+    // A replica new to the session reads all that is kept, its own call last.
+    let b = fleet[1]
+        .exchange_trail("s", "0-0", &[event("y", 2), event("z", 3)], HOUR)
+        .await
+        .unwrap();
+    assert_eq!(
+        b.events,
+        vec![
+            (event("x", 1), false),
+            (event("y", 2), true),
+            (event("z", 3), true)
+        ]
+    );
+    // The first replica, from its cursor, reads only what came since.
+    let a = fleet[0]
+        .exchange_trail("s", &a.cursor, &[], HOUR)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.events,
+        vec![(event("y", 2), false), (event("z", 3), false)]
+    );
+    // A reset marker is appended without reading, and read back by the others in place.
+    let appended = fleet[1]
+        .exchange_trail("s", "", &[TrailEvent::reset(4)], HOUR)
+        .await
+        .unwrap();
+    assert!(appended.events.is_empty());
+    let a = fleet[0]
+        .exchange_trail("s", &a.cursor, &[], HOUR)
+        .await
+        .unwrap();
+    assert_eq!(a.events, vec![(TrailEvent::reset(4), false)]);
+    // Agent-controlled keys travel as they are (JSON), whatever they hold.
+    let odd = event("a\"b\\c\u{0}\n é", 5);
+    let a = fleet[0]
+        .exchange_trail("s", &a.cursor, std::slice::from_ref(&odd), HOUR)
+        .await
+        .unwrap();
+    assert_eq!(a.events, vec![(odd, true)]);
+}

@@ -86,10 +86,10 @@ claim_lease = "2s"
 
 [broker]
 reap_interval = "1s"
-
-[sessions.watchdog]
-enabled = false
 "#;
+
+/// Most fleets here repeat one call on purpose: the loop watchdog is the watchdog test's.
+const NO_WATCHDOG: &str = "[sessions.watchdog]\nenabled = false\n";
 
 const APPROVER: &str = "alice@example.com";
 
@@ -160,7 +160,11 @@ impl Fleet {
             prefix: unique("fleet"),
             token: ostiary::state::random_hex(32),
             upstream_port: upstream.port(),
-            extra: format!("{BASE_TOML}\n{extra}"),
+            extra: if extra.contains("[sessions.watchdog]") {
+                format!("{BASE_TOML}\n{extra}")
+            } else {
+                format!("{BASE_TOML}\n{NO_WATCHDOG}\n{extra}")
+            },
             replicas: Vec::new(),
             dir,
             keys,
@@ -303,6 +307,18 @@ ca_file = "{ca}"
         format!("https://api.example.test:{}{path}", self.upstream_port)
     }
 
+    /// A root session of `agent`, with no limits, made through replica `i`.
+    async fn root(&self, i: usize, agent: &str) -> Session {
+        self.session(
+            i,
+            NewSession {
+                agent: agent.into(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
     async fn session(&self, i: usize, new: NewSession) -> Session {
         self.control(i)
             .create_session(&new)
@@ -425,15 +441,7 @@ async fn a_session_its_budget_and_its_fan_out_hold_across_three_replicas_and_the
     }
 
     // A fan-out of 3, raced through the three replicas by the parent itself.
-    let parent = fleet
-        .session(
-            1,
-            NewSession {
-                agent: "planner".into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let parent = fleet.root(1, "planner").await;
     // An `Idempotency-Key` used through one replica is replayed by another.
     let mut outcomes = Vec::new();
     for i in [0, 2] {
@@ -561,15 +569,7 @@ async fn a_rate_limit_holds_within_gcra_tolerance_across_three_replicas() {
         None,
     )
     .await;
-    let session = fleet
-        .session(
-            2,
-            NewSession {
-                agent: "poller".into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let session = fleet.root(2, "poller").await;
     // Three agents, one per replica, as fast as each can go, for a while.
     let run = Duration::from_secs(3);
     let started = Instant::now();
@@ -688,15 +688,7 @@ fn claimer(fleet: &Fleet, id: &str) -> Option<usize> {
 async fn an_approval_runs_once_across_replicas_even_when_its_executor_is_killed() {
     let upstream = Upstream::builder().start().await;
     let mut fleet = Fleet::start(&upstream, 3, "", None, None).await;
-    let session = fleet
-        .session(
-            0,
-            NewSession {
-                agent: "billing".into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let session = fleet.root(0, "billing").await;
     let agent = fleet.agent(0, &session);
 
     // Held on replica 0, approved through replica 1's page: executed once.
@@ -780,21 +772,49 @@ async fn an_approval_runs_once_across_replicas_even_when_its_executor_is_killed(
         "replica {} killed mid-execution; {} re-sent it after {recovered_in:?} (claim lease 2s)",
         fleet.replicas[killed].name, fleet.replicas[rescuer].name
     );
+
+    // A graceful stop (SIGTERM) mid-execution releases the claim instead of leaving it to
+    // lapse: the last replica sends it again, and the upstream applies it once.
+    let third = hold(&fleet, &fleet.agent(others[0], &session), "ch_3", 6_000).await;
+    approve_on_page(&fleet, &third, others[0], others[1]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stopping = loop {
+        if let Some(i) = claimer(&fleet, &third) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "nobody claimed {third}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let key = format!("ostiary-{third}");
+    while effects(&key) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the execution never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    {
+        let replica = &mut fleet.replicas[stopping];
+        cli::terminate(&mut replica.child, &replica.log).await;
+    }
+    let last: Vec<usize> = others.iter().copied().filter(|i| *i != stopping).collect();
+    let done = wait_status(&fleet, &last, &third, "executed").await;
+    assert_eq!(done["attempts"], 2, "{done}");
+    assert_eq!(effects(&key), 1, "the effect applied once");
+    let released: usize = psql(&format!(
+        "SELECT COUNT(*) FROM {}.audit WHERE record LIKE '%released at shutdown%' AND record LIKE '%{third}%'",
+        fleet._schema.0
+    ))
+    .parse()
+    .unwrap();
+    assert_eq!(released, 1, "the release is in the audit trail");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_on_one_replica_cuts_a_tunnel_open_on_another() {
     let upstream = Upstream::builder().start().await;
     let fleet = Fleet::start(&upstream, 3, "", None, None).await;
-    let session = fleet
-        .session(
-            0,
-            NewSession {
-                agent: "tunneler".into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let session = fleet.root(0, "tunneler").await;
     // An intercepted tunnel through replica 0, used once and left open.
     let authority = format!("api.example.test:{}", upstream.port());
     let (wire, reply) = raw::connect(
@@ -839,6 +859,64 @@ async fn teardown_on_one_replica_cuts_a_tunnel_open_on_another() {
     for i in 0..3 {
         let (status, _) = get(&fleet.agent(i, &session), &fleet.url("/echo")).await;
         assert_eq!(status, 407, "replica {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_spread_over_three_replicas_is_caught_as_one_and_paused_everywhere() {
+    let upstream = Upstream::builder().start().await;
+    let fleet = Fleet::start(
+        &upstream,
+        3,
+        "[sessions.watchdog]\nenabled = true\n",
+        None,
+        None,
+    )
+    .await;
+    let session = fleet.root(0, "looper").await;
+    let agents: Vec<reqwest::Client> = (0..3).map(|i| fleet.agent(i, &session)).collect();
+    // The same tool call 20 times (the read tier's `repeat_max`), round-robin: no replica
+    // sees more than 7 of them, the loop is 20 long.
+    for n in 0..20 {
+        let (status, body) = get(&agents[n % 3], &fleet.url("/echo")).await;
+        assert_eq!(status, 200, "call {n}: {body}");
+    }
+    // Paused by whichever replica saw the 20th; every replica refuses it once the pause
+    // reaches its gate (at most 100 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, agent) in agents.iter().enumerate() {
+        let (status, body) = get(agent, &fleet.url("/echo")).await;
+        assert_eq!(status, 423, "replica {i}: {body}");
+        assert_eq!(body["error"], "session_paused", "{body}");
+    }
+    assert_eq!(upstream.count("/echo"), 20);
+    // One dead letter, seen from any replica; resumed through another, served everywhere.
+    let letters = fleet
+        .control(2)
+        .dead_letters(Some(&session.session_id))
+        .await
+        .unwrap();
+    let letters = letters["dead_letters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match fleet.control(1).resume_session(&session.session_id).await {
+            Ok(()) => break,
+            // The dead letter is written a moment after the pause.
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("resume: {e}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, agent) in agents.iter().enumerate() {
+        let (status, body) = get(agent, &fleet.url("/echo")).await;
+        assert_eq!(status, 200, "replica {i} after the resume: {body}");
     }
 }
 
@@ -1065,15 +1143,7 @@ async fn without_postgres_readiness_fails_and_nothing_goes_upstream_unrecorded()
         url.to_string()
     };
     let fleet = Fleet::start(&upstream, 2, "", Some(&through_relay), None).await;
-    let session = fleet
-        .session(
-            0,
-            NewSession {
-                agent: "billing".into(),
-                ..Default::default()
-            },
-        )
-        .await;
+    let session = fleet.root(0, "billing").await;
     let agent = fleet.agent(1, &session);
     assert_eq!(get(&agent, &fleet.url("/echo")).await.0, 200);
     wait_ready(&fleet, 1, true).await;

@@ -1,5 +1,5 @@
 //! What sharing state costs: the same HTTPS tool calls (a catalogued read, so every request
-//! pays the session gate, the GCRA rate limit and the call budget) through
+//! pays the session gate, the GCRA rate limit, the call budget and the loop watchdog) through
 //!
 //! 1. one replica on SQLite, counters in memory (the embedded default; the baseline),
 //! 2. one replica on SQLite with its counters in Redis (what the shared counters add),
@@ -35,8 +35,10 @@ const POLICIES: &str = r#"
 permit (principal, action in Ostiary::Action::"tier:read", resource);
 "#;
 
-/// A rate that never refuses, so the GCRA bookkeeping is paid and never a 429.
-const TIERS: &str = "[tiers.read]\nrate_agent = \"100000000/s\"\nrepeat_max = 0\n\n[sessions.watchdog]\nenabled = false\n";
+/// A rate that never refuses, so the GCRA bookkeeping is paid and never a 429; the loop
+/// watchdog on (its trail is shared too) with the rules a benchmark's one repeated call would
+/// trip turned off.
+const TIERS: &str = "[tiers.read]\nrate_agent = \"100000000/s\"\nrepeat_max = 0\n\n[sessions.watchdog]\ncycle_repeats = 0\n";
 
 struct Setup {
     name: &'static str,

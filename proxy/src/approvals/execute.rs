@@ -119,6 +119,7 @@ pub async fn run(shared: Executor, id: String) {
         }
     };
     tracing::info!(approval = %id, attempt = approval.attempts, "approval claimed for execution");
+    let _held = Held::new(queue, &id);
     let _ = queue.refresh_gauges().await;
     // The claim's heartbeat: while this runs, no other replica takes the execution for
     // abandoned (`approvals.claim_lease`).
@@ -195,6 +196,37 @@ pub async fn run(shared: Executor, id: String) {
     });
     queue.flush_audit().await;
     let _ = queue.refresh_gauges().await;
+}
+
+/// A claim this process holds, until its execution ends (then forgotten: finished, or left
+/// for recovery); what is still held at shutdown is released ([`super::sweep::release`]).
+struct Held<'a> {
+    queue: &'a super::ApprovalQueue,
+    id: String,
+}
+
+impl<'a> Held<'a> {
+    fn new(queue: &'a super::ApprovalQueue, id: &str) -> Self {
+        queue
+            .claimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned());
+        Self {
+            queue,
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.queue
+            .claimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
 }
 
 /// Renew the claim on `id` every third of `approvals.claim_lease`, forever (the caller

@@ -34,6 +34,8 @@ pub struct ApprovalQueue {
     changed: watch::Sender<u64>,
     /// Base of review links: `approvals.public_url`, or the control listener as bound.
     link_base: OnceLock<String>,
+    /// Executions this process has claimed and not finished: released at shutdown.
+    pub(crate) claimed: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl ApprovalQueue {
@@ -59,6 +61,7 @@ impl ApprovalQueue {
             metrics,
             changed,
             link_base,
+            claimed: std::sync::Mutex::default(),
         }
     }
 

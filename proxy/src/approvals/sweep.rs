@@ -65,6 +65,46 @@ pub async fn recover(queue: &ApprovalQueue, when: Recovery) {
     queue.flush_audit().await;
 }
 
+/// At shutdown: executions this process claimed and has not finished go back to `approved`
+/// at once, for another replica (or the next start) to send with the same idempotency key,
+/// rather than waiting out their claim's lease.
+pub async fn release(queue: &ApprovalQueue) {
+    let held: Vec<String> = queue
+        .claimed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    for id in held {
+        let owned = id.clone();
+        match queue.store.call(move |s| s.release(&owned, now_ms())).await {
+            Ok(true) => {
+                tracing::warn!(approval = %id, "shutting down mid-execution: the claim is released for another executor");
+                if let Ok(Some(approval)) = queue.get(&id).await {
+                    queue.record(
+                        &approval,
+                        "released",
+                        "allow",
+                        None,
+                        format!(
+                            "execution released at shutdown (attempt {}); to be sent again with Idempotency-Key {}",
+                            approval.attempts,
+                            approval.idempotency_key()
+                        ),
+                        None,
+                    );
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(approval = %id, error = %e, "releasing a claim at shutdown failed; it lapses after approvals.claim_lease")
+            }
+        }
+    }
+    queue.flush_audit().await;
+}
+
 /// Run the sweep until `shutdown`. Deliveries have a loop of their own: a Slack or SMTP
 /// server that takes its full timeout to fail must not hold up deadlines and executions.
 pub async fn run(shared: Executor, shutdown: impl Future<Output = ()>) {

@@ -1,6 +1,6 @@
 //! Counters several replicas share (`state.redis`, docs/design.md §8): session budgets
-//! (calls, cost, bytes), GCRA rate limits, spawn fan-out, and the news that a session was
-//! torn down. Without `state.redis` all of it lives in the process ([`crate::guardrails`]).
+//! (calls, cost, bytes), GCRA rate limits, spawn fan-out, pauses, the loop watchdog's trail
+//! ([`trail`]), and the news that a session was torn down. Without `state.redis` all of it lives in the process ([`crate::guardrails`]).
 //!
 //! Every check-and-charge is one server-side script ([`scripts`]), so replicas racing on a
 //! session or a rate key cannot together pass a limit. Calls and cost are charged in Redis
@@ -18,6 +18,7 @@
 pub mod accounts;
 pub mod news;
 pub mod scripts;
+pub mod trail;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -93,6 +94,7 @@ struct Scripts {
     close: Script,
     grant: Script,
     pause: Script,
+    trail: Script,
     gcra: Script,
     spawn: Script,
     unspawn: Script,
@@ -168,6 +170,7 @@ impl Counters {
                 close: Script::new(scripts::CLOSE),
                 grant: Script::new(scripts::GRANT),
                 pause: Script::new(scripts::PAUSE),
+                trail: Script::new(trail::EXCHANGE),
                 gcra: Script::new(scripts::GCRA),
                 spawn: Script::new(scripts::SPAWN),
                 unspawn: Script::new(scripts::UNSPAWN),

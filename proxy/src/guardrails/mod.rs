@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use ostiary_policies::SessionState;
 
 use crate::config::{Sessions, Tiers};
+use crate::counters::trail::TrailEvent;
 use crate::counters::Counters;
 use crate::error::ProxyError;
 use crate::session::watchdog::{self, Watchdog};
@@ -57,6 +58,9 @@ pub struct Guardrails {
     settings: Sessions,
     /// The counters replicas share (`state.redis`); `None`: this process counts alone.
     pub shared: Option<Arc<Counters>>,
+    /// Per session, the last shared-trail event this replica fed its watchdog; held across
+    /// an exchange, so that concurrent requests of a session never feed an event twice.
+    cursors: sharded::Sharded<Arc<tokio::sync::Mutex<String>>>,
 }
 
 impl Guardrails {
@@ -111,6 +115,7 @@ impl Guardrails {
             paused_count: std::sync::atomic::AtomicUsize::new(n),
             settings,
             shared,
+            cursors: sharded::Sharded::default(),
         })
     }
 
@@ -363,6 +368,73 @@ impl Guardrails {
         }
     }
 
+    /// Feed the loop watchdog what one request did; the first trip among its own events. With
+    /// shared counters every replica's events of the session go through the shared trail
+    /// ([`crate::counters::trail`]) first, in the order Redis took them, so a loop spread
+    /// over replicas is seen whole; only this request's own events can trip here (the
+    /// others' were judged where they happened).
+    pub async fn watch(&self, session: &str, events: Vec<TrailEvent>) -> Option<watchdog::Trip> {
+        let now = Instant::now();
+        let now_ms = crate::store::now_ms();
+        let Some(shared) = &self.shared else {
+            return events
+                .iter()
+                .find_map(|e| self.watchdog.observe(session, event_of(e, now, now_ms)));
+        };
+        let cursor = self.cursor(session);
+        let mut cursor = cursor.lock().await;
+        let exchanged = match shared
+            .exchange_trail(session, &cursor, &events, TRAIL_TTL)
+            .await
+        {
+            Ok(exchanged) => exchanged,
+            Err(e) => {
+                // Judged here alone rather than not at all.
+                tracing::warn!(session, error = %e, "the shared watchdog trail is unavailable; watching this replica's calls only");
+                return events
+                    .iter()
+                    .find_map(|e| self.watchdog.observe(session, event_of(e, now, now_ms)));
+            }
+        };
+        cursor.clone_from(&exchanged.cursor);
+        let mut trip = None;
+        for (event, own) in &exchanged.events {
+            if event.reset {
+                self.watchdog.reset(session);
+                continue;
+            }
+            let tripped = self.watchdog.observe(session, event_of(event, now, now_ms));
+            if *own && trip.is_none() {
+                trip = tripped;
+            }
+        }
+        drop(cursor);
+        if trip.is_some() {
+            // Every replica starts over from here, as this one's watchdog does after a trip.
+            self.reset_shared_trail(shared, session, now_ms).await;
+        }
+        trip
+    }
+
+    fn cursor(&self, session: &str) -> Arc<tokio::sync::Mutex<String>> {
+        self.cursors
+            .get_or_insert_with(session, || Arc::new(tokio::sync::Mutex::new("0-0".into())))
+    }
+
+    /// Append a reset marker to `session`'s shared trail (read back, and honoured, at the
+    /// next exchange like any event).
+    async fn reset_shared_trail(&self, shared: &Counters, session: &str, now_ms: i64) {
+        // Nothing is read back here: the marker is fed at the next exchange, like any event.
+        let cursor = "";
+        let marker = [TrailEvent::reset(now_ms)];
+        if let Err(e) = shared
+            .exchange_trail(session, cursor, &marker, TRAIL_TTL)
+            .await
+        {
+            tracing::warn!(session, error = %e, "resetting the shared watchdog trail failed");
+        }
+    }
+
     /// The session's pause, if it is paused.
     pub fn paused(&self, session: &str) -> Option<Paused> {
         if self.paused_count.load(std::sync::atomic::Ordering::Acquire) == 0 {
@@ -397,6 +469,8 @@ impl Guardrails {
             if let Err(e) = shared.set_pause(session, None).await {
                 tracing::error!(session, error = %e, "lifting a shared pause failed");
             }
+            self.reset_shared_trail(shared, session, crate::store::now_ms())
+                .await;
         }
         self.watchdog.reset(session);
         self.unmark_paused(session)
@@ -439,6 +513,7 @@ impl Guardrails {
     /// forget its watchdog trail and its idempotency keys.
     pub async fn close(&self, session: &str) -> Option<Account> {
         let mut account = self.meter.close(session);
+        self.cursors.remove(session);
         if let Some(shared) = &self.shared {
             // Once across replicas: the first to close gets the totals and returns the carve.
             match shared.close(session).await {
@@ -467,6 +542,25 @@ impl Guardrails {
     /// How long teardown lets requests finish.
     pub fn grace(&self) -> Duration {
         self.settings.grace
+    }
+}
+
+/// How long a session's shared trail outlives its last event (past any watchdog window).
+const TRAIL_TTL: Duration = Duration::from_secs(3600);
+
+/// The watchdog's view of a shared event; its time on this replica's clock (never later
+/// than now: another replica's clock may run ahead).
+fn event_of(e: &TrailEvent, now: Instant, now_ms: i64) -> watchdog::Event<'_> {
+    let ago = Duration::from_millis(u64::try_from(now_ms - e.at_ms).unwrap_or(0));
+    watchdog::Event {
+        key: &e.key,
+        args_hash: e.args_hash,
+        tier_rank: e.tier_rank,
+        denied: e.denied,
+        held: e.held,
+        repeat_max: e.repeat_max,
+        repeat_window: Duration::from_millis(e.repeat_window_ms),
+        at: now.checked_sub(ago).unwrap_or(now),
     }
 }
 

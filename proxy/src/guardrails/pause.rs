@@ -10,7 +10,6 @@
 //! resume|terminate` and the control API do the same directly.
 
 use std::hash::{Hash, Hasher};
-use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -22,10 +21,11 @@ use crate::approvals::model::{Approval, Ask, HeldRequest, Observed};
 use crate::approvals::ApprovalQueue;
 use crate::audit::AuditSink;
 use crate::config;
+use crate::counters::trail::TrailEvent;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::policy_store::PolicyStore;
-use crate::session::watchdog::{Event, Trip};
+use crate::session::watchdog::Trip;
 use crate::session::{Principal, SessionRegistry};
 use crate::store::{now_ms, Call};
 
@@ -241,48 +241,53 @@ pub async fn observe(
     if !guardrails.settings().watchdog.enabled {
         return;
     }
-    let now = Instant::now();
-    for seen in calls {
-        let tier = tiers.get(seen.tier);
-        let trip = guardrails.watchdog.observe(
-            &principal.session_id,
-            Event {
-                key: &seen.key,
-                args_hash: seen.args_hash,
-                tier_rank: rank(seen.tier),
-                denied: seen.denied.unwrap_or(refused),
-                held: seen.held.unwrap_or(held),
+    let now_ms = now_ms();
+    let events = calls
+        .into_iter()
+        .map(|seen| {
+            let tier = tiers.get(seen.tier);
+            TrailEvent {
                 repeat_max: if seen.tool {
                     tier.map_or(20, |t| t.repeat_max)
                 } else {
                     0
                 },
-                repeat_window: tier.map_or(std::time::Duration::from_secs(60), |t| t.repeat_window),
-                at: now,
-            },
-        );
-        if let Some(trip) = trip {
-            if guardrails.paused(&principal.session_id).is_some() {
-                return;
+                repeat_window_ms: tier
+                    .map_or(std::time::Duration::from_secs(60), |t| t.repeat_window)
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+                tier_rank: rank(seen.tier),
+                denied: seen.denied.unwrap_or(refused),
+                held: seen.held.unwrap_or(held),
+                args_hash: seen.args_hash,
+                key: seen.key,
+                at_ms: now_ms,
+                reset: false,
             }
-            // In memory first, so the session's next request is refused whatever the
-            // store and the notifications below take.
-            guardrails
-                .set_paused(
-                    &principal.session_id,
-                    Paused {
-                        kind: kind_name(&trip),
-                        reason: trip.reason.clone(),
-                        at_ms: now_ms(),
-                        dead_letter: 0,
-                    },
-                )
-                .await;
-            tracing::warn!(session = %principal.session_id, reason = %trip.reason, "watchdog paused a session");
-            trips.send(principal, trip).await;
-            return;
-        }
+        })
+        .collect();
+    let Some(trip) = guardrails.watch(&principal.session_id, events).await else {
+        return;
+    };
+    if guardrails.paused(&principal.session_id).is_some() {
+        return;
     }
+    // In memory first, so the session's next request is refused whatever the
+    // store and the notifications below take.
+    guardrails
+        .set_paused(
+            &principal.session_id,
+            Paused {
+                kind: kind_name(&trip),
+                reason: trip.reason.clone(),
+                at_ms: now_ms,
+                dead_letter: 0,
+            },
+        )
+        .await;
+    tracing::warn!(session = %principal.session_id, reason = %trip.reason, "watchdog paused a session");
+    trips.send(principal, trip).await;
 }
 
 fn kind_name(trip: &Trip) -> String {

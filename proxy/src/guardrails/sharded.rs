@@ -44,6 +44,19 @@ impl<V: Clone> Sharded<V> {
             .insert(key.to_owned(), value);
     }
 
+    /// The value of `key`, made by `make` if there is none (one of racing callers makes it).
+    pub fn get_or_insert_with(&self, key: &str, make: impl FnOnce() -> V) -> V {
+        if let Some(v) = self.get(key) {
+            return v;
+        }
+        self.shard(key)
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_owned())
+            .or_insert_with(make)
+            .clone()
+    }
+
     pub fn remove(&self, key: &str) -> Option<V> {
         self.shard(key)
             .write()

@@ -76,19 +76,29 @@ pub async fn handle(
         .err()
         .is_some_and(crate::guardrails::pause::counts_as_hold);
     let response = answer::answer(&plane, result, audit, &request_id, upgrade_asked).await;
+    let shared = plane.guardrails.shared.is_some();
     // watchdog — after the answer is decided and its record written (the pause's snapshot
     // includes it): a session that keeps repeating itself is paused before its next request.
+    // With shared counters it runs beside the answer instead: its trail is a Redis round
+    // trip, and the other replicas' gates learn of a pause within 100 ms in any case.
     if let Some(principal) = note.principal.take() {
-        crate::guardrails::pause::observe(
-            &plane.guardrails,
-            &plane.config.tiers,
-            &plane.trips,
-            &principal,
-            note.calls,
-            refused,
-            held,
-        )
-        .await;
+        let watch = async move {
+            crate::guardrails::pause::observe(
+                &plane.guardrails,
+                &plane.config.tiers,
+                &plane.trips,
+                &principal,
+                note.calls,
+                refused,
+                held,
+            )
+            .await;
+        };
+        if shared {
+            tokio::spawn(watch);
+        } else {
+            watch.await;
+        }
     }
     response
 }

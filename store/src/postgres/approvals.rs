@@ -202,6 +202,17 @@ impl ApprovalStore for PgApprovals {
         Ok(ids)
     }
 
+    fn release(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let changed = self.0.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = 'approved', updated_ms = $2
+                 WHERE id = $1 AND status = 'executing'",
+                &[&id, &now_ms],
+            )
+        })?;
+        Ok(changed == 1)
+    }
+
     fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
         let changed = self.0.with(|c| {
             c.execute(

@@ -200,6 +200,17 @@ impl SqliteApprovals {
         })
     }
 
+    pub(super) fn release(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let changed = self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET status = 'approved', updated_ms = ?2
+                 WHERE id = ?1 AND status = 'executing'",
+                params![id, now_ms],
+            )
+        })?;
+        Ok(changed == 1)
+    }
+
     pub(super) fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
         let changed = self.with(|c| {
             c.execute(
@@ -487,6 +498,9 @@ impl ApprovalStore for SqliteApprovals {
     }
     fn renew(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
         Self::renew(self, id, now_ms)
+    }
+    fn release(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        Self::release(self, id, now_ms)
     }
     fn approved(&self) -> Result<Vec<String>, StoreError> {
         Self::approved(self)
