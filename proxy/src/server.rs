@@ -364,6 +364,11 @@ impl Ostiary {
         tracing::info!(policies = policies.current().len(), dir = %config.policy.dir.display(), "policies loaded");
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
+        if config.state.store != "sqlite" && config.state.redis.is_none() {
+            tracing::warn!(
+                "state.store is shared but state.redis is not set: budgets, rate limits, spawn counts, pauses and the loop watchdog count this replica's requests only"
+            );
+        }
         let counters = match &config.state.redis {
             Some(url) => Some(Arc::new(Counters::new(
                 url,
