@@ -273,6 +273,27 @@ fn tunnel_hosts(config: &Config) -> std::collections::HashSet<crate::egress::add
         .collect()
 }
 
+/// The counters replicas share (`state.redis`), if configured; a shared store without them
+/// is said at start-up, since each replica then counts its own requests only.
+fn shared_counters(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<Option<Arc<Counters>>, ServeError> {
+    let Some(url) = &config.state.redis else {
+        if config.state.store != "sqlite" {
+            tracing::warn!(
+                "state.store is shared but state.redis is not set: budgets, rate limits, spawn counts, pauses and the loop watchdog count this replica's requests only"
+            );
+        }
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(Counters::new(
+        url,
+        &config.state.redis_prefix,
+        metrics,
+    )?)))
+}
+
 /// This replica's name in teardown news: `OSTIARY_REPLICA_ID` (a pod's name, say), or one
 /// made up at start.
 fn replica_id() -> String {
@@ -364,19 +385,7 @@ impl Ostiary {
         tracing::info!(policies = policies.current().len(), dir = %config.policy.dir.display(), "policies loaded");
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
-        if config.state.store != "sqlite" && config.state.redis.is_none() {
-            tracing::warn!(
-                "state.store is shared but state.redis is not set: budgets, rate limits, spawn counts, pauses and the loop watchdog count this replica's requests only"
-            );
-        }
-        let counters = match &config.state.redis {
-            Some(url) => Some(Arc::new(Counters::new(
-                url,
-                &config.state.redis_prefix,
-                &metrics,
-            )?)),
-            None => None,
-        };
+        let counters = shared_counters(&config, &metrics)?;
 
         let db_path = state.path(files::DATABASE);
         // On the blocking pool: a store's calls block (PostgreSQL's client runs a runtime of

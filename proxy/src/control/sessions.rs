@@ -6,6 +6,8 @@
 //! `Authorization: Bearer <session token>` creates a child of that session — because agents
 //! spawn agents; everything else here needs the admin token.
 
+use std::sync::Arc;
+
 use http::header::AUTHORIZATION;
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
@@ -36,105 +38,35 @@ pub(super) async fn bearer_session<B>(
 pub(super) async fn create(
     shared: &ControlPlane,
     req: Request<Incoming>,
-    parent: Option<std::sync::Arc<Principal>>,
+    parent: Option<Arc<Principal>>,
 ) -> Reply {
-    let new: NewSession = match read_json(req).await {
-        Ok(n) => n,
-        Err(reply) => return reply,
-    };
-    // Every number first: a negative or absurd budget must not reach the carving below.
-    if let Err(e) = limits::check(&new) {
-        return ControlError::BadRequest(e.to_string()).into();
-    }
-    // A profile policies will be told about must be one the sandbox knows.
-    if let Some(name) = new.profile.as_deref() {
-        if shared.config.sandbox.profile(name).is_none() {
-            return ControlError::BadRequest(format!(
-                "profile {name:?} is not a sandbox profile (known: {})",
-                shared.config.sandbox.profile_names().join(", ")
-            ))
-            .into();
-        }
-    }
-    let parent = match (parent, new.parent.as_deref()) {
-        (Some(p), Some(named)) if named != p.session_id => {
-            return ControlError::Denied("a session may only create children of its own".into())
-                .into()
-        }
-        (Some(p), _) => Some(p),
-        (None, Some(named)) => match shared.sessions.find(named).await {
-            Some(p) => Some(p),
-            None => {
-                return ControlError::NotFound(format!("parent session {named} is not active"))
-                    .into()
-            }
-        },
-        (None, None) => None,
-    };
-    if let Some(p) = &parent {
-        // A paused session spawns nothing: a child would be a way around the pause.
-        if let Some(paused) = shared.guardrails.paused(&p.session_id) {
-            return ControlError::SessionPaused(format!(
-                "the parent session is paused: {}",
-                paused.reason
-            ))
-            .into();
-        }
-        // The spawn bounds before the budget: a refused child carves nothing.
-        if let Err(SessionError::Bound { limit, used, max }) = shared.sessions.may_spawn(p) {
-            return limit_reply(limit.to_owned(), json!(used), json!(max));
-        }
-    }
-    // The fan-out across replicas (`state.redis`), last of the refusals that cost nothing:
-    // counted here, given back below if the child is not made after all.
-    let reserved = match &parent {
-        Some(p) => match reserve_child(shared, p).await {
-            Ok(reserved) => Some(reserved),
-            Err(reply) => return reply,
-        },
-        None => None,
-    };
-    // spawn — who the child runs as, before anything is carved for it: its parent's agent,
-    // or another name only if policy permits the parent's agent to spawn it.
-    let child = match &parent {
-        Some(p) => match child_agent(shared, p, new.agent.as_deref()) {
-            Ok(child) => Some(child),
-            Err(reply) => return reply,
-        },
-        None => None,
-    };
-    // approvals — how many requests it may have held at once, never more than its parent;
-    // before the budget is carved, so a refused child carves nothing.
-    let max_pending_approvals = match shared
-        .approvals
-        .cap_for(
-            new.max_pending_approvals,
-            parent.as_ref().map(|p| p.session_id.as_str()),
-            shared.config.sessions.max_pending_approvals,
-        )
+    create_in_order(shared, req, parent)
         .await
-    {
-        Ok(n) => n,
-        Err(CapRefused::Invalid(m)) => return ControlError::BadRequest(m).into(),
-        Err(e) => return ControlError::Internal(e.to_string()).into(),
+        .unwrap_or_else(|refused| refused)
+}
+
+/// The steps of a creation, in order; every refusal before the session exists costs
+/// nothing (nothing carved, counted or stored that is not given back).
+async fn create_in_order(
+    shared: &ControlPlane,
+    req: Request<Incoming>,
+    parent: Option<Arc<Principal>>,
+) -> Result<Reply, Reply> {
+    // Every number first: a negative or absurd budget must not reach the carving below.
+    let new = read_new(shared, req).await?;
+    let parent = resolve_parent(shared, parent, new.parent.as_deref()).await?;
+    // spawn — the bounds, the fan-out and who the child runs as, before anything is carved
+    // for it: its parent's agent, or another name only if policy permits the parent's
+    // agent to spawn it.
+    let (reserved, child) = match &parent {
+        Some(p) => {
+            let (reserved, child) = admit_child(shared, p, new.agent.as_deref()).await?;
+            (Some(reserved), Some(child))
+        }
+        None => (None, None),
     };
-    let named = Limits {
-        max_calls: new.max_calls,
-        max_cost_micros: new.max_cost.map(ostiary_policies::catalog::cost_to_micros),
-        max_bytes_sent: new.max_bytes_sent,
-        max_bytes_received: new.max_bytes_received,
-    };
-    // A child's budget is carved out of what its parent has left (the `[sessions]`
-    // defaults do not apply to it: what it names, or half of what is left); a root session
-    // gets the defaults for what it does not name.
-    let limits = match &parent {
-        Some(p) => match shared.guardrails.carve(&p.session_id, named).await {
-            Ok(Ok(limits)) => limits,
-            Ok(Err(hit)) => return limit_reply(hit.limit, hit.used, hit.max),
-            Err(e) => return ControlError::Proxy(e).into(),
-        },
-        None => named.or(shared.guardrails.default_limits()),
-    };
+    // approvals and budget — the cap on holds, then the budget carved from the parent.
+    let (limits, max_pending_approvals) = budget(shared, &new, parent.as_deref()).await?;
     let created = shared
         .sessions
         .create(new, parent.as_deref().zip(child.as_ref()))
@@ -146,67 +78,25 @@ pub(super) async fn create(
             if let Some(p) = &parent {
                 shared.guardrails.uncarve(&p.session_id, &limits).await;
             }
-            return match e {
+            return Err(match e {
                 SessionError::Invalid(m) => ControlError::BadRequest(m).into(),
                 SessionError::Bound { limit, used, max } => {
                     limit_reply(limit.to_owned(), json!(used), json!(max))
                 }
                 e => ControlError::Internal(e.to_string()).into(),
-            };
+            });
         }
     };
     // The child exists: its count is its own now, given back when it ends.
     if let Some(reserved) = reserved {
         reserved.keep();
     }
-    let opened = shared
-        .guardrails
-        .open(
-            &principal.session_id,
-            limits,
-            principal.parent.clone(),
-            principal.expires_at,
-        )
-        .await;
-    if let Err(e) = opened {
-        // Without its account, its budget could not be kept: fail closed.
-        let why = "its budget account could not be opened";
-        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
-        return ControlError::Proxy(e).into();
-    }
-    let parent_id = principal.parent.as_deref();
-    let capped = shared
-        .approvals
-        .set_cap(&principal.session_id, parent_id, max_pending_approvals)
-        .await;
-    if let Err(e) = capped {
-        // Unstored, its holds would not count against its ancestors' caps: fail closed.
-        let why = "its cap of pending approvals could not be stored";
-        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
-        return ControlError::Internal(format!(
-            "storing the session's cap of pending approvals: {e}"
-        ))
-        .into();
-    }
-    shared.audit.session_event(
-        &shared.metrics,
-        &principal.session_id,
-        &principal.agent,
-        &principal.tenant,
-        &match (&principal.parent, &child) {
-            (Some(p), Some(c)) if c.renamed() => format!(
-                "session created (child of {p}, depth {}, as agent {:?} by spawn policies {})",
-                principal.depth,
-                c.name(),
-                c.policies().join(", ")
-            ),
-            (Some(p), _) => format!("session created (child of {p}, depth {})", principal.depth),
-            (None, _) => "session created".to_owned(),
-        },
-    );
+    // Its account and its cap, or no session at all.
+    establish(shared, &principal, limits, max_pending_approvals).await?;
+    record_created(shared, &principal, child.as_ref());
     let mut shown_limits = limits_json(&limits);
     shown_limits["max_pending_approvals"] = json!(max_pending_approvals);
-    Reply(
+    Ok(Reply(
         StatusCode::CREATED,
         json!({
             "session_id": principal.session_id,
@@ -225,7 +115,171 @@ pub(super) async fn create(
             ),
             "limits": shown_limits,
         }),
-    )
+    ))
+}
+
+/// The body, with every number in bounds and a profile the sandbox knows.
+async fn read_new(shared: &ControlPlane, req: Request<Incoming>) -> Result<NewSession, Reply> {
+    let new: NewSession = read_json(req).await?;
+    if let Err(e) = limits::check(&new) {
+        return Err(ControlError::BadRequest(e.to_string()).into());
+    }
+    // A profile policies will be told about must be one the sandbox knows.
+    if let Some(name) = new.profile.as_deref() {
+        if shared.config.sandbox.profile(name).is_none() {
+            return Err(ControlError::BadRequest(format!(
+                "profile {name:?} is not a sandbox profile (known: {})",
+                shared.config.sandbox.profile_names().join(", ")
+            ))
+            .into());
+        }
+    }
+    Ok(new)
+}
+
+/// The parent: the session whose token made the call, or the one an operator named (looked
+/// up in the store too: another replica may have made it).
+async fn resolve_parent(
+    shared: &ControlPlane,
+    caller: Option<Arc<Principal>>,
+    named: Option<&str>,
+) -> Result<Option<Arc<Principal>>, Reply> {
+    match (caller, named) {
+        (Some(p), Some(named)) if named != p.session_id => {
+            Err(ControlError::Denied("a session may only create children of its own".into()).into())
+        }
+        (Some(p), _) => Ok(Some(p)),
+        (None, Some(named)) => match shared.sessions.find(named).await {
+            Some(p) => Ok(Some(p)),
+            None => {
+                Err(ControlError::NotFound(format!("parent session {named} is not active")).into())
+            }
+        },
+        (None, None) => Ok(None),
+    }
+}
+
+/// Whether `parent` may have one more child, and who it runs as: not paused, within the
+/// spawn bounds, counted against its fan-out across replicas, then the agent name decided.
+async fn admit_child(
+    shared: &ControlPlane,
+    parent: &Principal,
+    asked: Option<&str>,
+) -> Result<(Reserved, ChildAgent), Reply> {
+    // A paused session spawns nothing: a child would be a way around the pause.
+    if let Some(paused) = shared.guardrails.paused(&parent.session_id) {
+        return Err(ControlError::SessionPaused(format!(
+            "the parent session is paused: {}",
+            paused.reason
+        ))
+        .into());
+    }
+    // The spawn bounds before the budget: a refused child carves nothing.
+    if let Err(SessionError::Bound { limit, used, max }) = shared.sessions.may_spawn(parent) {
+        return Err(limit_reply(limit.to_owned(), json!(used), json!(max)));
+    }
+    // The fan-out across replicas (`state.redis`), last of the refusals that cost nothing:
+    // counted here, given back (on drop) if the child is not made after all.
+    let reserved = reserve_child(shared, parent).await?;
+    let child = child_agent(shared, parent, asked)?;
+    Ok((reserved, child))
+}
+
+/// The new session's limits and its cap on pending approvals. The cap first (never more
+/// than its parent's), then the budget: a child's is carved out of what its parent has
+/// left (the `[sessions]` defaults do not apply to it: what it names, or half of what is
+/// left); a root session gets the defaults for what it does not name.
+async fn budget(
+    shared: &ControlPlane,
+    new: &NewSession,
+    parent: Option<&Principal>,
+) -> Result<(Limits, u32), Reply> {
+    let cap = shared
+        .approvals
+        .cap_for(
+            new.max_pending_approvals,
+            parent.map(|p| p.session_id.as_str()),
+            shared.config.sessions.max_pending_approvals,
+        )
+        .await
+        .map_err(|e| match e {
+            CapRefused::Invalid(m) => Reply::from(ControlError::BadRequest(m)),
+            e => ControlError::Internal(e.to_string()).into(),
+        })?;
+    let named = Limits {
+        max_calls: new.max_calls,
+        max_cost_micros: new.max_cost.map(ostiary_policies::catalog::cost_to_micros),
+        max_bytes_sent: new.max_bytes_sent,
+        max_bytes_received: new.max_bytes_received,
+    };
+    let limits = match parent {
+        Some(p) => match shared.guardrails.carve(&p.session_id, named).await {
+            Ok(Ok(limits)) => limits,
+            Ok(Err(hit)) => return Err(limit_reply(hit.limit, hit.used, hit.max)),
+            Err(e) => return Err(ControlError::Proxy(e).into()),
+        },
+        None => named.or(shared.guardrails.default_limits()),
+    };
+    Ok((limits, cap))
+}
+
+/// Open the new session's account and store its cap; either failing ends the session
+/// (fail closed: without its account its budget could not be kept, without its cap its
+/// holds would not count against its ancestors').
+async fn establish(
+    shared: &ControlPlane,
+    principal: &Principal,
+    limits: Limits,
+    cap: u32,
+) -> Result<(), Reply> {
+    let opened = shared
+        .guardrails
+        .open(
+            &principal.session_id,
+            limits,
+            principal.parent.clone(),
+            principal.expires_at,
+        )
+        .await;
+    if let Err(e) = opened {
+        let why = "its budget account could not be opened";
+        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
+        return Err(ControlError::Proxy(e).into());
+    }
+    let parent_id = principal.parent.as_deref();
+    let capped = shared
+        .approvals
+        .set_cap(&principal.session_id, parent_id, cap)
+        .await;
+    if let Err(e) = capped {
+        let why = "its cap of pending approvals could not be stored";
+        let _ = shared.teardown.tear_down(&principal.session_id, why).await;
+        return Err(ControlError::Internal(format!(
+            "storing the session's cap of pending approvals: {e}"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The creation's `session` audit record.
+fn record_created(shared: &ControlPlane, principal: &Principal, child: Option<&ChildAgent>) {
+    shared.audit.session_event(
+        &shared.metrics,
+        &principal.session_id,
+        &principal.agent,
+        &principal.tenant,
+        &match (&principal.parent, child) {
+            (Some(p), Some(c)) if c.renamed() => format!(
+                "session created (child of {p}, depth {}, as agent {:?} by spawn policies {})",
+                principal.depth,
+                c.name(),
+                c.policies().join(", ")
+            ),
+            (Some(p), _) => format!("session created (child of {p}, depth {})", principal.depth),
+            (None, _) => "session created".to_owned(),
+        },
+    );
 }
 
 /// A child counted against its parent's fan-out across replicas; given back when dropped
