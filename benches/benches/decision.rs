@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
-use ostiary_benches::{engine_with_hosts, request};
+use ostiary_benches::{engine_with_hosts, engine_with_paths, path_request, request};
 
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
@@ -47,6 +47,39 @@ fn percentiles() {
     }
     println!(
         "p50 at 1,000 policies / p50 at 10 policies: {:.2}x",
+        p50s[1].as_secs_f64() / p50s[0].as_secs_f64()
+    );
+    // Per-path permits, no host in the scope (`when { context.path == "/pN" }`): sliced on
+    // the leading literal, and unindexed for contrast.
+    let mut p50s = Vec::new();
+    for n in [10usize, 1000] {
+        let engine = engine_with_paths(n);
+        let requests: Vec<_> = (0..64)
+            .map(|i| path_request((i * 7919) % (n + n / 4 + 1)))
+            .collect();
+        for indexed in [true, false] {
+            let mut times: Vec<Duration> = Vec::with_capacity(ROUNDS / 10);
+            for i in 0..ROUNDS / 10 {
+                let req = &requests[i % requests.len()];
+                let started = Instant::now();
+                if indexed {
+                    std::hint::black_box(engine.decide(req));
+                } else {
+                    std::hint::black_box(engine.decide_unindexed(req));
+                }
+                times.push(started.elapsed());
+            }
+            times.sort();
+            let (p50, p99) = (times[times.len() / 2], times[times.len() * 99 / 100]);
+            let how = if indexed { "indexed" } else { "unindexed" };
+            println!("per-path permits, {n:>4} policies, {how:>9}: p50 {p50:?}  p99 {p99:?}");
+            if indexed {
+                p50s.push(p50);
+            }
+        }
+    }
+    println!(
+        "per-path permits, indexed: p50 at 1,000 / p50 at 10: {:.2}x",
         p50s[1].as_secs_f64() / p50s[0].as_secs_f64()
     );
 }

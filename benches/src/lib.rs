@@ -18,12 +18,26 @@ use ostiary_policies::{AccessRequest, Action, PolicyEngine, PolicySource};
 
 /// A policy set of `n` host permits (one per generated host), plus a metadata forbid.
 pub fn engine_with_hosts(n: usize) -> PolicyEngine {
-    let mut text = String::new();
-    for i in 0..n {
-        text.push_str(&format!(
-            "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource == Ostiary::Host::\"host{i}.example.com\") when {{ context.method == \"GET\" }};\n"
-        ));
-    }
+    engine_of(n, |i| {
+        format!(
+        "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource == Ostiary::Host::\"host{i}.example.com\") when {{ context.method == \"GET\" }};\n"
+    )
+    })
+}
+
+/// A policy set of `n` per-path permits of the shape issue 17 measured (no host in the
+/// scope: `when { context.path == "/p<i>" }`), plus the same metadata forbid.
+pub fn engine_with_paths(n: usize) -> PolicyEngine {
+    engine_of(n, |i| {
+        format!(
+        "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource) when {{ context.path == \"/p{i}\" }};\n"
+    )
+    })
+}
+
+/// `n` policies made by `policy`, then a forbid of the metadata address.
+fn engine_of(n: usize, policy: impl Fn(usize) -> String) -> PolicyEngine {
+    let mut text: String = (0..n).map(policy).collect();
     text.push_str(
         "@id(\"no-meta\") forbid (principal, action, resource == Ostiary::Host::\"169.254.169.254\");\n",
     );
@@ -32,6 +46,15 @@ pub fn engine_with_hosts(n: usize) -> PolicyEngine {
         text,
     }])
     .expect("generated policies validate")
+}
+
+/// A GET of `/p{i}` on one host.
+pub fn path_request(i: usize) -> AccessRequest {
+    let mut req = request(0);
+    if let Action::Http { path, .. } = &mut req.action {
+        *path = format!("/p{i}");
+    }
+    req
 }
 
 /// A GET to `host{i}.example.com`.

@@ -228,12 +228,20 @@ impl Names {
             Action::Mcp { .. } => (self.mcp.clone(), Vec::new(), uid(&self.host, &req.host)),
             Action::Spawn { child } => (self.spawn.clone(), Vec::new(), uid(&self.agent, child)),
         };
+        // The string attributes a leading literal may name, when this context holds them
+        // (in `index::LITERAL_ATTRS` order: path, method).
+        let literals = match &req.action {
+            Action::Http { method, path, .. } => [Some(path.clone()), Some(method.clone())],
+            Action::Mcp { method, .. } => [None, Some(method.clone())],
+            _ => [None, None],
+        };
         Some(ScopeKeys {
             agent: uid(&self.agent, &req.agent),
             tenant: uid(&self.tenant, &req.tenant),
             action,
             groups,
             resource,
+            literals,
         })
     }
 }

@@ -11,6 +11,12 @@
 //! - **resource**: `== X` or `in X` matches if `X` is the request's `Host`/`Tool` uid;
 //!   `is`/`is .. in`: unconstrained.
 //!
+//! - **a leading literal** (a fourth dimension, from the body): a policy whose first condition
+//!   is a `when` whose leftmost conjunct is `context.path == "<literal>"` or
+//!   `context.method == "<literal>"` (either side) matches a request whose context holds that
+//!   attribute only if it is that literal. The shape security teams write for per-path
+//!   permits (`when { context.path == "/pN" }`) then costs what a host-scoped one does.
+//!
 //! Per dimension, the index maps each uid a scope names to the policies naming it, and keeps a
 //! list of the policies unconstrained in that dimension. A request looks its keys up in the
 //! dimension with the fewest candidates, filters those by the other two constraints, and
@@ -27,7 +33,12 @@
 //! request's entities itself — the agent with its tenant as only parent, the tenant, the tool
 //! action with its tier group as only parent, the group, and the resource without parents —
 //! so `in` reaches exactly the uids listed above. Anything else (`is`, future constraint
-//! kinds) is kept. A set holding template-linked policies is not sliced at all (they cannot
+//! kinds) is kept. A leading literal is sound for the same reason: the body is evaluated after
+//! the scope, its conditions in order, `&&` left to right and short-circuiting, so when the
+//! leftmost conjunct of the first `when` compares a string attribute the request's context
+//! always holds (`path` and `method` of an `http` request, `method` of an `mcp` one) with a
+//! different literal, the body is false before anything in it could error. A request whose
+//! context lacks the attribute keeps the policy (evaluating it errors, as it does unsliced). A set holding template-linked policies is not sliced at all (they cannot
 //! be copied into a sub-set), so every request then evaluates the full set.
 //!
 //! The escalation re-check (the same request with `approval.granted`) changes only the
@@ -59,6 +70,40 @@ pub(crate) struct ScopeKeys {
     pub groups: Vec<EntityUid>,
     /// `Host::"<host>"` or `Tool::"<name>"`, parentless.
     pub resource: EntityUid,
+    /// The context's string attributes a leading literal may name ([`LITERAL_ATTRS`]), when
+    /// the request's context holds them.
+    pub literals: [Option<String>; 2],
+}
+
+/// The context attributes a leading literal is read from, in [`ScopeKeys::literals`] order.
+pub(crate) const LITERAL_ATTRS: [&str; 2] = ["path", "method"];
+
+/// The leading literal of `policy` (see the module doc): the attribute's position in
+/// [`LITERAL_ATTRS`] and the literal, if its first condition has one.
+fn leading_literal(policy: &Policy) -> Option<(usize, String)> {
+    let json = policy.to_json().ok()?;
+    let first = json.get("conditions")?.as_array()?.first()?;
+    if first.get("kind")?.as_str()? != "when" {
+        return None;
+    }
+    let mut expr = first.get("body")?;
+    while let Some(and) = expr.get("&&") {
+        expr = and.get("left")?;
+    }
+    let eq = expr.get("==")?;
+    let (left, right) = (eq.get("left")?, eq.get("right")?);
+    let attr = |e: &serde_json::Value| -> Option<usize> {
+        let dot = e.get(".")?;
+        if dot.get("left")?.get("Var")?.as_str()? != "context" {
+            return None;
+        }
+        let name = dot.get("attr")?.as_str()?;
+        LITERAL_ATTRS.iter().position(|a| *a == name)
+    };
+    let literal = |e: &serde_json::Value| e.get("Value")?.as_str().map(str::to_owned);
+    attr(left)
+        .zip(literal(right))
+        .or_else(|| attr(right).zip(literal(left)))
 }
 
 /// One scope constraint reduced to what the index can decide.
@@ -149,12 +194,49 @@ impl Dimension {
     }
 }
 
+/// The leading-literal dimension: policies without one, and those with one by attribute
+/// and literal.
+#[derive(Debug, Default)]
+struct Literals {
+    any: Vec<u32>,
+    by_value: [HashMap<String, Vec<u32>>; 2],
+    /// Every policy with a literal on the attribute, for requests that lack it.
+    all: [Vec<u32>; 2],
+}
+
+impl Literals {
+    fn add(&mut self, position: u32, literal: Option<&(usize, String)>) {
+        match literal {
+            None => self.any.push(position),
+            Some((attr, value)) => {
+                self.by_value[*attr]
+                    .entry(value.clone())
+                    .or_default()
+                    .push(position);
+                self.all[*attr].push(position);
+            }
+        }
+    }
+
+    fn lookup<'a>(&'a self, keys: &ScopeKeys) -> Vec<&'a [u32]> {
+        let mut lists = vec![self.any.as_slice()];
+        for (attr, value) in keys.literals.iter().enumerate() {
+            match value {
+                Some(value) => lists.extend(self.by_value[attr].get(value).map(Vec::as_slice)),
+                None => lists.push(self.all[attr].as_slice()),
+            }
+        }
+        lists
+    }
+}
+
 /// The scope of one policy, per dimension.
 #[derive(Debug)]
 struct Scope {
     principal: Constraint,
     action: Constraint,
     resource: Constraint,
+    literal: Option<(usize, String)>,
 }
 
 impl Scope {
@@ -163,6 +245,11 @@ impl Scope {
             .admits(&keys.agent, std::slice::from_ref(&keys.tenant))
             && self.action.admits(&keys.action, &keys.groups)
             && self.resource.admits(&keys.resource, &[])
+            && self.literal.as_ref().is_none_or(|(attr, literal)| {
+                keys.literals[*attr]
+                    .as_ref()
+                    .is_none_or(|value| value == literal)
+            })
     }
 }
 
@@ -178,6 +265,7 @@ struct Slices {
     principal: Dimension,
     action: Dimension,
     resource: Dimension,
+    literals: Literals,
     /// Sub-sets by their (sorted) member positions.
     cache: RwLock<HashMap<Vec<u32>, Arc<PolicySet>>>,
 }
@@ -214,6 +302,7 @@ impl PolicyIndex {
             principal: Dimension::default(),
             action: Dimension::default(),
             resource: Dimension::default(),
+            literals: Literals::default(),
             cache: RwLock::new(HashMap::new()),
         };
         for (position, policy) in (0u32..).zip(set.policies()) {
@@ -221,10 +310,12 @@ impl PolicyIndex {
                 principal: Constraint::principal(policy.principal_constraint()),
                 action: Constraint::action(policy.action_constraint()),
                 resource: Constraint::resource(policy.resource_constraint()),
+                literal: leading_literal(policy),
             };
             slices.principal.add(position, &scope.principal);
             slices.action.add(position, &scope.action);
             slices.resource.add(position, &scope.resource);
+            slices.literals.add(position, scope.literal.as_ref());
             slices.scopes.push(scope);
             slices.policies.push(policy.clone());
         }
@@ -275,6 +366,7 @@ impl Slices {
                 .lookup(&keys.agent, std::slice::from_ref(&keys.tenant)),
             self.action.lookup(&keys.action, &keys.groups),
             self.resource.lookup(&keys.resource, &[]),
+            self.literals.lookup(keys),
         ];
         // Walk the dimension with the fewest candidates and check the others per policy.
         let size = |lists: &Vec<&[u32]>| lists.iter().map(|l| l.len()).sum::<usize>();
@@ -291,5 +383,80 @@ impl Slices {
         members.sort_unstable();
         members.dedup();
         members
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{AccessRequest, Action, PolicyEngine, PolicySource};
+
+    fn engine(text: String) -> PolicyEngine {
+        PolicyEngine::from_sources(&[PolicySource {
+            name: "t.cedar".into(),
+            text,
+        }])
+        .expect("policies validate")
+    }
+
+    fn http(path: &str, method: &str) -> AccessRequest {
+        AccessRequest {
+            agent: "a".into(),
+            tenant: "default".into(),
+            host: "api.example.com".into(),
+            session: Default::default(),
+            action: Action::Http {
+                method: method.into(),
+                scheme: "https".into(),
+                port: 443,
+                path: path.into(),
+                query: String::new(),
+            },
+        }
+    }
+
+    /// How many policies the index would evaluate for `req` (all of them: `None`).
+    fn sliced(engine: &PolicyEngine, req: &AccessRequest) -> Option<usize> {
+        let keys = engine.names().scope_keys(req)?;
+        engine
+            .index()
+            .slice(&keys)
+            .map(|set| set.policies().count())
+    }
+
+    #[test]
+    fn per_path_permits_are_sliced_to_the_one_naming_the_path() {
+        let mut text = String::new();
+        for i in 0..1000 {
+            text.push_str(&format!(
+                "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource) when {{ context.path == \"/p{i}\" && context.port == 443 }};\n"
+            ));
+        }
+        // Shapes that must not be sliced on: a literal after another conjunct, under `||`,
+        // in an `unless`, on an attribute the index does not know.
+        text.push_str("@id(\"late\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.port == 443 && context.path == \"/late\" };\n");
+        text.push_str("@id(\"either\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.path == \"/a\" || context.path == \"/b\" };\n");
+        text.push_str("@id(\"not\") forbid (principal, action == Ostiary::Action::\"http\", resource) unless { context.path == \"/ok\" };\n");
+        text.push_str("@id(\"query\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.query == \"x\" };\n");
+        text.push_str("@id(\"verb\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { \"DELETE\" == context.method };\n");
+        let engine = engine(text);
+        // p7 and the four kept shapes; `verb` only for a DELETE.
+        assert_eq!(sliced(&engine, &http("/p7", "GET")), Some(5));
+        assert_eq!(sliced(&engine, &http("/p7", "DELETE")), Some(6));
+        assert_eq!(sliced(&engine, &http("/nowhere", "GET")), Some(4));
+        // And the decisions are the full set's.
+        for (path, method) in [
+            ("/p7", "GET"),
+            ("/p7", "DELETE"),
+            ("/late", "GET"),
+            ("/a", "GET"),
+            ("/ok", "GET"),
+        ] {
+            let req = http(path, method);
+            assert_eq!(
+                format!("{:?}", engine.decide(&req)),
+                format!("{:?}", engine.decide_unindexed(&req)),
+                "{path} {method}"
+            );
+        }
     }
 }

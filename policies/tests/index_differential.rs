@@ -205,11 +205,17 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
         return generic(rng);
     }
     match ctx {
-        Ctx::Http => match rng.below(6) {
+        Ctx::Http => match rng.below(8) {
             0 => format!(
                 "context.method == \"{}\"",
                 rng.pick(&["GET", "POST", "DELETE"])
             ),
+            // Literal paths, either side: the index slices on them when they lead.
+            6 => format!(
+                "context.path == \"{}\"",
+                rng.pick(&["/", "/admin/x", "/boom", "/items", "/nowhere"])
+            ),
+            7 => format!("\"{}\" == context.path", rng.pick(&["/items", "/admin/x"])),
             1 => "context.path like \"/admin*\"".into(),
             2 => "context.port == 443".into(),
             3 => "context.query == \"\"".into(),
