@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
-use ostiary_benches::{engine_with_hosts, engine_with_paths, path_request, request};
+use ostiary_benches::{
+    engine_with_hosts, engine_with_paths, engine_with_prefixes, path_request, request,
+};
 
 fn decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
@@ -49,17 +51,34 @@ fn percentiles() {
         "p50 at 1,000 policies / p50 at 10 policies: {:.2}x",
         p50s[1].as_secs_f64() / p50s[0].as_secs_f64()
     );
-    // Per-path permits, no host in the scope (`when { context.path == "/pN" }`): sliced on
-    // the leading literal, and unindexed for contrast.
+    // Per-path permits and per-prefix permits, no host in the scope (`when { context.path
+    // == "/pN" }`, `like "/pN/*"`): sliced on the leading literal, unindexed for contrast.
+    literal_shapes("per-path", engine_with_paths, path_request);
+    literal_shapes("per-prefix", engine_with_prefixes, |i| {
+        let mut req = path_request(i);
+        if let ostiary_policies::Action::Http { path, .. } = &mut req.action {
+            path.push_str("/items");
+        }
+        req
+    });
+}
+
+/// p50/p99 of `shape` policy sets of 10 and 1,000, indexed and not, and the indexed ratio.
+fn literal_shapes(
+    shape: &str,
+    engine_with: fn(usize) -> ostiary_policies::PolicyEngine,
+    request_for: impl Fn(usize) -> ostiary_policies::AccessRequest,
+) {
+    const ROUNDS: usize = 10_000;
     let mut p50s = Vec::new();
     for n in [10usize, 1000] {
-        let engine = engine_with_paths(n);
+        let engine = engine_with(n);
         let requests: Vec<_> = (0..64)
-            .map(|i| path_request((i * 7919) % (n + n / 4 + 1)))
+            .map(|i| request_for((i * 7919) % (n + n / 4 + 1)))
             .collect();
         for indexed in [true, false] {
-            let mut times: Vec<Duration> = Vec::with_capacity(ROUNDS / 10);
-            for i in 0..ROUNDS / 10 {
+            let mut times: Vec<Duration> = Vec::with_capacity(ROUNDS);
+            for i in 0..ROUNDS {
                 let req = &requests[i % requests.len()];
                 let started = Instant::now();
                 if indexed {
@@ -70,16 +89,16 @@ fn percentiles() {
                 times.push(started.elapsed());
             }
             times.sort();
-            let (p50, p99) = (times[times.len() / 2], times[times.len() * 99 / 100]);
+            let (p50, p99) = (times[ROUNDS / 2], times[ROUNDS * 99 / 100]);
             let how = if indexed { "indexed" } else { "unindexed" };
-            println!("per-path permits, {n:>4} policies, {how:>9}: p50 {p50:?}  p99 {p99:?}");
+            println!("{shape} permits, {n:>4} policies, {how:>9}: p50 {p50:?}  p99 {p99:?}");
             if indexed {
                 p50s.push(p50);
             }
         }
     }
     println!(
-        "per-path permits, indexed: p50 at 1,000 / p50 at 10: {:.2}x",
+        "{shape} permits, indexed: p50 at 1,000 / p50 at 10: {:.2}x",
         p50s[1].as_secs_f64() / p50s[0].as_secs_f64()
     );
 }

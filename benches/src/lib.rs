@@ -35,6 +35,16 @@ pub fn engine_with_paths(n: usize) -> PolicyEngine {
     })
 }
 
+/// A policy set of `n` per-prefix permits (`when { context.path like "/p<i>/*" }`), plus the
+/// same metadata forbid.
+pub fn engine_with_prefixes(n: usize) -> PolicyEngine {
+    engine_of(n, |i| {
+        format!(
+        "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource) when {{ context.path like \"/p{i}/*\" }};\n"
+    )
+    })
+}
+
 /// `n` policies made by `policy`, then a forbid of the metadata address.
 fn engine_of(n: usize, policy: impl Fn(usize) -> String) -> PolicyEngine {
     let mut text: String = (0..n).map(policy).collect();

@@ -13,8 +13,9 @@
 //!
 //! - **a leading literal** (a fourth dimension, from the body): a policy whose first condition
 //!   is a `when` whose leftmost conjunct is `context.path == "<literal>"` or
-//!   `context.method == "<literal>"` (either side) matches a request whose context holds that
-//!   attribute only if it is that literal. The shape security teams write for per-path
+//!   `context.method == "<literal>"` (either side), or `context.path like "<prefix>*"` (a
+//!   pattern whose only wildcards end it), matches a request whose context holds that
+//!   attribute only if it is that literal, or starts with that prefix. The shape security teams write for per-path
 //!   permits (`when { context.path == "/pN" }`) then costs what a host-scoped one does.
 //!
 //! Per dimension, the index maps each uid a scope names to the policies naming it, and keeps a
@@ -78,9 +79,44 @@ pub(crate) struct ScopeKeys {
 /// The context attributes a leading literal is read from, in [`ScopeKeys::literals`] order.
 pub(crate) const LITERAL_ATTRS: [&str; 2] = ["path", "method"];
 
+/// What a leading literal asks of the attribute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Literal {
+    /// `== "<value>"` (or a `like` pattern without a wildcard).
+    Exact(String),
+    /// `like "<prefix>*"`, the prefix not empty.
+    Prefix(String),
+}
+
+impl Literal {
+    fn admits(&self, value: &str) -> bool {
+        match self {
+            Self::Exact(literal) => value == literal,
+            // `like` matches characters; a prefix of characters is a prefix of the UTF-8 bytes.
+            Self::Prefix(prefix) => value.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+/// A `like` pattern (EST: literals and `"Wildcard"`) as a [`Literal`], when it is a plain
+/// string or a non-empty prefix followed by wildcards only.
+fn pattern(elements: &[serde_json::Value]) -> Option<Literal> {
+    let mut prefix = String::new();
+    let mut rest = elements.iter();
+    for element in rest.by_ref() {
+        if element.as_str() == Some("Wildcard") {
+            // Everything after the first wildcard must be wildcards too.
+            let only_wildcards = rest.all(|e| e.as_str() == Some("Wildcard"));
+            return (only_wildcards && !prefix.is_empty()).then_some(Literal::Prefix(prefix));
+        }
+        prefix.push_str(element.get("Literal")?.as_str()?);
+    }
+    Some(Literal::Exact(prefix))
+}
+
 /// The leading literal of `policy` (see the module doc): the attribute's position in
-/// [`LITERAL_ATTRS`] and the literal, if its first condition has one.
-fn leading_literal(policy: &Policy) -> Option<(usize, String)> {
+/// [`LITERAL_ATTRS`] and what it must be, if its first condition has one.
+fn leading_literal(policy: &Policy) -> Option<(usize, Literal)> {
     let json = policy.to_json().ok()?;
     let first = json.get("conditions")?.as_array()?.first()?;
     if first.get("kind")?.as_str()? != "when" {
@@ -90,8 +126,6 @@ fn leading_literal(policy: &Policy) -> Option<(usize, String)> {
     while let Some(and) = expr.get("&&") {
         expr = and.get("left")?;
     }
-    let eq = expr.get("==")?;
-    let (left, right) = (eq.get("left")?, eq.get("right")?);
     let attr = |e: &serde_json::Value| -> Option<usize> {
         let dot = e.get(".")?;
         if dot.get("left")?.get("Var")?.as_str()? != "context" {
@@ -100,7 +134,17 @@ fn leading_literal(policy: &Policy) -> Option<(usize, String)> {
         let name = dot.get("attr")?.as_str()?;
         LITERAL_ATTRS.iter().position(|a| *a == name)
     };
-    let literal = |e: &serde_json::Value| e.get("Value")?.as_str().map(str::to_owned);
+    if let Some(like) = expr.get("like") {
+        let elements = like.get("pattern")?.as_array()?;
+        return attr(like.get("left")?).zip(pattern(elements));
+    }
+    let eq = expr.get("==")?;
+    let (left, right) = (eq.get("left")?, eq.get("right")?);
+    let literal = |e: &serde_json::Value| {
+        e.get("Value")?
+            .as_str()
+            .map(|v| Literal::Exact(v.to_owned()))
+    };
     attr(left)
         .zip(literal(right))
         .or_else(|| attr(right).zip(literal(left)))
@@ -195,24 +239,26 @@ impl Dimension {
 }
 
 /// The leading-literal dimension: policies without one, and those with one by attribute
-/// and literal.
+/// and literal (exact values hashed; prefixes, fewer in practice, scanned).
 #[derive(Debug, Default)]
 struct Literals {
     any: Vec<u32>,
     by_value: [HashMap<String, Vec<u32>>; 2],
+    by_prefix: [HashMap<String, Vec<u32>>; 2],
     /// Every policy with a literal on the attribute, for requests that lack it.
     all: [Vec<u32>; 2],
 }
 
 impl Literals {
-    fn add(&mut self, position: u32, literal: Option<&(usize, String)>) {
+    fn add(&mut self, position: u32, literal: Option<&(usize, Literal)>) {
         match literal {
             None => self.any.push(position),
-            Some((attr, value)) => {
-                self.by_value[*attr]
-                    .entry(value.clone())
-                    .or_default()
-                    .push(position);
+            Some((attr, literal)) => {
+                let (map, key) = match literal {
+                    Literal::Exact(value) => (&mut self.by_value[*attr], value),
+                    Literal::Prefix(prefix) => (&mut self.by_prefix[*attr], prefix),
+                };
+                map.entry(key.clone()).or_default().push(position);
                 self.all[*attr].push(position);
             }
         }
@@ -222,7 +268,15 @@ impl Literals {
         let mut lists = vec![self.any.as_slice()];
         for (attr, value) in keys.literals.iter().enumerate() {
             match value {
-                Some(value) => lists.extend(self.by_value[attr].get(value).map(Vec::as_slice)),
+                Some(value) => {
+                    lists.extend(self.by_value[attr].get(value).map(Vec::as_slice));
+                    lists.extend(
+                        self.by_prefix[attr]
+                            .iter()
+                            .filter(|(prefix, _)| value.starts_with(prefix.as_str()))
+                            .map(|(_, positions)| positions.as_slice()),
+                    );
+                }
                 None => lists.push(self.all[attr].as_slice()),
             }
         }
@@ -236,7 +290,7 @@ struct Scope {
     principal: Constraint,
     action: Constraint,
     resource: Constraint,
-    literal: Option<(usize, String)>,
+    literal: Option<(usize, Literal)>,
 }
 
 impl Scope {
@@ -248,7 +302,7 @@ impl Scope {
             && self.literal.as_ref().is_none_or(|(attr, literal)| {
                 keys.literals[*attr]
                     .as_ref()
-                    .is_none_or(|value| value == literal)
+                    .is_none_or(|value| literal.admits(value))
             })
     }
 }
@@ -438,17 +492,25 @@ mod tests {
         text.push_str("@id(\"not\") forbid (principal, action == Ostiary::Action::\"http\", resource) unless { context.path == \"/ok\" };\n");
         text.push_str("@id(\"query\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.query == \"x\" };\n");
         text.push_str("@id(\"verb\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { \"DELETE\" == context.method };\n");
+        // Prefixes: `like "/p7*"` is one; `like "*x"` and `like "/a*b"` are not.
+        text.push_str("@id(\"under\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"/p7*\" };\n");
+        text.push_str("@id(\"suffix\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"*x\" };\n");
+        text.push_str("@id(\"middle\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"/a*b\" };\n");
         let engine = engine(text);
-        // p7 and the four kept shapes; `verb` only for a DELETE.
-        assert_eq!(sliced(&engine, &http("/p7", "GET")), Some(5));
-        assert_eq!(sliced(&engine, &http("/p7", "DELETE")), Some(6));
-        assert_eq!(sliced(&engine, &http("/nowhere", "GET")), Some(4));
+        // p7, `under`, and the six kept shapes; `verb` only for a DELETE.
+        assert_eq!(sliced(&engine, &http("/p7", "GET")), Some(8));
+        assert_eq!(sliced(&engine, &http("/p7", "DELETE")), Some(9));
+        // `/p70/x` is no policy's exact path, and under `/p7`.
+        assert_eq!(sliced(&engine, &http("/p70/x", "GET")), Some(7));
+        assert_eq!(sliced(&engine, &http("/nowhere", "GET")), Some(6));
         // And the decisions are the full set's.
         for (path, method) in [
             ("/p7", "GET"),
             ("/p7", "DELETE"),
+            ("/p7/x", "GET"),
             ("/late", "GET"),
             ("/a", "GET"),
+            ("/ab", "GET"),
             ("/ok", "GET"),
         ] {
             let req = http(path, method);

@@ -216,7 +216,11 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
                 rng.pick(&["/", "/admin/x", "/boom", "/items", "/nowhere"])
             ),
             7 => format!("\"{}\" == context.path", rng.pick(&["/items", "/admin/x"])),
-            1 => "context.path like \"/admin*\"".into(),
+            // Prefixes the index slices on, and patterns it must not.
+            1 => format!(
+                "context.path like \"{}\"",
+                rng.pick(&["/admin*", "/i*", "/*", "*s", "/a*x", "/items"])
+            ),
             2 => "context.port == 443".into(),
             3 => "context.query == \"\"".into(),
             4 => format!("(context.path != \"/boom\" || context.port * {OVERFLOW} > 0)"),
