@@ -134,7 +134,6 @@ async fn main() -> Result<()> {
 
     let upstream = Upstream::builder().start().await;
     let schema = format!("bench_fleet_{}", std::process::id());
-    psql(&format!("CREATE SCHEMA {schema}"))?;
     let base = env(
         "OSTIARY_TEST_POSTGRES",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -191,7 +190,31 @@ async fn main() -> Result<()> {
         )
         .await?,
     ];
-    for s in &setups {
+    let results = measure(&setups, total, connections, rounds).await?;
+    println!(
+        "{total} requests × {rounds} rounds over {connections} keep-alive connections (HTTPS GET, a catalogued read tool); medians of the rounds"
+    );
+    report(&setups, &results);
+    for s in setups {
+        for replica in s.replicas {
+            replica.stop().await;
+        }
+    }
+    psql(&format!(
+        "DROP SCHEMA {schema}_one CASCADE; DROP SCHEMA {schema}_three CASCADE"
+    ))?;
+    Ok(())
+}
+
+/// Every setup warmed up, then `rounds` rounds of `total` requests each: per setup, its
+/// rounds' summaries.
+async fn measure(
+    setups: &[Setup],
+    total: usize,
+    connections: usize,
+    rounds: usize,
+) -> Result<Vec<Vec<Summary>>> {
+    for s in setups {
         run_spread(&s.routes, connections * 20, connections)
             .await
             .with_context(|| format!("warming up {}", s.name))?;
@@ -207,6 +230,11 @@ async fn main() -> Result<()> {
             results[i].push(summary);
         }
     }
+    Ok(results)
+}
+
+/// The table: each setup's medians, as ratios and differences to the first (the baseline).
+fn report(setups: &[Setup], results: &[Vec<Summary>]) {
     let med = |i: usize, f: &dyn Fn(&Summary) -> f64| {
         let mut v: Vec<f64> = results[i].iter().map(f).collect();
         median(&mut v)
@@ -216,9 +244,6 @@ async fn main() -> Result<()> {
         med(0, &|s| s.rps),
         med(0, &|s| us(s.p50)),
         med(0, &|s| us(s.p99)),
-    );
-    println!(
-        "{total} requests × {rounds} rounds over {connections} keep-alive connections (HTTPS GET, a catalogued read tool); medians of the rounds"
     );
     println!(
         "{:<40} {:>10} {:>7} {:>10} {:>10} {:>11} {:>11}",
@@ -241,13 +266,4 @@ async fn main() -> Result<()> {
             p99 - base_p99
         );
     }
-    for s in setups {
-        for replica in s.replicas {
-            replica.stop().await;
-        }
-    }
-    psql(&format!(
-        "DROP SCHEMA {schema} CASCADE; DROP SCHEMA {schema}_one CASCADE; DROP SCHEMA {schema}_three CASCADE"
-    ))?;
-    Ok(())
 }

@@ -188,16 +188,13 @@ impl Counters {
     pub fn status(&self) -> Status {
         Status {
             ok: self.health.ok.load(Ordering::Acquire),
-            reason: self.reason(),
+            reason: self
+                .health
+                .reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
-    }
-
-    fn reason(&self) -> Option<String> {
-        self.reason_lock().clone()
-    }
-
-    fn reason_lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.health.reason.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ask Redis whether it answers (`/readyz`), and remember the answer.

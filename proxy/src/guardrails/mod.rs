@@ -376,10 +376,14 @@ impl Guardrails {
     pub async fn watch(&self, session: &str, events: Vec<TrailEvent>) -> Option<watchdog::Trip> {
         let now = Instant::now();
         let now_ms = crate::store::now_ms();
-        let Some(shared) = &self.shared else {
-            return events
+        // This replica's events alone, as a single process watches them.
+        let here = |events: &[TrailEvent]| {
+            events
                 .iter()
-                .find_map(|e| self.watchdog.observe(session, event_of(e, now, now_ms)));
+                .find_map(|e| self.watchdog.observe(session, event_of(e, now, now_ms)))
+        };
+        let Some(shared) = &self.shared else {
+            return here(&events);
         };
         let cursor = self.cursor(session);
         let mut cursor = cursor.lock().await;
@@ -391,9 +395,7 @@ impl Guardrails {
             Err(e) => {
                 // Judged here alone rather than not at all.
                 tracing::warn!(session, error = %e, "the shared watchdog trail is unavailable; watching this replica's calls only");
-                return events
-                    .iter()
-                    .find_map(|e| self.watchdog.observe(session, event_of(e, now, now_ms)));
+                return here(&events);
             }
         };
         cursor.clone_from(&exchanged.cursor);
