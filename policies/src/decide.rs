@@ -24,6 +24,7 @@ use cedar_policy::{
 
 use crate::args::RecordType;
 use crate::catalog::Catalog;
+use crate::entities::{EntityKey, Resource};
 use crate::index::ScopeKeys;
 use crate::load::PolicyEngine;
 use crate::request::{AccessRequest, Action};
@@ -319,7 +320,6 @@ impl PolicyEngine {
             EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
         };
         let principal = uid(&names.agent, &req.agent);
-        let tenant = uid(&names.tenant, &req.tenant);
 
         // The context is built from typed fields, so it matches the schema by construction;
         // re-validating it per request would cost more than evaluating a small policy set.
@@ -327,86 +327,47 @@ impl PolicyEngine {
         // they come from the agent, so they are converted against the tool's record type,
         // and a mismatch is an error (a deny).
         let mut pairs = req.context_pairs().map_err(|e| format!("context: {e}"))?;
-        // The index (index.rs) proves scopes false from exactly this hierarchy — the agent
-        // in its tenant, a tool action in its tier group, parentless resources: keep the two
-        // in step.
-        let name = |id: &str| {
-            [(
-                "name".to_owned(),
-                RestrictedExpression::new_string(id.to_owned()),
-            )]
-            .into_iter()
-            .collect()
-        };
-        let mut entities = vec![
-            Entity::new(
-                principal.clone(),
-                name(&req.agent),
-                [tenant.clone()].into_iter().collect(),
-            )
-            .map_err(|e| format!("agent entity: {e}"))?,
-            Entity::new_no_attrs(tenant, Default::default()),
-        ];
-        let (action, resource) = match &req.action {
+        let (action, resource, key) = match &req.action {
             Action::Tool { name, args, .. } => {
                 let model = names
                     .tools
                     .get(name)
                     .ok_or_else(|| format!("tool {name:?} is not in the catalog"))?;
                 pairs.push(("args".into(), model.args.value(args, "args")?));
-                // The action and its tier group go in with the request, so that
-                // `action in Action::"tier:..."` sees the hierarchy.
-                entities.extend([
-                    model.action.clone(),
-                    model.group.clone(),
-                    model.resource.clone(),
-                ]);
-                (model.action_uid.clone(), model.resource.uid())
+                (
+                    model.action_uid.clone(),
+                    model.resource.uid(),
+                    Resource::Tool(name.clone()),
+                )
             }
-            // The child's agent comes without parents, like every resource (the index relies
-            // on it): it stays in its parent's tenant, which policies see in the principal.
-            Action::Spawn { child } => {
-                let resource = uid(&names.agent, child);
-                // The same name as the principal is never asked (it needs no permit), but
-                // must not become a second entity with that uid either.
-                if *child != req.agent {
-                    entities.push(
-                        Entity::new(resource.clone(), name(child), Default::default())
-                            .map_err(|e| format!("agent entity: {e}"))?,
-                    );
-                }
-                (names.spawn.clone(), resource)
-            }
+            Action::Spawn { child } => (
+                names.spawn.clone(),
+                uid(&names.agent, child),
+                Resource::Agent(child.clone()),
+            ),
             Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => {
-                let resource = uid(&names.host, &req.host);
-                entities.push(
-                    Entity::new(
-                        resource.clone(),
-                        [(
-                            "name".to_owned(),
-                            RestrictedExpression::new_string(req.host.clone()),
-                        )]
-                        .into_iter()
-                        .collect(),
-                        Default::default(),
-                    )
-                    .map_err(|e| format!("host entity: {e}"))?,
-                );
                 let action = names
                     .action(&req.action)
                     .cloned()
                     .ok_or_else(|| format!("unknown action {}", req.action.id()))?;
-                (action, resource)
+                (
+                    action,
+                    uid(&names.host, &req.host),
+                    Resource::Host(req.host.clone()),
+                )
             }
         };
         let context = Context::from_pairs(pairs).map_err(|e| format!("context: {e}"))?;
         let request = Request::new(principal, action, resource, context, None)
             .map_err(|e| format!("request: {e}"))?;
-
-        // Built here from observed facts, so they are well-formed by construction; validating
-        // them against the schema on every request costs more than the evaluation itself.
-        let entities =
-            Entities::from_entities(entities, None).map_err(|e| format!("entities: {e}"))?;
+        let key = EntityKey {
+            agent: req.agent.clone(),
+            tenant: req.tenant.clone(),
+            resource: key,
+        };
+        let entities = self
+            .entity_cache()
+            .get_or_build(key, || self.entities(req))?;
 
         let response = self
             .authorizer()
@@ -431,6 +392,73 @@ impl PolicyEngine {
                 reason: DenyReason::Forbidden,
             },
         })
+    }
+
+    /// The entities of `req`: the agent in its tenant and the resource, never anything that
+    /// varies between requests with the same agent, tenant and resource (they are cached
+    /// by those, `entities.rs`).
+    fn entities(&self, req: &AccessRequest) -> Result<Entities, String> {
+        let names = self.names();
+        let uid = |ty: &EntityTypeName, id: &str| {
+            EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
+        };
+        let principal = uid(&names.agent, &req.agent);
+        let tenant = uid(&names.tenant, &req.tenant);
+        // The index (index.rs) proves scopes false from exactly this hierarchy — the agent
+        // in its tenant, a tool action in its tier group, parentless resources: keep the two
+        // in step.
+        let name = |id: &str| {
+            [(
+                "name".to_owned(),
+                RestrictedExpression::new_string(id.to_owned()),
+            )]
+            .into_iter()
+            .collect()
+        };
+        let mut entities = vec![
+            Entity::new(
+                principal,
+                name(&req.agent),
+                [tenant.clone()].into_iter().collect(),
+            )
+            .map_err(|e| format!("agent entity: {e}"))?,
+            Entity::new_no_attrs(tenant, Default::default()),
+        ];
+        match &req.action {
+            Action::Tool { name, .. } => {
+                let model = names
+                    .tools
+                    .get(name)
+                    .ok_or_else(|| format!("tool {name:?} is not in the catalog"))?;
+                // The action and its tier group go in with the request, so that
+                // `action in Action::"tier:..."` sees the hierarchy.
+                entities.extend([
+                    model.action.clone(),
+                    model.group.clone(),
+                    model.resource.clone(),
+                ]);
+            }
+            // The child's agent comes without parents, like every resource (the index relies
+            // on it): it stays in its parent's tenant, which policies see in the principal.
+            // The same name as the principal is never asked (it needs no permit), but must
+            // not become a second entity with that uid either.
+            Action::Spawn { child } if *child != req.agent => entities.push(
+                Entity::new(uid(&names.agent, child), name(child), Default::default())
+                    .map_err(|e| format!("agent entity: {e}"))?,
+            ),
+            Action::Spawn { .. } => {}
+            Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => entities.push(
+                Entity::new(
+                    uid(&names.host, &req.host),
+                    name(&req.host),
+                    Default::default(),
+                )
+                .map_err(|e| format!("host entity: {e}"))?,
+            ),
+        }
+        // Built here from observed facts, so they are well-formed by construction; validating
+        // them against the schema on every request costs more than the evaluation itself.
+        Entities::from_entities(entities, None).map_err(|e| format!("entities: {e}"))
     }
 }
 

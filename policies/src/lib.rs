@@ -24,6 +24,7 @@
 pub mod args;
 pub mod catalog;
 pub mod decide;
+mod entities;
 pub mod explain;
 mod index;
 pub mod load;

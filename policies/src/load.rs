@@ -79,6 +79,8 @@ pub struct PolicyEngine {
     http_permit_hosts: Option<HashSet<String>>,
     /// Which file each policy came from, for audit and explanations.
     origins: HashMap<String, String>,
+    /// Decisions' entity sets, built once per agent, tenant and resource (entities.rs).
+    entity_cache: crate::entities::EntityCache,
 }
 
 /// The regular files of `dir` ending in `.<ext>`, sorted by name (not recursive): policy
@@ -218,6 +220,7 @@ impl PolicyEngine {
             policies,
             authorizer: Authorizer::new(),
             origins,
+            entity_cache: Default::default(),
         })
     }
 
@@ -239,6 +242,10 @@ impl PolicyEngine {
     /// The validated policies.
     pub fn policy_set(&self) -> &PolicySet {
         &self.policies
+    }
+
+    pub(crate) fn entity_cache(&self) -> &crate::entities::EntityCache {
+        &self.entity_cache
     }
 
     pub(crate) fn authorizer(&self) -> &Authorizer {

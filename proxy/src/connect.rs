@@ -248,6 +248,9 @@ async fn intercept(
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
+            // One buffer per flush: rustls seals each slice of a vectored write as a record
+            // of its own, so head and body went out as two (docs/benchmarks.md).
+            .writev(false)
             .serve_connection(
                 TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),
                 service,

@@ -1,8 +1,10 @@
 //! Phase `forward`: send the request upstream over a pooled connection and stream the
 //! response back. Dials go through the egress guard inside [`UpstreamConnector`].
 //!
-//! Two pools: the general one negotiates `h2` or `http/1.1` by ALPN; WebSocket handshakes use
-//! an HTTP/1.1-only pool, because an upgrade cannot ride an h2 connection.
+//! Two pools: the general one negotiates `h2` or `http/1.1` by ALPN, for agents speaking
+//! HTTP/2; the HTTP/1.1-only one serves agents speaking HTTP/1.1 (the protocol the agent
+//! chose, as Envoy's `USE_DOWNSTREAM_PROTOCOL`) and WebSocket handshakes, which cannot ride
+//! an h2 connection.
 //!
 //! A request carrying an mTLS credential goes through a client of its own, built for that
 //! one certificate and cached while the credential lives: pooled connections that present
@@ -47,12 +49,14 @@ impl std::fmt::Debug for Upstreams {
     }
 }
 
-/// The two pools (ALPN h2+h1, and h1 only for upgrades) over one TLS configuration.
+/// The two pools (ALPN h2+h1, and h1 only) over one TLS configuration.
 fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
     let mut h1_only = tls.clone();
     h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
     let build = |tls: ClientConfig| {
         Client::builder(TokioExecutor::new())
+            // Upstreams are TLS mostly: one record per flush, not one per slice.
+            .http1_writev(false)
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -114,16 +118,17 @@ impl Upstreams {
     }
 
     /// Send a prepared request; the response head within the configured timeout. With an
-    /// `identity`, the connection presents that client certificate.
+    /// `identity`, the connection presents that client certificate; `h1_only` (a WebSocket
+    /// handshake, an agent speaking HTTP/1.1) keeps it off h2 connections.
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
-        upgrade: bool,
+        h1_only: bool,
         identity: Option<&Held>,
         metrics: &Metrics,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let (general, for_upgrade) = self.pools_for(identity)?;
-        let client = if upgrade { &for_upgrade } else { &general };
+        let (general, h1) = self.pools_for(identity)?;
+        let client = if h1_only { &h1 } else { &general };
         let started = Instant::now();
         let result = tokio::time::timeout(self.response_timeout, client.request(req)).await;
         metrics

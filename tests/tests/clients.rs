@@ -174,6 +174,16 @@ async fn python_client_round(script: &str, http2: bool) {
         assert!(s.headers.get("proxy-authorization").is_none(), "{s:#?}");
         assert!(s.body_complete);
         assert_eq!(s.sni.as_deref(), Some("api.example.test"));
+        // The upstream offers h2 and http/1.1: the proxy speaks to it what the agent spoke.
+        let spoken = if http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        assert_eq!(
+            s.version, spoken,
+            "the agent's protocol upstream too: {s:#?}"
+        );
     }
     assert_eq!(seen[0].method, hyper::Method::GET);
     assert_eq!(seen[1].method, hyper::Method::POST);

@@ -3,12 +3,16 @@
 //! Each record is sealed as `hash = HMAC-SHA256(audit key, prev ‖ seq ‖ record)`, where
 //! `prev` is the previous record's hash. Editing, inserting or deleting a row breaks the
 //! chain; without the key (kept in the state directory, never in the database) the chain
-//! cannot be recomputed. After every batch the head is checkpointed ([`super::chain`]) so
-//! that deleting the newest rows is detected too, at the next start-up and by `verify`.
+//! cannot be recomputed. The head is checkpointed ([`super::chain`]) so that deleting the
+//! newest rows is detected too, at the next start-up and by `verify`: at most every
+//! [`Limits::checkpoint_every`] while records keep coming, and at once for a flush (a held
+//! approval, a pause, an audit query) or at shutdown. Rows past the head are accepted as
+//! a crash between commit and checkpoint would leave them.
 //!
 //! The request path never waits for a disk write: records go to an in-memory queue, and
-//! the writer takes whatever is queued (up to [`Limits::batch`] records) as soon as its
-//! previous commit ends, with no gathering delay. It fails closed: the first commit or
+//! the writer commits them in groups — whatever is queued (up to [`Limits::batch`]
+//! records) once the oldest has waited [`Limits::linger`], or at once when a flush or
+//! shutdown waits or the batch is full. It fails closed: the first commit or
 //! checkpoint that fails (disk full, I/O error, the database locked past the store's
 //! audit busy timeout, `ostiary_store::sqlite::Options`) marks the trail unavailable ([`super::health`]), and the
 //! request path forwards nothing until the writer has written its whole backlog again.
@@ -180,18 +184,21 @@ impl AuditWriter {
             head_path,
             tip,
             head_dirty: true,
+            last_checkpoint: None,
+            oldest: None,
             health: health.clone(),
             pending: VecDeque::new(),
             waiters: Vec::new(),
             received: 0,
             written: 0,
+            checkpointed: 0,
             retry: Retry::default(),
             outage: None,
         };
         // A checkpoint behind the chain (a crash between commit and checkpoint) is caught
         // up, and a new chain gets its first one; a failure here starts the proxy with the
         // trail unavailable rather than not at all.
-        writer.write_once();
+        writer.write_once(true);
         let (tx, rx) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("ostiary-audit".into())
@@ -281,12 +288,18 @@ struct Writer {
     tip: Tip,
     /// `tip` is committed but not yet checkpointed.
     head_dirty: bool,
+    /// When the head was last checkpointed (none yet: due at once).
+    last_checkpoint: Option<Instant>,
+    /// When the oldest pending record arrived (group commit).
+    oldest: Option<Instant>,
     health: Arc<Health>,
     pending: VecDeque<AuditRecord>,
     /// Flushes and the count of records received before each.
     waiters: Vec<(u64, oneshot::Sender<bool>)>,
     received: u64,
     written: u64,
+    /// `written` as of the last checkpoint: what a flush may be answered for.
+    checkpointed: u64,
     retry: Retry,
     outage: Option<Outage>,
 }
@@ -316,7 +329,7 @@ impl Writer {
                 });
             }
             if self.busy() && self.retry.wait().is_zero() {
-                self.write_once();
+                self.write_once(closing.is_some());
             }
             self.answer_flushes();
             let Some(c) = &closing else { continue };
@@ -343,6 +356,17 @@ impl Writer {
             }
         } else {
             let mut wait = self.retry.wait();
+            if wait.is_zero() && closing.is_none() && self.waiters.is_empty() {
+                wait = self.until_due();
+                // Gathering a group: asleep rather than waiting on the channel, so that the
+                // records arriving meanwhile do not each wake this thread (a futex call and
+                // a context switch per request). A flush or shutdown sent meanwhile waits
+                // out the linger at most; a dirty head alone waits on the channel.
+                if !self.pending.is_empty() && !wait.is_zero() {
+                    thread::sleep(wait.min(self.health.limits.linger));
+                    return self.drain(rx, closing);
+                }
+            }
             if let Some(c) = closing {
                 wait = wait.min(c.deadline.saturating_duration_since(Instant::now()));
             }
@@ -357,6 +381,11 @@ impl Writer {
             }
         };
         self.take(first, closing);
+        self.drain(rx, closing)
+    }
+
+    /// Take everything queued without waiting; `false` once every sink is gone.
+    fn drain(&mut self, rx: &mpsc::Receiver<Command>, closing: &mut Option<Closing>) -> bool {
         loop {
             match rx.try_recv() {
                 Ok(cmd) => self.take(cmd, closing),
@@ -369,6 +398,7 @@ impl Writer {
     fn take(&mut self, cmd: Command, closing: &mut Option<Closing>) {
         match cmd {
             Command::Record(r) => {
+                self.oldest.get_or_insert_with(Instant::now);
                 self.pending.push_back(*r);
                 self.received += 1;
             }
@@ -388,7 +418,7 @@ impl Writer {
 
     /// Flushes whose records are all written (a failure answers the rest, in `fail`).
     fn answer_flushes(&mut self) {
-        let written = self.written;
+        let written = self.checkpointed;
         let (done, waiting) = std::mem::take(&mut self.waiters)
             .into_iter()
             .partition::<Vec<_>, _>(|(target, _)| *target <= written);
@@ -398,10 +428,35 @@ impl Writer {
         }
     }
 
-    /// One batch (and its checkpoint), or one retry of a failed one.
-    fn write_once(&mut self) {
+    /// How long until the next group commit or checkpoint is due (zero: now).
+    fn until_due(&self) -> Duration {
+        let limits = &self.health.limits;
+        let now = Instant::now();
+        let records = self.oldest.map(|t| {
+            if self.pending.len() >= limits.batch {
+                Duration::ZERO
+            } else {
+                (t + limits.linger).saturating_duration_since(now)
+            }
+        });
+        let head = self.head_dirty.then(|| {
+            self.last_checkpoint.map_or(Duration::ZERO, |t| {
+                (t + limits.checkpoint_every).saturating_duration_since(now)
+            })
+        });
+        match (records, head) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => Duration::ZERO,
+        }
+    }
+
+    /// What is due — a group commit, a checkpoint — or everything at once when `urgent`
+    /// (shutdown) or a flush waits; one retry of a failed write.
+    fn write_once(&mut self, urgent: bool) {
+        let urgent = urgent || !self.waiters.is_empty() || self.retry.next.is_some();
         self.health.begin_write();
-        let result = self.write_batch();
+        let result = self.write_due(urgent);
         self.health.end_write();
         match result {
             Ok(()) => {
@@ -412,11 +467,30 @@ impl Writer {
         }
     }
 
-    fn write_batch(&mut self) -> Result<(), WriteError> {
-        if self.head_dirty {
+    fn write_due(&mut self, urgent: bool) -> Result<(), WriteError> {
+        let limits = &self.health.limits;
+        let now = Instant::now();
+        let records_due = self.oldest.is_some_and(|t| {
+            urgent || self.pending.len() >= limits.batch || now >= t + limits.linger
+        });
+        if records_due {
+            self.write_batch()?;
+        }
+        let limits = &self.health.limits;
+        let head_due = self.head_dirty
+            && (urgent
+                || self
+                    .last_checkpoint
+                    .is_none_or(|t| Instant::now() >= t + limits.checkpoint_every));
+        if head_due {
             self.checkpoint()?;
         }
+        Ok(())
+    }
+
+    fn write_batch(&mut self) -> Result<(), WriteError> {
         if self.pending.is_empty() {
+            self.oldest = None;
             return Ok(());
         }
         let n = self.pending.len().min(self.health.limits.batch);
@@ -438,15 +512,19 @@ impl Writer {
             }
         };
         self.pending.drain(..n);
+        // What is left waited as long as the batch just written: due at once.
+        self.oldest = (!self.pending.is_empty()).then_some(self.oldest.unwrap_or(adopting));
         self.written += n as u64;
         self.health.dequeued(n);
         self.head_dirty = true;
-        self.checkpoint()
+        Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<(), WriteError> {
         chain::write_head(&self.key, &self.head_path, &self.tip).map_err(WriteError::Checkpoint)?;
         self.head_dirty = false;
+        self.last_checkpoint = Some(Instant::now());
+        self.checkpointed = self.written;
         self.health.committed(self.tip.seq);
         Ok(())
     }
@@ -510,6 +588,7 @@ impl Writer {
     fn push_own(&mut self, reason: String) {
         self.health.admit(false);
         self.received += 1;
+        self.oldest.get_or_insert_with(Instant::now);
         self.pending.push_back(AuditRecord {
             ts_ms: crate::store::now_ms(),
             request_id: crate::ids::request_id(),
@@ -533,6 +612,7 @@ impl Writer {
         for record in self.pending.drain(..) {
             log_unwritten(&record, "the audit trail was unavailable at shutdown");
         }
+        self.oldest = None;
         self.health.dequeued(n);
         n
     }

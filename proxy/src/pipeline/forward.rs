@@ -35,7 +35,7 @@ pub(super) async fn run(
     let req = std::mem::replace(&mut prepared.req, http::Request::new(crate::body::empty()));
     let send = ctx.plane.upstreams.send(
         req,
-        prepared.upgrade,
+        prepared.upgrade || !prepared.multiplexed,
         prepared.injected.identity.as_deref(),
         &ctx.plane.metrics,
     );

@@ -1,0 +1,545 @@
+#!/usr/bin/env python3
+"""The side-by-side load harness: one local HTTPS upstream (nginx), the same requests sent
+directly and through each proxy (Ostiary as a ladder of configurations, a bare hudsucker
+relay, squid with ssl-bump, mitmdump), all measured in one run with `oha`, rounds rotated so
+that drift on a noisy machine falls on every setup alike; each figure is the median of its
+rounds. Prints one table, writes JSON and a PNG plot under benches/results/.
+
+Run through benches/load.sh, which installs and builds what this needs. Traffic stays on
+loopback: every listener binds 127.0.0.1, the only upstream is the local nginx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benches" / "results"
+HOST = "localhost"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, what: str, proc: subprocess.Popen | None = None, timeout: float = 30,
+              log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            said = log.read_text()[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening\n{said}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+def run(cmd: list[str], **kw) -> str:
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+    return out.stdout
+
+
+# --- certificates -------------------------------------------------------------------------
+
+
+def make_certs(work: Path) -> dict[str, Path]:
+    """An upstream CA and nginx's leaf for localhost; a MITM CA for squid and hudsucker."""
+    p = {
+        "up_ca": work / "upstream-ca.pem",
+        "up_ca_key": work / "upstream-ca.key",
+        "up_cert": work / "upstream.pem",
+        "up_key": work / "upstream.key",
+        "mitm_ca": work / "mitm-ca.pem",
+        "mitm_key": work / "mitm-ca.key",
+        "mitm_both": work / "mitm-ca-both.pem",
+    }
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca, key, cn in (("up_ca", "up_ca_key", "bench upstream CA"), ("mitm_ca", "mitm_key", "bench MITM CA")):
+        run(["openssl", "req", "-x509", *ec, "-keyout", str(p[key]), "-out", str(p[ca]),
+             "-days", "30", "-subj", f"/CN={cn}",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+    csr = work / "upstream.csr"
+    run(["openssl", "req", *ec, "-keyout", str(p["up_key"]), "-out", str(csr), "-subj", f"/CN={HOST}"])
+    ext = work / "upstream.ext"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(p["up_ca"]), "-CAkey", str(p["up_ca_key"]),
+         "-CAcreateserial", "-out", str(p["up_cert"]), "-days", "30", "-extfile", str(ext)])
+    # mitmproxy wants its CA as one PEM with the key first; squid takes cert+key in one file.
+    p["mitm_both"].write_text(p["mitm_key"].read_text() + p["mitm_ca"].read_text())
+    return p
+
+
+# --- the upstream -------------------------------------------------------------------------
+
+
+def start_nginx(work: Path, certs: dict[str, Path], port: int) -> subprocess.Popen:
+    root = work / "www"
+    (root / "tool").mkdir(parents=True)
+    kib = b"x" * 1023 + b"\n"
+    mib = (b"y" * 1023 + b"\n") * 1024
+    for base in (root, root / "tool"):
+        (base / "1k").write_bytes(kib)
+        (base / "1m").write_bytes(mib)
+    conf = work / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    default_type application/octet-stream;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    client_body_temp_path {work}/nginx-body;
+    proxy_temp_path {work}/nginx-proxy;
+    fastcgi_temp_path {work}/nginx-fcgi;
+    uwsgi_temp_path {work}/nginx-uwsgi;
+    scgi_temp_path {work}/nginx-scgi;
+    server {{
+        listen 127.0.0.1:{port} ssl http2;
+        listen [::1]:{port} ssl http2;
+        ssl_certificate {certs['up_cert']};
+        ssl_certificate_key {certs['up_key']};
+        ssl_session_cache shared:SSL:10m;
+        root {root};
+    }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(work)],
+                            stdout=subprocess.DEVNULL, stderr=open(work / "nginx.out", "w"))
+    wait_port(port, "nginx", proc)
+    return proc
+
+
+# --- the setups ---------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    name: str
+    proxy: str | None  # proxy URL for oha's -x, None for direct
+    path_prefix: str = ""  # Ostiary's tool rung asks for /tool/...
+    proxy_header: str | None = None
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    pid: int | None = None  # the process whose RSS is read
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+POLICIES = """
+@id("bench-connect")
+permit (principal, action == Ostiary::Action::"connect", resource == Ostiary::Host::"localhost");
+@id("bench-http")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"localhost");
+@id("bench-read")
+permit (principal, action in Ostiary::Action::"tier:read", resource);
+"""
+
+TOOLS = "".join(f"""
+[[tool]]
+name  = "bench.read_{size}"
+tier  = "read"
+match = {{ host = "localhost", method = "GET", path = "/tool/{size}" }}
+args_schema = {{ type = "object", properties = {{ q = {{ type = "string" }} }} }}
+cost  = 0.0001
+""" for size in ("1k", "1m"))
+
+# Rungs of Ostiary's ladder: each adds work to the one before.
+RUNGS = {
+    # CONNECT authenticated and decided (Action::"connect"), then bytes relayed uninspected.
+    "ostiary-tunnel": dict(tunnel=True, inject=False, tool=False),
+    # Intercepted: TLS terminated, every request authenticated, decided by Cedar, audited.
+    "ostiary-http": dict(tunnel=False, inject=False, tool=False),
+    # + a brokered credential injected into every request, responses scrubbed of it.
+    "ostiary-inject": dict(tunnel=False, inject=True, tool=False),
+    # + the request recognised as a catalogued read tool: args schema, limits, budget
+    #   charge, the watchdog — the full pipeline of a tool call.
+    "ostiary-tool": dict(tunnel=False, inject=True, tool=True),
+}
+
+
+def start_ostiary(work: Path, certs, up_port: int, name: str, rung: dict, binary: Path) -> Setup:
+    d = work / name
+    (d / "policies").mkdir(parents=True)
+    (d / "policies" / "bench.cedar").write_text(POLICIES)
+    (d / "policies" / "tools.toml").write_text(TOOLS)
+    (d / "secrets.toml").write_text('bench = "bench-secret-value-0123456789"\n')
+    proxy_port, control_port = free_port(), free_port()
+    tunnel = '["localhost"]' if rung["tunnel"] else "[]"
+    cred = ""
+    if rung["inject"]:
+        cred = """
+[[credential]]
+name   = "bench"
+source = { file = "bench" }
+hosts  = ["localhost"]
+inject = { header = "Authorization", value = "Bearer {secret}" }
+"""
+    (d / "ostiary.toml").write_text(f"""
+[listen]
+proxy = "127.0.0.1:{proxy_port}"
+control = "127.0.0.1:{control_port}"
+[state]
+dir = "{d}/state"
+[policy]
+dir = "{d}/policies"
+watch_interval = "0s"
+[egress]
+ports = [{up_port}]
+allow_private = ["127.0.0.1/32", "::1/128"]
+resolve = {{ "localhost" = "127.0.0.1" }}
+ca_file = "{certs['up_ca']}"
+tunnel = {tunnel}
+[broker]
+backend = "file"
+file = "{d}/secrets.toml"
+[sessions]
+default_ttl = "4h"
+[sessions.watchdog]
+cycle_repeats = 1000000
+[tiers.read]
+repeat_max = 0
+{cred}
+""")
+    env = dict(os.environ, OSTIARY_ADMIN_TOKEN=secrets.token_hex(32), RUST_LOG="warn")
+    log = open(d / "ostiary.log", "w")
+    proc = subprocess.Popen([str(binary), "serve", "--config", str(d / "ostiary.toml")],
+                            env=env, stdout=log, stderr=log)
+    wait_port(proxy_port, f"ostiary ({name})", proc, log=d / "ostiary.log")
+    wait_port(control_port, f"ostiary control ({name})", proc)
+    session = json.loads(run([str(binary), "session", "new", "--agent", "bench", "--ttl", "4h",
+                              "--json", "--config", str(d / "ostiary.toml")], env=env))
+    return Setup(name=name, proxy=f"http://127.0.0.1:{proxy_port}",
+                 proxy_header=f"Proxy-Authorization: Bearer {session['token']}",
+                 path_prefix="/tool" if rung["tool"] else "", procs=[proc], pid=proc.pid)
+
+
+def start_hudsucker(work: Path, certs, binary: Path) -> Setup:
+    port = free_port()
+    log = open(work / "hudsucker.log", "w")
+    proc = subprocess.Popen([str(binary), f"127.0.0.1:{port}", str(certs["mitm_ca"]),
+                             str(certs["mitm_key"]), str(certs["up_ca"])], stdout=log, stderr=log)
+    wait_port(port, "hudsucker-relay", proc)
+    return Setup(name="hudsucker", proxy=f"http://127.0.0.1:{port}", procs=[proc], pid=proc.pid)
+
+
+def start_squid(work: Path, certs) -> Setup:
+    d = work / "squid"
+    d.mkdir()
+    port = free_port()
+    db = d / "ssl_db"
+    run(["/usr/lib/squid/security_file_certgen", "-c", "-s", str(db), "-M", "16MB"])
+    shutil.chown(d, "proxy", "proxy")
+    for path in db.rglob("*"):
+        shutil.chown(path, "proxy", "proxy")
+    shutil.chown(db, "proxy", "proxy")
+    conf = d / "squid.conf"
+    conf.write_text(f"""
+http_port 127.0.0.1:{port} ssl-bump generate-host-certificates=on dynamic_cert_mem_cache_size=16MB tls-cert={certs['mitm_both']}
+sslcrtd_program /usr/lib/squid/security_file_certgen -s {db} -M 16MB
+sslcrtd_children 4 startup=1 idle=1
+ssl_bump bump all
+tls_outgoing_options cafile={certs['up_ca']}
+http_access allow localhost
+http_access deny all
+acl SSL_ports port 1-65535
+acl Safe_ports port 1-65535
+cache deny all
+access_log none
+cache_store_log none
+cache_log {d}/cache.log
+pid_filename {d}/squid.pid
+coredump_dir {d}
+cache_effective_user proxy
+shutdown_lifetime 0 seconds
+workers 1
+""")
+    for path in (conf, certs["mitm_both"], certs["up_ca"]):
+        os.chmod(path, 0o644)
+    log = open(d / "squid.out", "w")
+    proc = subprocess.Popen(["squid", "-N", "-f", str(conf)], stdout=log, stderr=log)
+    wait_port(port, "squid", proc)
+    return Setup(name="squid-bump", proxy=f"http://127.0.0.1:{port}", procs=[proc], pid=proc.pid)
+
+
+def start_mitmdump(work: Path, certs, mitmdump: str) -> Setup:
+    d = work / "mitm"
+    d.mkdir()
+    shutil.copy(certs["mitm_both"], d / "mitmproxy-ca.pem")
+    port = free_port()
+    log = open(d / "mitmdump.log", "w")
+    proc = subprocess.Popen([mitmdump, "--listen-host", "127.0.0.1", "--listen-port", str(port),
+                             "--set", f"confdir={d}", "--set",
+                             f"ssl_verify_upstream_trusted_ca={certs['up_ca']}", "-q"],
+                            stdout=log, stderr=log)
+    wait_port(port, "mitmdump", proc)
+    return Setup(name="mitmdump", proxy=f"http://127.0.0.1:{port}", procs=[proc], pid=proc.pid)
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    name: str
+    what: str
+    path: str
+    args: list[str]
+    bytes_per_response: int = 1024
+
+
+def scenarios(seconds: float, requests: int) -> list[Scenario]:
+    z = f"{seconds}s"
+    return [
+        Scenario("ka-1k", "keep-alive, 1 KiB, one client", "/1k", ["-n", str(requests), "-c", "1"]),
+        Scenario("rate-1k", "keep-alive, 1 KiB, fixed 1,000 req/s (latency-corrected)", "/1k",
+                 ["-z", z, "-c", "4", "-q", "1000", "--latency-correction"]),
+        Scenario("flat-1k", "keep-alive, 1 KiB, 16 clients flat out", "/1k", ["-z", z, "-c", "16"]),
+        Scenario("flat-1m", "keep-alive, 1 MiB, 16 clients flat out", "/1m", ["-z", z, "-c", "16"],
+                 bytes_per_response=1 << 20),
+        Scenario("new-1k", "a new connection per request, 1 KiB, 4 clients", "/1k",
+                 ["-z", z, "-c", "4", "--disable-keepalive"]),
+        Scenario("h2-1k", "HTTP/2, 1 KiB, 16 streams over 4 connections", "/1k",
+                 ["-z", z, "-c", "4", "-p", "4", "--http2"]),
+    ]
+
+
+def oha_run(oha: str, setup: Setup, sc: Scenario, up_port: int) -> dict:
+    url = f"https://{HOST}:{up_port}{setup.path_prefix}{sc.path}"
+    cmd = [oha, "--no-tui", "--output-format", "json", "--insecure", *sc.args]
+    if setup.proxy:
+        cmd += ["-x", setup.proxy]
+        if setup.proxy_header:
+            cmd += ["--proxy-header", setup.proxy_header]
+    cmd.append(url)
+    out = json.loads(run(cmd))
+    dist = out.get("statusCodeDistribution", {})
+    ok = dist.get("200", 0)
+    bad = {k: v for k, v in dist.items() if k != "200"}
+    # A timed run (-z) ends with the requests in flight at its deadline aborted.
+    errors = {k: v for k, v in out.get("errorDistribution", {}).items()
+              if k != "aborted due to deadline"}
+    if bad or errors or ok == 0:
+        raise RuntimeError(f"{setup.name} / {sc.name}: statuses {dist}, errors {errors}")
+    pct = out["latencyPercentiles"]
+    return {"p50_us": pct["p50"] * 1e6, "p99_us": pct["p99"] * 1e6,
+            "rps": out["summary"]["requestsPerSec"], "ok": ok}
+
+
+def rss_kib(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return None
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def summarise(raw: dict, names: list[str], scs: list[Scenario]) -> dict:
+    table = {}
+    for sc in scs:
+        rows = {}
+        for name in names:
+            runs = raw.get(sc.name, {}).get(name, [])
+            if not runs:
+                continue
+            rows[name] = {k: statistics.median(r[k] for r in runs) for k in ("p50_us", "p99_us", "rps")}
+            rows[name]["rounds"] = len(runs)
+        direct = rows.get("direct")
+        ostiary = rows.get("ostiary-tool")
+        for name, row in rows.items():
+            if direct:
+                row["p50_added_us"] = row["p50_us"] - direct["p50_us"]
+                row["p99_added_us"] = row["p99_us"] - direct["p99_us"]
+                row["rps_vs_direct"] = row["rps"] / direct["rps"]
+            if ostiary:
+                row["rps_vs_ostiary"] = row["rps"] / ostiary["rps"]
+        table[sc.name] = rows
+    return table
+
+
+def print_table(table: dict, scs: list[Scenario]):
+    for sc in scs:
+        rows = table.get(sc.name)
+        if not rows:
+            continue
+        print(f"\n{sc.name}: {sc.what}")
+        print(f"  {'setup':<16}{'p50':>10}{'p99':>10}{'p50 +':>10}{'p99 +':>10}{'req/s':>10}"
+              f"{'vs direct':>11}{'vs ostiary':>12}")
+        for name, r in rows.items():
+            print(f"  {name:<16}{r['p50_us']:>8.0f}µs{r['p99_us']:>8.0f}µs"
+                  f"{r.get('p50_added_us', 0):>+8.0f}µs{r.get('p99_added_us', 0):>+8.0f}µs"
+                  f"{r['rps']:>10.0f}{r.get('rps_vs_direct', 1):>10.3f}×"
+                  f"{r.get('rps_vs_ostiary', 0):>11.3f}×")
+
+
+def plot(table: dict, scs: list[Scenario], path: Path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot written", file=sys.stderr)
+        return
+    shown = [sc for sc in scs if sc.name in table]
+    fig, axes = plt.subplots(len(shown), 2, figsize=(12, 2.6 * len(shown)), squeeze=False)
+    for i, sc in enumerate(shown):
+        rows = table[sc.name]
+        names = [n for n in rows if n != "direct"]
+        added = [rows[n].get("p50_added_us", 0) for n in names]
+        ratio = [rows[n].get("rps_vs_direct", 0) for n in names]
+        axes[i][0].barh(names, added, color="#4a7bb7")
+        axes[i][0].set_xscale("symlog", linthresh=100)
+        axes[i][0].set_title(f"{sc.name}: p50 added over direct (µs)", fontsize=9)
+        axes[i][1].barh(names, ratio, color="#b76e4a")
+        axes[i][1].set_title(f"{sc.name}: requests/s ÷ direct", fontsize=9)
+        for ax in axes[i]:
+            ax.tick_params(labelsize=8)
+            ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def profile(opts, setup: Setup, up_port: int, work: Path):
+    """perf samples (cpu-clock: these machines have no hardware counters) of the setup's
+    process under 16 clients flat out, folded by inferno into a flamegraph."""
+    data = work / "perf.data"
+    perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "997", "-g",
+                             "--call-graph", "dwarf,16384", "-p", str(setup.pid), "-o", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    sc = Scenario("profile", "", "/1k", ["-z", f"{opts.seconds}s", "-c", "16"])
+    res = oha_run(opts.oha, setup, sc, up_port)
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+    print(f"{setup.name}: {res['rps']:.0f} req/s while profiled")
+    script = subprocess.run(["perf", "script", "--no-inline", "-i", str(data)], check=True, capture_output=True)
+    inferno = Path(opts.inferno)
+    folded = subprocess.run([str(inferno / "inferno-collapse-perf")], input=script.stdout,
+                            check=True, capture_output=True).stdout
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{opts.label}.folded").write_bytes(folded)
+    svg = subprocess.run([str(inferno / "inferno-flamegraph"), "--title",
+                          f"{setup.name}, 16 clients flat out, 1 KiB"],
+                         input=folded, check=True, capture_output=True).stdout
+    (RESULTS / f"{opts.label}.svg").write_bytes(svg)
+    print(f"wrote {RESULTS / (opts.label + '.svg')}")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0, help="length of each timed run")
+    ap.add_argument("--requests", type=int, default=5400, help="requests of the one-client run")
+    ap.add_argument("--only", default="", help="comma-separated setups to run (direct always runs)")
+    ap.add_argument("--scenarios", default="", help="comma-separated scenarios to run")
+    ap.add_argument("--label", default="load", help="file name of the JSON and PNG under benches/results/")
+    ap.add_argument("--ostiary", default=str(ROOT / "target" / "release" / "ostiary"))
+    ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))
+    ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
+    ap.add_argument("--profile", default="",
+                    help="instead of the table: profile this setup under the flat-1k load with "
+                         "perf and write a flamegraph SVG under benches/results/")
+    ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
+    ap.add_argument("--mitmdump", default=shutil.which("mitmdump") or "mitmdump")
+    opts = ap.parse_args()
+
+    scs = scenarios(opts.seconds, opts.requests)
+    if opts.scenarios:
+        wanted = set(opts.scenarios.split(","))
+        scs = [s for s in scs if s.name in wanted]
+    work = Path(tempfile.mkdtemp(prefix="ostiary-load-"))
+    os.chmod(work, 0o755)
+    certs = make_certs(work)
+    up_port = free_port()
+    nginx = start_nginx(work, certs, up_port)
+    setups: list[Setup] = [Setup(name="direct", proxy=None)]
+    only = set(filter(None, opts.only.split(",")))
+    try:
+        for name, rung in RUNGS.items():
+            if not only or name in only:
+                setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
+        if not only or "hudsucker" in only:
+            setups.append(start_hudsucker(work, certs, Path(opts.hudsucker)))
+        if not only or "squid-bump" in only:
+            setups.append(start_squid(work, certs))
+        if not only or "mitmdump" in only:
+            setups.append(start_mitmdump(work, certs, opts.mitmdump))
+
+        # Warm every path (leaf minting, pools, squid's helpers) before measuring.
+        warm = Scenario("warm", "", "/1k", ["-n", "200", "-c", "4"])
+        for s in setups:
+            oha_run(opts.oha, s, warm, up_port)
+
+        if opts.profile:
+            target = next(s for s in setups if s.name == opts.profile)
+            profile(opts, target, up_port, work)
+            return
+        raw: dict[str, dict[str, list[dict]]] = {}
+        for r in range(opts.rounds):
+            for sc in scs:
+                order = setups[r % len(setups):] + setups[: r % len(setups)]
+                for s in order:
+                    res = oha_run(opts.oha, s, sc, up_port)
+                    raw.setdefault(sc.name, {}).setdefault(s.name, []).append(res)
+                    print(f"round {r + 1} {sc.name:<8} {s.name:<16} p50 {res['p50_us']:>7.0f}µs "
+                          f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s", flush=True)
+        rss = {s.name: rss_kib(s.pid) for s in setups if s.pid}
+        table = summarise(raw, [s.name for s in setups], scs)
+        print_table(table, scs)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release},
+            "rounds": opts.rounds, "seconds": opts.seconds, "requests": opts.requests,
+            "scenarios": {s.name: s.what for s in scs},
+            "rss_kib_after": rss, "table": table, "raw": raw,
+        }
+        (RESULTS / f"{opts.label}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        plot(table, scs, RESULTS / f"{opts.label}.png")
+        print(f"\nwrote {RESULTS / (opts.label + '.json')} and .png")
+    finally:
+        for s in setups:
+            s.stop()
+        nginx.terminate()
+        nginx.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
