@@ -49,6 +49,9 @@ impl std::fmt::Debug for Upstreams {
     }
 }
 
+/// Idle upstream connections kept per host and pool.
+const IDLE_PER_HOST: usize = 32;
+
 /// The two pools (ALPN h2+h1, and h1 only) over one TLS configuration.
 fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
     let mut h1_only = tls.clone();
@@ -60,6 +63,10 @@ fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
+            // HTTP/1.1 agents get an upstream connection each while a request is out;
+            // idle ones past this are closed rather than kept per agent connection (1,000
+            // idle agents held 1,000 upstream TLS sessions otherwise).
+            .pool_max_idle_per_host(IDLE_PER_HOST)
             .build(UpstreamConnector::new(guard.clone(), Arc::new(tls)))
     };
     (build(tls), build(h1_only))
