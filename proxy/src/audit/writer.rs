@@ -428,27 +428,37 @@ impl Writer {
         }
     }
 
+    /// When the pending records are due to be committed: once the oldest has waited the
+    /// linger, at once when a batch is full; never when nothing is pending.
+    fn records_due_at(&self) -> Option<Instant> {
+        let limits = &self.health.limits;
+        self.oldest.map(|t| {
+            if self.pending.len() >= limits.batch {
+                t
+            } else {
+                t + limits.linger
+            }
+        })
+    }
+
+    /// When the head is due to be checkpointed: `checkpoint_every` after the last one (at
+    /// once when there was none); never while it is clean.
+    fn head_due_at(&self) -> Option<Instant> {
+        let every = self.health.limits.checkpoint_every;
+        self.head_dirty.then(|| {
+            self.last_checkpoint
+                .map_or_else(Instant::now, |t| t + every)
+        })
+    }
+
     /// How long until the next group commit or checkpoint is due (zero: now).
     fn until_due(&self) -> Duration {
-        let limits = &self.health.limits;
-        let now = Instant::now();
-        let records = self.oldest.map(|t| {
-            if self.pending.len() >= limits.batch {
-                Duration::ZERO
-            } else {
-                (t + limits.linger).saturating_duration_since(now)
-            }
-        });
-        let head = self.head_dirty.then(|| {
-            self.last_checkpoint.map_or(Duration::ZERO, |t| {
-                (t + limits.checkpoint_every).saturating_duration_since(now)
-            })
-        });
-        match (records, head) {
+        let next = match (self.records_due_at(), self.head_due_at()) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => Duration::ZERO,
-        }
+            (None, None) => return Duration::ZERO,
+        };
+        next.saturating_duration_since(Instant::now())
     }
 
     /// What is due — a group commit, a checkpoint — or everything at once when `urgent`
@@ -468,21 +478,12 @@ impl Writer {
     }
 
     fn write_due(&mut self, urgent: bool) -> Result<(), WriteError> {
-        let limits = &self.health.limits;
-        let now = Instant::now();
-        let records_due = self.oldest.is_some_and(|t| {
-            urgent || self.pending.len() >= limits.batch || now >= t + limits.linger
-        });
-        if records_due {
+        let due = |at: Option<Instant>| at.is_some_and(|t| urgent || Instant::now() >= t);
+        if due(self.records_due_at()) {
             self.write_batch()?;
         }
-        let limits = &self.health.limits;
-        let head_due = self.head_dirty
-            && (urgent
-                || self
-                    .last_checkpoint
-                    .is_none_or(|t| Instant::now() >= t + limits.checkpoint_every));
-        if head_due {
+        // After the batch: it is what makes the head dirty.
+        if due(self.head_due_at()) {
             self.checkpoint()?;
         }
         Ok(())
