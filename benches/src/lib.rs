@@ -14,7 +14,7 @@
 
 pub mod load;
 
-use ostiary_policies::{AccessRequest, Action, PolicyEngine, PolicySource};
+use ostiary_policies::{AccessRequest, Action, Catalog, PolicyEngine, PolicySource};
 
 /// A policy set of `n` host permits (one per generated host), plus a metadata forbid.
 pub fn engine_with_hosts(n: usize) -> PolicyEngine {
@@ -43,6 +43,87 @@ pub fn engine_with_prefixes(n: usize) -> PolicyEngine {
         "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource) when {{ context.path like \"/p{i}/*\" }};\n"
     )
     })
+}
+
+/// Tools in the catalog of [`engine_with_tool_names`], whatever the number of policies, so
+/// that only the policies vary between sizes: enough for 1,000 policies and the requests
+/// beyond them. (Cedar validates `action in tier:…` once per action of the tier: a set of
+/// 10,000 such policies over 10,000 tools takes minutes to validate, so this shape stops at
+/// 1,000.)
+pub const CATALOG_TOOLS: usize = 1_300;
+
+/// A catalog of `tools` read tools `t<i>` and `repo.read` (argument `repo`).
+fn bench_catalog(tools: usize) -> Catalog {
+    let mut text = String::from(
+        "[[tool]]\nname = \"repo.read\"\ntier = \"read\"\n\
+         match = { host = \"api.example.com\", method = \"GET\", path = \"/repos/{repo}\" }\n\
+         args_schema = { type = \"object\", required = [\"repo\"], properties = { repo = { type = \"string\" } } }\n",
+    );
+    for i in 0..tools {
+        text.push_str(&format!(
+            "[[tool]]\nname = \"t{i}\"\ntier = \"read\"\n\
+             match = {{ host = \"api.example.com\", method = \"GET\", path = \"/t{i}\" }}\n"
+        ));
+    }
+    Catalog::parse("tools.toml", &text, None).expect("bench catalog parses")
+}
+
+/// `n` per-tool permits conditioned on the tool's name rather than scoped by it
+/// (`action in tier:read`, `when { resource == Tool::"t<i>" }`).
+pub fn engine_with_tool_names(n: usize) -> PolicyEngine {
+    engine_with_catalog(n, CATALOG_TOOLS, |i| {
+        format!(
+            "@id(\"p{i}\") permit (principal, action in Ostiary::Action::\"tier:read\", resource) when {{ resource == Ostiary::Tool::\"t{i}\" }};\n"
+        )
+    })
+}
+
+/// `n` permits of one tool conditioned on a literal argument value
+/// (`when { context.args.repo == "r<i>" }`).
+pub fn engine_with_arguments(n: usize) -> PolicyEngine {
+    engine_with_catalog(n, 0, |i| {
+        format!(
+            "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"tool:repo.read\", resource) when {{ context.args.repo == \"r{i}\" }};\n"
+        )
+    })
+}
+
+fn engine_with_catalog(n: usize, tools: usize, policy: impl Fn(usize) -> String) -> PolicyEngine {
+    let text: String = (0..n).map(policy).collect();
+    PolicyEngine::with_catalog(
+        &[PolicySource {
+            name: "bench.cedar".into(),
+            text,
+        }],
+        bench_catalog(tools),
+    )
+    .expect("generated policies validate")
+}
+
+/// A call of tool `t{i}` (no arguments).
+pub fn tool_request(i: usize) -> AccessRequest {
+    tool_call(format!("t{i}"), serde_json::json!({}))
+}
+
+/// A call of `repo.read` with `repo = "r{i}"`.
+pub fn argument_request(i: usize) -> AccessRequest {
+    tool_call(
+        "repo.read".into(),
+        serde_json::json!({ "repo": format!("r{i}") }),
+    )
+}
+
+fn tool_call(name: String, args: serde_json::Value) -> AccessRequest {
+    AccessRequest {
+        action: Action::Tool {
+            name,
+            args,
+            impact_records: 0,
+            cost_micros: 0,
+            approval: None,
+        },
+        ..request(0)
+    }
 }
 
 /// `n` policies made by `policy`, then a forbid of the metadata address.

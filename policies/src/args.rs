@@ -34,6 +34,8 @@ use std::fmt::Write as _;
 use cedar_policy::RestrictedExpression;
 use serde_json::Value;
 
+use crate::conditions::Known;
+
 /// Deepest nesting of records and sets mapped; deeper schema parts are left out.
 pub const MAX_DEPTH: usize = 16;
 
@@ -238,7 +240,38 @@ impl RecordType {
     }
 }
 
+impl RecordType {
+    /// The Cedar value at `path` inside `json` converted to this type, where it is a scalar
+    /// the record declares (a record or set: [`Known::Other`]); `None` where the attribute
+    /// is absent, null or not declared. A value of the wrong type makes the whole conversion
+    /// an error, so what it is here does not matter.
+    pub(crate) fn known<'a>(&self, json: &'a Value, path: &[String]) -> Option<Known<'a>> {
+        let (first, rest) = path.split_first()?;
+        let attr = self.attrs.iter().find(|a| a.name == *first)?;
+        attr.ty.known(json.as_object()?.get(first)?, rest)
+    }
+}
+
 impl CedarType {
+    fn known<'a>(&self, json: &'a Value, rest: &[String]) -> Option<Known<'a>> {
+        match (self, json) {
+            (CedarType::Record(record), Value::Object(_)) if !rest.is_empty() => {
+                record.known(json, rest)
+            }
+            _ if !rest.is_empty() => None,
+            (CedarType::String, Value::String(s)) => Some(Known::Str(s)),
+            (CedarType::Long, Value::Number(n)) => n
+                .as_i64()
+                .or_else(|| integral(n.as_f64()?))
+                .map(Known::Long),
+            (CedarType::Bool, Value::Bool(b)) => Some(Known::Bool(*b)),
+            (CedarType::Set(_), Value::Array(_)) | (CedarType::Record(_), Value::Object(_)) => {
+                Some(Known::Other)
+            }
+            _ => None,
+        }
+    }
+
     fn write(&self, out: &mut String, indent: usize) {
         match self {
             CedarType::String => out.push_str("String"),

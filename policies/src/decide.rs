@@ -209,7 +209,7 @@ impl Names {
 
     /// The uids a request presents to policy scopes, for the index; `None` for a tool not in
     /// the catalog (its evaluation fails whatever the policies).
-    pub(crate) fn scope_keys(&self, req: &AccessRequest) -> Option<ScopeKeys> {
+    pub(crate) fn scope_keys<'a>(&'a self, req: &'a AccessRequest) -> Option<ScopeKeys<'a>> {
         let uid = |ty: &EntityTypeName, id: &str| {
             EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
         };
@@ -229,12 +229,9 @@ impl Names {
             Action::Mcp { .. } => (self.mcp.clone(), Vec::new(), uid(&self.host, &req.host)),
             Action::Spawn { child } => (self.spawn.clone(), Vec::new(), uid(&self.agent, child)),
         };
-        // The string attributes a leading literal may name, when this context holds them
-        // (in `index::LITERAL_ATTRS` order: path, method).
-        let literals = match &req.action {
-            Action::Http { method, path, .. } => [Some(path.clone()), Some(method.clone())],
-            Action::Mcp { method, .. } => [None, Some(method.clone())],
-            _ => [None, None],
+        let args = match &req.action {
+            Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.args),
+            _ => None,
         };
         Some(ScopeKeys {
             agent: uid(&self.agent, &req.agent),
@@ -242,7 +239,8 @@ impl Names {
             action,
             groups,
             resource,
-            literals,
+            request: req,
+            args,
         })
     }
 }
@@ -257,6 +255,21 @@ impl PolicyEngine {
             .names()
             .scope_keys(req)
             .and_then(|keys| self.index().slice(&keys));
+        match slice {
+            Some(policies) => self.decide_with(req, &policies),
+            None => self.decide_with(req, self.policy_set()),
+        }
+    }
+
+    /// [`Self::decide`] with the index walking dimension `walk` (0 principal, 1 action, 2
+    /// resource, 3 conditions) rather than the smallest: each dimension's lookup must be
+    /// sound on its own (`tests/index_differential.rs`).
+    #[doc(hidden)]
+    pub fn decide_walking(&self, req: &AccessRequest, walk: usize) -> Decision {
+        let slice = self
+            .names()
+            .scope_keys(req)
+            .and_then(|keys| self.index().slice_walking(&keys, Some(walk)));
         match slice {
             Some(policies) => self.decide_with(req, &policies),
             None => self.decide_with(req, self.policy_set()),

@@ -11,16 +11,19 @@
 //! - **resource**: `== X` or `in X` matches if `X` is the request's `Host`/`Tool` uid;
 //!   `is`/`is .. in`: unconstrained.
 //!
-//! - **a leading literal** (a fourth dimension, from the body): a policy whose first condition
-//!   is a `when` whose leftmost conjunct is `context.path == "<literal>"` or
-//!   `context.method == "<literal>"` (either side), or `context.path like "<prefix>*"` (a
-//!   pattern whose only wildcards end it), matches a request whose context holds that
-//!   attribute only if it is that literal, or starts with that prefix. The shape security teams write for per-path
-//!   permits (`when { context.path == "/pN" }`) then costs what a host-scoped one does.
+//! - **conditions** (a fourth dimension, from the body): the leading chain of simple tests of
+//!   a policy's first `when` (`conditions.rs`: `==`, `!=`, `contains`, `like` and `has` on
+//!   the scope variables, `principal.name`/`resource.name` and context attributes, tool
+//!   arguments included). A policy is hashed under the first of them it can be looked up by
+//!   (an equality, a set of literals, a `like` with no wildcard or only trailing ones), and
+//!   every candidate's chain is walked against the request. The shapes security teams write —
+//!   `when { context.path == "/pN" }`, `like "/pN/*"`, `resource == Tool::"t"`,
+//!   `context.args.repo == "r"` — then cost what a host-scoped permit does.
 //!
-//! Per dimension, the index maps each uid a scope names to the policies naming it, and keeps a
-//! list of the policies unconstrained in that dimension. A request looks its keys up in the
-//! dimension with the fewest candidates, filters those by the other two constraints, and
+//! Per dimension, the index maps each uid a scope names (or literal a condition asks for) to
+//! the policies naming it, and keeps a list of the policies unconstrained in that dimension. A
+//! request looks its keys up in the dimension with the fewest candidates, filters those by the
+//! other constraints and their chains, and
 //! evaluates the resulting sub-set with the same [`cedar_policy::Authorizer`]. Sub-sets are
 //! built on first use and cached by their member list (bounded; many requests share one,
 //! e.g. every host that no policy names).
@@ -34,17 +37,17 @@
 //! request's entities itself — the agent with its tenant as only parent, the tenant, the tool
 //! action with its tier group as only parent, the group, and the resource without parents —
 //! so `in` reaches exactly the uids listed above. Anything else (`is`, future constraint
-//! kinds) is kept. A leading literal is sound for the same reason: the body is evaluated after
-//! the scope, its conditions in order, `&&` left to right and short-circuiting, so when the
-//! leftmost conjunct of the first `when` compares a string attribute the request's context
-//! always holds (`path` and `method` of an `http` request, `method` of an `mcp` one) with a
-//! different literal, the body is false before anything in it could error. A request whose
-//! context lacks the attribute keeps the policy (evaluating it errors, as it does unsliced). A set holding template-linked policies is not sliced at all (they cannot
-//! be copied into a sub-set), so every request then evaluates the full set.
+//! kinds) is kept. Conditions are sound for the same reason: the body is evaluated after the
+//! scope, its conditions in order, `&&` left to right and short-circuiting, so a chain
+//! conjunct that is false after conjuncts that were true makes the body false before anything
+//! could error; where the request does not present a value, the policy is kept
+//! (`conditions.rs` has the details). A set holding template-linked policies is not sliced at
+//! all (they cannot be copied into a sub-set), so every request then evaluates the full set.
 //!
-//! The escalation re-check (the same request with `approval.granted`) changes only the
-//! context, never the scope, so it evaluates the same sub-set. `tests/index_differential.rs`
-//! compares indexed and full-set decisions over generated policy sets.
+//! The escalation re-check (the same request with `approval.granted`) changes only
+//! `context.approval`, which conditions never read, so it evaluates the same sub-set.
+//! `tests/index_differential.rs` compares indexed and full-set decisions over generated policy
+//! sets, and each dimension's lookup on its own.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -54,13 +57,18 @@ use cedar_policy::{
     ActionConstraint, EntityUid, Policy, PolicySet, PrincipalConstraint, ResourceConstraint,
 };
 
+use crate::args::RecordType;
+use crate::conditions::{Chain, HashKey, Known, Literal, Operand, Var};
+use crate::request::{AccessRequest, Action};
+
 /// Cached sub-sets at most; past this the cache starts over (a workload touching this many
 /// distinct slices is rare, and rebuilding a slice only costs the adds).
 const CACHE_LIMIT: usize = 1024;
 
-/// The uids a request presents to each scope constraint (see the module doc).
+/// What a request presents to the index: the uids its scope constraints see (see the
+/// module doc) and, through [`Self::known`], the values its leading conditions may test.
 #[derive(Debug)]
-pub(crate) struct ScopeKeys {
+pub(crate) struct ScopeKeys<'a> {
     /// `Agent::"<agent>"`.
     pub agent: EntityUid,
     /// `Tenant::"<tenant>"`, the agent's only parent.
@@ -71,83 +79,32 @@ pub(crate) struct ScopeKeys {
     pub groups: Vec<EntityUid>,
     /// `Host::"<host>"` or `Tool::"<name>"`, parentless.
     pub resource: EntityUid,
-    /// The context's string attributes a leading literal may name ([`LITERAL_ATTRS`]), when
-    /// the request's context holds them.
-    pub literals: [Option<String>; 2],
+    /// The request, for the context values a condition tests.
+    pub request: &'a AccessRequest,
+    /// The type of `context.args` for a tool call: only what it declares is read.
+    pub args: Option<&'a RecordType>,
 }
 
-/// The context attributes a leading literal is read from, in [`ScopeKeys::literals`] order.
-pub(crate) const LITERAL_ATTRS: [&str; 2] = ["path", "method"];
-
-/// What a leading literal asks of the attribute.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Literal {
-    /// `== "<value>"` (or a `like` pattern without a wildcard).
-    Exact(String),
-    /// `like "<prefix>*"`, the prefix not empty.
-    Prefix(String),
-}
-
-impl Literal {
-    fn admits(&self, value: &str) -> bool {
-        match self {
-            Self::Exact(literal) => value == literal,
-            // `like` matches characters; a prefix of characters is a prefix of the UTF-8 bytes.
-            Self::Prefix(prefix) => value.starts_with(prefix.as_str()),
+impl ScopeKeys<'_> {
+    /// The value the request presents for `operand`, if it is sure to present one (see
+    /// `conditions.rs`; never `context.approval`).
+    pub(crate) fn known(&self, operand: &Operand) -> Option<Known<'_>> {
+        match operand {
+            Operand::Var(Var::Principal) => Some(Known::Entity(&self.agent)),
+            Operand::Var(Var::Action) => Some(Known::Entity(&self.action)),
+            Operand::Var(Var::Resource) => Some(Known::Entity(&self.resource)),
+            Operand::Name(Var::Principal) => Some(Known::Str(&self.request.agent)),
+            Operand::Name(_) => match &self.request.action {
+                Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => {
+                    Some(Known::Str(&self.request.host))
+                }
+                Action::Spawn { child } => Some(Known::Str(child)),
+                // A tool has no `name` attribute: reading one errors.
+                Action::Tool { .. } => None,
+            },
+            Operand::Context(path) => self.request.known(path, self.args),
         }
     }
-}
-
-/// A `like` pattern (EST: literals and `"Wildcard"`) as a [`Literal`], when it is a plain
-/// string or a non-empty prefix followed by wildcards only.
-fn pattern(elements: &[serde_json::Value]) -> Option<Literal> {
-    let mut prefix = String::new();
-    let mut rest = elements.iter();
-    for element in rest.by_ref() {
-        if element.as_str() == Some("Wildcard") {
-            // Everything after the first wildcard must be wildcards too.
-            let only_wildcards = rest.all(|e| e.as_str() == Some("Wildcard"));
-            return (only_wildcards && !prefix.is_empty()).then_some(Literal::Prefix(prefix));
-        }
-        prefix.push_str(element.get("Literal")?.as_str()?);
-    }
-    Some(Literal::Exact(prefix))
-}
-
-/// The leading literal of `policy` (see the module doc): the attribute's position in
-/// [`LITERAL_ATTRS`] and what it must be, if its first condition has one.
-fn leading_literal(policy: &Policy) -> Option<(usize, Literal)> {
-    let json = policy.to_json().ok()?;
-    let first = json.get("conditions")?.as_array()?.first()?;
-    if first.get("kind")?.as_str()? != "when" {
-        return None;
-    }
-    let mut expr = first.get("body")?;
-    while let Some(and) = expr.get("&&") {
-        expr = and.get("left")?;
-    }
-    let attr = |e: &serde_json::Value| -> Option<usize> {
-        let dot = e.get(".")?;
-        if dot.get("left")?.get("Var")?.as_str()? != "context" {
-            return None;
-        }
-        let name = dot.get("attr")?.as_str()?;
-        LITERAL_ATTRS.iter().position(|a| *a == name)
-    };
-    if let Some(like) = expr.get("like") {
-        let elements = like.get("pattern")?.as_array()?;
-        return attr(like.get("left")?).zip(pattern(elements));
-    }
-    let eq = expr.get("==")?;
-    let (left, right) = (eq.get("left")?, eq.get("right")?);
-    let literal = |e: &serde_json::Value| {
-        e.get("Value")?
-            .as_str()
-            .map(|v| Literal::Exact(v.to_owned()))
-    };
-    attr(left)
-        .zip(literal(right))
-        .or_else(|| attr(right).zip(literal(left)))
 }
 
 /// One scope constraint reduced to what the index can decide.
@@ -238,47 +195,122 @@ impl Dimension {
     }
 }
 
-/// The leading-literal dimension: policies without one, and those with one by attribute
-/// and literal (exact values hashed; prefixes, fewer in practice, scanned).
+/// The conditions dimension: policies by the conjunct their chain is hashed under
+/// (`conditions::Chain::hash`), per operand, and those without one.
 #[derive(Debug, Default)]
-struct Literals {
+struct Conditions {
     any: Vec<u32>,
-    by_value: [HashMap<String, Vec<u32>>; 2],
-    by_prefix: [HashMap<String, Vec<u32>>; 2],
-    /// Every policy with a literal on the attribute, for requests that lack it.
-    all: [Vec<u32>; 2],
+    /// Few operands in practice (`context.path`, `resource`, an argument or two).
+    by_operand: Vec<(Operand, Hashed)>,
 }
 
-impl Literals {
-    fn add(&mut self, position: u32, literal: Option<&(usize, Literal)>) {
-        match literal {
-            None => self.any.push(position),
-            Some((attr, literal)) => {
-                let (map, key) = match literal {
-                    Literal::Exact(value) => (&mut self.by_value[*attr], value),
-                    Literal::Prefix(prefix) => (&mut self.by_prefix[*attr], prefix),
-                };
-                map.entry(key.clone()).or_default().push(position);
-                self.all[*attr].push(position);
+/// The policies hashed under one operand, by the literal their conjunct asks for.
+#[derive(Debug, Default)]
+struct Hashed {
+    strs: HashMap<String, Vec<u32>>,
+    longs: HashMap<i64, Vec<u32>>,
+    bools: [Vec<u32>; 2],
+    entities: HashMap<EntityUid, Vec<u32>>,
+    /// `like "<prefix>*"`, by prefix.
+    prefixes: HashMap<String, Vec<u32>>,
+    /// Every policy hashed on a `like`: kept for a value that is not a string (`like`
+    /// errors on it).
+    likes: Vec<u32>,
+    /// Every policy hashed here: kept for a request that does not present the operand.
+    all: Vec<u32>,
+}
+
+impl Hashed {
+    fn add(&mut self, position: u32, key: HashKey<'_>) {
+        match key {
+            HashKey::Literals(literals) => {
+                for literal in literals {
+                    match literal {
+                        Literal::Str(s) => self.strs.entry(s.clone()).or_default(),
+                        Literal::Long(n) => self.longs.entry(*n).or_default(),
+                        Literal::Bool(b) => &mut self.bools[usize::from(*b)],
+                        Literal::Entity(uid) => self.entities.entry(uid.clone()).or_default(),
+                    }
+                    .push(position);
+                }
             }
+            HashKey::LikeExact(text) => {
+                self.strs.entry(text.to_owned()).or_default().push(position);
+                self.likes.push(position);
+            }
+            HashKey::LikePrefix(prefix) => {
+                self.prefixes
+                    .entry(prefix.to_owned())
+                    .or_default()
+                    .push(position);
+                self.likes.push(position);
+            }
+        }
+        self.all.push(position);
+    }
+
+    /// The lists to keep for a request presenting `value`.
+    fn lookup<'a>(&'a self, value: Option<Known<'_>>, lists: &mut Vec<&'a [u32]>) {
+        let Some(value) = value else {
+            lists.push(&self.all);
+            return;
+        };
+        let found = match value {
+            Known::Str(s) => {
+                self.prefixes_of(s, lists);
+                self.strs.get(s)
+            }
+            Known::Long(n) => self.longs.get(&n),
+            Known::Bool(b) => Some(&self.bools[usize::from(b)]),
+            Known::Entity(uid) => self.entities.get(uid),
+            Known::Other => None,
+        };
+        lists.extend(found.map(Vec::as_slice));
+        if !matches!(value, Known::Str(_)) {
+            lists.push(&self.likes);
         }
     }
 
-    fn lookup<'a>(&'a self, keys: &ScopeKeys) -> Vec<&'a [u32]> {
-        let mut lists = vec![self.any.as_slice()];
-        for (attr, value) in keys.literals.iter().enumerate() {
-            match value {
-                Some(value) => {
-                    lists.extend(self.by_value[attr].get(value).map(Vec::as_slice));
-                    lists.extend(
-                        self.by_prefix[attr]
-                            .iter()
-                            .filter(|(prefix, _)| value.starts_with(prefix.as_str()))
-                            .map(|(_, positions)| positions.as_slice()),
-                    );
-                }
-                None => lists.push(self.all[attr].as_slice()),
+    /// The prefix lists whose prefix `s` starts with: by scanning the prefixes when there are
+    /// fewer of them than `s` has characters, else by probing each prefix of `s`.
+    fn prefixes_of<'a>(&'a self, s: &str, lists: &mut Vec<&'a [u32]>) {
+        if self.prefixes.is_empty() {
+            return;
+        }
+        if self.prefixes.len() <= s.len() {
+            lists.extend(
+                self.prefixes
+                    .iter()
+                    .filter(|(prefix, _)| s.starts_with(prefix.as_str()))
+                    .map(|(_, positions)| positions.as_slice()),
+            );
+        } else {
+            let ends = s.char_indices().skip(1).map(|(i, _)| i).chain([s.len()]);
+            lists.extend(ends.filter_map(|end| self.prefixes.get(&s[..end]).map(Vec::as_slice)));
+        }
+    }
+}
+
+impl Conditions {
+    fn add(&mut self, position: u32, chain: &Chain) {
+        let Some((operand, key)) = chain.hash() else {
+            self.any.push(position);
+            return;
+        };
+        let slot = match self.by_operand.iter().position(|(o, _)| o == operand) {
+            Some(slot) => slot,
+            None => {
+                self.by_operand.push((operand.clone(), Hashed::default()));
+                self.by_operand.len() - 1
             }
+        };
+        self.by_operand[slot].1.add(position, key);
+    }
+
+    fn lookup<'a>(&'a self, keys: &ScopeKeys<'_>) -> Vec<&'a [u32]> {
+        let mut lists = vec![self.any.as_slice()];
+        for (operand, hashed) in &self.by_operand {
+            hashed.lookup(keys.known(operand), &mut lists);
         }
         lists
     }
@@ -290,20 +322,16 @@ struct Scope {
     principal: Constraint,
     action: Constraint,
     resource: Constraint,
-    literal: Option<(usize, Literal)>,
+    chain: Chain,
 }
 
 impl Scope {
-    fn admits(&self, keys: &ScopeKeys) -> bool {
+    fn admits(&self, keys: &ScopeKeys<'_>) -> bool {
         self.principal
             .admits(&keys.agent, std::slice::from_ref(&keys.tenant))
             && self.action.admits(&keys.action, &keys.groups)
             && self.resource.admits(&keys.resource, &[])
-            && self.literal.as_ref().is_none_or(|(attr, literal)| {
-                keys.literals[*attr]
-                    .as_ref()
-                    .is_none_or(|value| literal.admits(value))
-            })
+            && self.chain.admits(|operand| keys.known(operand))
     }
 }
 
@@ -319,7 +347,7 @@ struct Slices {
     principal: Dimension,
     action: Dimension,
     resource: Dimension,
-    literals: Literals,
+    conditions: Conditions,
     /// Sub-sets by their (sorted) member positions.
     cache: RwLock<HashMap<Vec<u32>, Arc<PolicySet>>>,
 }
@@ -356,7 +384,7 @@ impl PolicyIndex {
             principal: Dimension::default(),
             action: Dimension::default(),
             resource: Dimension::default(),
-            literals: Literals::default(),
+            conditions: Conditions::default(),
             cache: RwLock::new(HashMap::new()),
         };
         for (position, policy) in (0u32..).zip(set.policies()) {
@@ -364,12 +392,12 @@ impl PolicyIndex {
                 principal: Constraint::principal(policy.principal_constraint()),
                 action: Constraint::action(policy.action_constraint()),
                 resource: Constraint::resource(policy.resource_constraint()),
-                literal: leading_literal(policy),
+                chain: Chain::of(policy),
             };
             slices.principal.add(position, &scope.principal);
             slices.action.add(position, &scope.action);
             slices.resource.add(position, &scope.resource);
-            slices.literals.add(position, scope.literal.as_ref());
+            slices.conditions.add(position, &scope.chain);
             slices.scopes.push(scope);
             slices.policies.push(policy.clone());
         }
@@ -380,9 +408,20 @@ impl PolicyIndex {
 
     /// The sub-set to evaluate for a request with these keys; `None` means the full set
     /// (the index is off, or every policy may match).
-    pub(crate) fn slice(&self, keys: &ScopeKeys) -> Option<Arc<PolicySet>> {
+    pub(crate) fn slice(&self, keys: &ScopeKeys<'_>) -> Option<Arc<PolicySet>> {
+        self.slice_walking(keys, None)
+    }
+
+    /// [`Self::slice`], walking dimension `walk` (0 principal, 1 action, 2 resource, 3
+    /// conditions) instead of the smallest: the differential test checks each dimension's
+    /// lookup on its own, which the smallest-first choice would otherwise rarely exercise.
+    pub(crate) fn slice_walking(
+        &self,
+        keys: &ScopeKeys<'_>,
+        walk: Option<usize>,
+    ) -> Option<Arc<PolicySet>> {
         let slices = self.slices.as_ref()?;
-        let members = slices.members(keys);
+        let members = slices.members(keys, walk);
         if members.len() == slices.policies.len() {
             return None;
         }
@@ -414,21 +453,22 @@ impl PolicyIndex {
 
 impl Slices {
     /// Positions of the policies whose scope may match, sorted and unique.
-    fn members(&self, keys: &ScopeKeys) -> Vec<u32> {
+    fn members(&self, keys: &ScopeKeys<'_>, walk: Option<usize>) -> Vec<u32> {
         let candidates = [
             self.principal
                 .lookup(&keys.agent, std::slice::from_ref(&keys.tenant)),
             self.action.lookup(&keys.action, &keys.groups),
             self.resource.lookup(&keys.resource, &[]),
-            self.literals.lookup(keys),
+            self.conditions.lookup(keys),
         ];
         // Walk the dimension with the fewest candidates and check the others per policy.
         let size = |lists: &Vec<&[u32]>| lists.iter().map(|l| l.len()).sum::<usize>();
-        let smallest = candidates
-            .iter()
-            .min_by_key(|lists| size(lists))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let smallest = match walk {
+            Some(dimension) => candidates.get(dimension),
+            None => candidates.iter().min_by_key(|lists| size(lists)),
+        }
+        .map(Vec::as_slice)
+        .unwrap_or_default();
         let mut members: Vec<u32> = smallest
             .iter()
             .flat_map(|list| list.iter().copied())
@@ -485,24 +525,27 @@ mod tests {
                 "@id(\"p{i}\") permit (principal, action == Ostiary::Action::\"http\", resource) when {{ context.path == \"/p{i}\" && context.port == 443 }};\n"
             ));
         }
-        // Shapes that must not be sliced on: a literal after another conjunct, under `||`,
-        // in an `unless`, on an attribute the index does not know.
+        // Around them: a chain led by another test (`late`, hashed on its port, walked to
+        // its path), `||` and `unless` (no chain: always kept), other attributes.
         text.push_str("@id(\"late\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.port == 443 && context.path == \"/late\" };\n");
         text.push_str("@id(\"either\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.path == \"/a\" || context.path == \"/b\" };\n");
         text.push_str("@id(\"not\") forbid (principal, action == Ostiary::Action::\"http\", resource) unless { context.path == \"/ok\" };\n");
         text.push_str("@id(\"query\") permit (principal, action == Ostiary::Action::\"http\", resource) when { context.query == \"x\" };\n");
         text.push_str("@id(\"verb\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { \"DELETE\" == context.method };\n");
-        // Prefixes: `like "/p7*"` is one; `like "*x"` and `like "/a*b"` are not.
+        // `like "/p7*"` is hashed on its prefix; `like "*x"` and `like "/a*b"` are not
+        // hashed, but walked.
         text.push_str("@id(\"under\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"/p7*\" };\n");
         text.push_str("@id(\"suffix\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"*x\" };\n");
         text.push_str("@id(\"middle\") forbid (principal, action == Ostiary::Action::\"http\", resource) when { context.path like \"/a*b\" };\n");
         let engine = engine(text);
-        // p7, `under`, and the six kept shapes; `verb` only for a DELETE.
-        assert_eq!(sliced(&engine, &http("/p7", "GET")), Some(8));
-        assert_eq!(sliced(&engine, &http("/p7", "DELETE")), Some(9));
-        // `/p70/x` is no policy's exact path, and under `/p7`.
-        assert_eq!(sliced(&engine, &http("/p70/x", "GET")), Some(7));
-        assert_eq!(sliced(&engine, &http("/nowhere", "GET")), Some(6));
+        // GET /p7: p7, `under`, and `either`, `not` (no chain); `late` fails on its path
+        // after its port, `query` and `verb` on theirs, `suffix` and `middle` on their
+        // patterns (walked, though not hashed).
+        assert_eq!(sliced(&engine, &http("/p7", "GET")), Some(4));
+        assert_eq!(sliced(&engine, &http("/p7", "DELETE")), Some(5));
+        // `/p70/x` is no policy's exact path, is under `/p7` and ends in `x`.
+        assert_eq!(sliced(&engine, &http("/p70/x", "GET")), Some(4));
+        assert_eq!(sliced(&engine, &http("/nowhere", "GET")), Some(2));
         // And the decisions are the full set's.
         for (path, method) in [
             ("/p7", "GET"),
@@ -512,12 +555,102 @@ mod tests {
             ("/a", "GET"),
             ("/ab", "GET"),
             ("/ok", "GET"),
+            ("/p70/x", "DELETE"),
+            ("/late", "GET"),
         ] {
             let req = http(path, method);
             assert_eq!(
                 format!("{:?}", engine.decide(&req)),
                 format!("{:?}", engine.decide_unindexed(&req)),
                 "{path} {method}"
+            );
+        }
+    }
+
+    fn tool_engine(text: String) -> PolicyEngine {
+        let catalog = crate::Catalog::parse(
+            "tools.toml",
+            r#"
+[[tool]]
+name = "repo.read"
+tier = "read"
+match = { mcp = "https://mcp.example/mcp", tool = "read" }
+args_schema = { type = "object", required = ["repo"], properties = { repo = { type = "string" }, n = { type = "integer" }, opts = { type = "object", properties = { mode = { type = "string" } } } } }
+
+[[tool]]
+name = "repo.write"
+tier = "write"
+match = { mcp = "https://mcp.example/mcp", tool = "write" }
+"#,
+            None,
+        )
+        .expect("catalog parses");
+        PolicyEngine::with_catalog(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text,
+            }],
+            catalog,
+        )
+        .expect("policies validate")
+    }
+
+    fn tool(name: &str, args: serde_json::Value) -> AccessRequest {
+        AccessRequest {
+            action: Action::Tool {
+                name: name.into(),
+                args,
+                impact_records: 0,
+                cost_micros: 0,
+                approval: None,
+            },
+            ..http("/", "GET")
+        }
+    }
+
+    #[test]
+    fn per_argument_and_per_tool_permits_are_sliced() {
+        let mut text = String::new();
+        for i in 0..1000 {
+            text.push_str(&format!(
+                "@id(\"r{i}\") permit (principal, action == Ostiary::Action::\"tool:repo.read\", resource) when {{ context.args.repo == \"r{i}\" }};\n"
+            ));
+        }
+        text.push_str("@id(\"n7\") permit (principal, action == Ostiary::Action::\"tool:repo.read\", resource) when { resource == Ostiary::Tool::\"repo.read\" && context.args has n && context.args.n == 7 };\n");
+        text.push_str("@id(\"mode\") forbid (principal, action == Ostiary::Action::\"tool:repo.read\", resource) when { context.args has opts && context.args.opts has mode && [\"x\", \"y\"].contains(context.args.opts.mode) };\n");
+        text.push_str("@id(\"writer\") permit (principal, action, resource) when { resource == Ostiary::Tool::\"repo.write\" };\n");
+        let engine = tool_engine(text);
+        let read = |args| tool("repo.read", args);
+        use serde_json::json;
+        // r5 only; `n7` and `mode` are kept while their attributes are absent.
+        assert_eq!(sliced(&engine, &read(json!({"repo": "r5"}))), Some(3));
+        assert_eq!(
+            sliced(&engine, &read(json!({"repo": "r5", "n": 6}))),
+            Some(2)
+        );
+        assert_eq!(
+            sliced(&engine, &read(json!({"repo": "r5", "n": 7}))),
+            Some(3)
+        );
+        let mode = |m: &str| read(json!({"repo": "nope", "opts": {"mode": m}}));
+        assert_eq!(sliced(&engine, &mode("z")), Some(1));
+        assert_eq!(sliced(&engine, &mode("y")), Some(2));
+        // Another tool: only `writer` names it.
+        let write = tool("repo.write", json!({}));
+        assert_eq!(sliced(&engine, &write), Some(1));
+        for req in [
+            read(json!({"repo": "r5"})),
+            read(json!({"repo": "r5", "n": 7})),
+            read(json!({"repo": "r5", "n": 7.0})),
+            read(json!({"repo": 5})),
+            read(json!({"repo": "nope", "opts": {"mode": "y"}})),
+            read(json!({"repo": "nope", "opts": {}})),
+            write,
+        ] {
+            assert_eq!(
+                format!("{:?}", engine.decide(&req)),
+                format!("{:?}", engine.decide_unindexed(&req)),
+                "{req:?}"
             );
         }
     }

@@ -12,7 +12,8 @@
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
 //! - [`decide`] — evaluation; fail closed (an evaluation error is a deny); escalation.
 //! - `index` — the policy index: a decision evaluates only the policies whose scope can
-//!   match the request (sound slicing by principal, action and resource).
+//!   match the request (sound slicing by principal, action and resource, and by the leading
+//!   conditions of `when` clauses, `conditions`).
 //! - [`testing`] — data-driven policy tests (`<policy dir>/tests/*.toml`, `ostiary policy test`).
 //! - [`explain`] — a decision with its determining policies and what would change it
 //!   (`ostiary policy explain`).
@@ -23,6 +24,7 @@
 
 pub mod args;
 pub mod catalog;
+mod conditions;
 pub mod decide;
 mod entities;
 pub mod explain;

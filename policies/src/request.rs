@@ -9,6 +9,8 @@ use std::borrow::Cow;
 use cedar_policy::{ExpressionConstructionError, RestrictedExpression};
 use serde_json::{json, Value};
 
+use crate::args::RecordType;
+use crate::conditions::Known;
 use crate::schema::NAMESPACE;
 
 /// One authorization question: may this agent perform this action on this host (or tool)?
@@ -183,6 +185,62 @@ impl AccessRequest {
         };
         pairs.push(("session".into(), record(self.session.pairs())?));
         Ok(pairs)
+    }
+
+    /// The value of `context.<path>` as Cedar will see it, for the policy index's conditions
+    /// (`conditions.rs`): only where it is sure to be there, never `approval` (the
+    /// escalation re-check flips it under the same slice). `args` types a tool's arguments.
+    pub(crate) fn known<'a>(
+        &'a self,
+        path: &[String],
+        args: Option<&'a RecordType>,
+    ) -> Option<Known<'a>> {
+        let (first, rest) = path.split_first()?;
+        let leaf = |known: Known<'a>| rest.is_empty().then_some(known);
+        if first == "session" {
+            let Some((attr, [])) = rest.split_first() else {
+                return rest.is_empty().then_some(Known::Other);
+            };
+            let s = &self.session;
+            return match attr.as_str() {
+                "calls" => Some(Known::Long(s.calls)),
+                "cost" => Some(Known::Long(s.cost_micros)),
+                "depth" => Some(Known::Long(s.depth)),
+                "parent_agent" => Some(Known::Str(&s.parent_agent)),
+                "profile" => Some(Known::Str(&s.profile)),
+                _ => None,
+            };
+        }
+        match (&self.action, first.as_str()) {
+            (Action::Http { method, .. }, "method") => leaf(Known::Str(method)),
+            (Action::Http { scheme, .. }, "scheme") => leaf(Known::Str(scheme)),
+            (Action::Http { path, .. }, "path") => leaf(Known::Str(path)),
+            (Action::Http { query, .. }, "query") => leaf(Known::Str(query)),
+            (Action::Http { port, .. } | Action::Connect { port, .. }, "port") => {
+                leaf(Known::Long(i64::from(*port)))
+            }
+            (Action::Connect { sni, .. }, "sni") => leaf(Known::Str(sni)),
+            (Action::Mcp { method, .. }, "method") => leaf(Known::Str(method)),
+            (Action::Mcp { server, .. }, "server") => leaf(Known::Str(server)),
+            (Action::Tool { args: json, .. }, "args") => match rest {
+                [] => Some(Known::Other),
+                _ => args?.known(json, rest),
+            },
+            (
+                Action::Tool {
+                    impact_records,
+                    cost_micros,
+                    ..
+                },
+                "impact",
+            ) => match rest {
+                [] => Some(Known::Other),
+                [attr] if attr == "records" => Some(Known::Long(*impact_records)),
+                [attr] if attr == "cost" => Some(Known::Long(*cost_micros)),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// The Cedar context record for this request, as JSON (explanations, tests).

@@ -41,7 +41,9 @@ fn catalog() -> Catalog {
             "[[tool]]\nname = \"{name}\"\ntier = \"{tier}\"\n\
              match = {{ mcp = \"https://mcp.example/mcp\", tool = \"{name}\" }}\n\
              args_schema = {{ type = \"object\", required = [\"title\", \"n\"], properties = \
-             {{ title = {{ type = \"string\" }}, n = {{ type = \"integer\" }} }} }}\n\n"
+             {{ title = {{ type = \"string\" }}, n = {{ type = \"integer\" }}, \
+             label = {{ type = \"string\" }}, flag = {{ type = \"boolean\" }}, \
+             opts = {{ type = \"object\", properties = {{ mode = {{ type = \"string\" }} }} }} }} }}\n\n"
         ));
     }
     Catalog::parse("tools.toml", &text, None).expect("test catalog parses")
@@ -193,9 +195,15 @@ fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
 
 /// One clause of a condition that type-checks for every action the scope admits.
 fn clause(rng: &mut Rng, ctx: Ctx) -> String {
-    let generic = |rng: &mut Rng| match rng.below(5) {
+    let generic = |rng: &mut Rng| match rng.below(8) {
         0 => format!("principal in {}", tenant(rng)),
         1 => format!("principal == {}", agent(rng)),
+        5 => format!("principal.name == \"{}\"", rng.pick(AGENTS)),
+        6 => format!(
+            "context.session.profile != \"{}\"",
+            rng.pick(&["", "strict"])
+        ),
+        7 => format!("[{}, {}].contains(principal)", agent(rng), agent(rng)),
         // Every action's context carries the session.
         2 => "context.session.depth > 0".into(),
         3 => format!("context.session.parent_agent == \"{}\"", rng.pick(AGENTS)),
@@ -221,10 +229,29 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
                 "context.path like \"{}\"",
                 rng.pick(&["/admin*", "/i*", "/*", "*s", "/a*x", "/items"])
             ),
-            2 => "context.port == 443".into(),
-            3 => "context.query == \"\"".into(),
+            2 => match rng.below(3) {
+                0 => "context.port == 443".into(),
+                1 => format!("{} == context.port", rng.pick(&["80", "8443"])),
+                _ => format!(
+                    "[\"{}\", \"{}\"].contains(context.method)",
+                    rng.pick(&["GET", "POST", "DELETE"]),
+                    rng.pick(&["GET", "POST", "DELETE"])
+                ),
+            },
+            3 => match rng.below(3) {
+                0 => "context.query == \"\"".into(),
+                1 => format!("context.method != \"{}\"", rng.pick(&["GET", "POST"])),
+                _ => format!("resource == {}", host(rng)),
+            },
             4 => format!("(context.path != \"/boom\" || context.port * {OVERFLOW} > 0)"),
-            _ => "resource.name like \"h1*\"".into(),
+            _ => match rng.below(3) {
+                0 => "resource.name like \"h1*\"".into(),
+                1 => format!("resource.name == \"{}\"", rng.pick(HOSTS)),
+                _ => format!(
+                    "context.path like \"{}\"",
+                    rng.pick(&["*x", "/a*m*", "/items", "*", "/*s"])
+                ),
+            },
         },
         Ctx::Connect => match rng.below(3) {
             0 => "context.port == 443".into(),
@@ -240,10 +267,46 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
             1 => "context.method like \"notifications/*\"".into(),
             _ => "context.server like \"https://h1*\"".into(),
         },
-        Ctx::Spawn => match rng.below(3) {
+        Ctx::Spawn => match rng.below(4) {
             0 => format!("resource == {}", agent(rng)),
+            3 => format!("resource.name == \"{}\"", rng.pick(AGENTS)),
             1 => "context.session.calls < 3".into(),
             _ => format!("(context.session.depth != 2 || context.session.calls * {OVERFLOW} > 0)"),
+        },
+        Ctx::Tool if rng.chance(45) => match rng.below(11) {
+            10 => "context.args has label && context.args.label != \"l2\"".into(),
+            0 => format!("resource == {}", tool(rng)),
+            1 => format!(
+                "context.args has label && context.args.label == \"{}\"",
+                rng.pick(&["l1", "l2"])
+            ),
+            2 => format!(
+                "context.args has label && [\"{}\", \"l3\"].contains(context.args.label)",
+                rng.pick(&["l1", "l2"])
+            ),
+            3 => format!("context.args.n == {}", rng.below(6)),
+            4 => format!(
+                "context.args.title like \"{}\"",
+                rng.pick(&["x*", "b*", "y", "*m"])
+            ),
+            5 => format!(
+                "[\"{}\", \"{}\"].contains(context.args.title)",
+                rng.pick(&["x", "y", "boom"]),
+                rng.pick(&["x", "y"])
+            ),
+            // Never read by the index (the escalation re-check flips it).
+            6 => format!("context.approval.granted == {}", rng.chance(50)),
+            7 => "context.args has opts && context.args.opts has mode && \
+                  context.args.opts.mode == \"m1\""
+                .into(),
+            8 => format!(
+                "context.args has flag && context.args.flag == {}",
+                rng.chance(50)
+            ),
+            _ => format!(
+                "context.approval.approver == \"{}\"",
+                rng.pick(&["", "alice"])
+            ),
         },
         Ctx::Tool => match rng.below(8) {
             0 => format!("context.args.title == \"{}\"", rng.pick(&["x", "y"])),
@@ -262,11 +325,16 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
     }
 }
 
-/// Policy text for one generated policy, with id `p<n>`.
-fn policy(rng: &mut Rng, n: usize) -> String {
+/// Policy text for one generated policy, with id `p<n>`. `conditioned`: scopes that name
+/// no principal or resource, and a first `when` that is a chain of conjuncts, so that the
+/// index slices on conditions (its conditions dimension is the smallest).
+fn policy(rng: &mut Rng, n: usize, conditioned: bool) -> String {
     let (action, ctx) = action_scope(rng);
-    let principal = principal_scope(rng);
-    let resource = resource_scope(rng, ctx);
+    let (principal, resource) = if conditioned {
+        ("principal".to_owned(), "resource".to_owned())
+    } else {
+        (principal_scope(rng), resource_scope(rng, ctx))
+    };
     let forbid = rng.chance(35);
     let escalate = forbid && ctx == Ctx::Tool && rng.chance(60);
     let mut text = format!("@id(\"p{n}\")\n");
@@ -275,6 +343,10 @@ fn policy(rng: &mut Rng, n: usize) -> String {
     }
     text.push_str(if forbid { "forbid" } else { "permit" });
     text.push_str(&format!(" ({principal}, {action}, {resource})"));
+    if conditioned {
+        let chain: Vec<String> = (0..1 + rng.below(3)).map(|_| clause(rng, ctx)).collect();
+        text.push_str(&format!(" when {{ {} }}", chain.join(" && ")));
+    }
     if escalate && rng.chance(70) {
         text.push_str(" unless { context.approval.granted }");
         if rng.chance(50) {
@@ -283,8 +355,16 @@ fn policy(rng: &mut Rng, n: usize) -> String {
     } else {
         for _ in 0..rng.below(3) {
             let keyword = if rng.chance(75) { "when" } else { "unless" };
-            let body = if rng.chance(30) {
+            let body = if rng.chance(25) {
                 format!("{} || {}", clause(rng, ctx), clause(rng, ctx))
+            } else if rng.chance(40) {
+                // Longer chains: the index walks them conjunct by conjunct.
+                format!(
+                    "{} && {} && {}",
+                    clause(rng, ctx),
+                    clause(rng, ctx),
+                    clause(rng, ctx)
+                )
             } else {
                 format!("{} && {}", clause(rng, ctx), clause(rng, ctx))
             };
@@ -292,6 +372,15 @@ fn policy(rng: &mut Rng, n: usize) -> String {
         }
     }
     text.push_str(";\n");
+    if escalate && rng.chance(40) {
+        // A permit that only the escalation re-check (`approval.granted` flipped) can
+        // satisfy, led by the approval: a slice that depended on it would lose escalations.
+        text.push_str(&format!(
+            "@id(\"p{n}g\")\npermit ({principal}, {action}, {resource}) when {{ \
+             context.approval.granted == true && {} }};\n",
+            clause(rng, ctx)
+        ));
+    }
     text
 }
 
@@ -336,10 +425,29 @@ fn request(rng: &mut Rng) -> AccessRequest {
                 // Not the tool's schema: an evaluation error, indexed or not.
                 json!({ "title": 5 })
             } else {
-                json!({
-                    "title": rng.pick(&["x", "y", "boom"]),
+                let mut args = json!({
+                    "title": rng.pick(&["x", "y", "boom", "xm"]),
                     "n": rng.below(12) as i64 - 2,
-                })
+                });
+                // Optional arguments, present or not (absent ones error where read).
+                if rng.chance(50) {
+                    args["label"] = json!(rng.pick(&["l1", "l2", "l3"]));
+                }
+                if rng.chance(30) {
+                    args["flag"] = json!(rng.chance(50));
+                }
+                if rng.chance(40) {
+                    args["opts"] = if rng.chance(70) {
+                        json!({ "mode": rng.pick(&["m1", "m2"]) })
+                    } else {
+                        json!({})
+                    };
+                }
+                if rng.chance(10) {
+                    // An integral float where a Long is declared: still the Long.
+                    args["n"] = json!(3.0);
+                }
+                args
             };
             Action::Tool {
                 name,
@@ -386,6 +494,17 @@ fn normal(decision: &Decision) -> (String, BTreeSet<String>) {
 
 #[test]
 fn indexed_decisions_equal_full_set_decisions() {
+    differential(0x9E37_79B9_7F4A_7C15, SETS, false);
+}
+
+/// The same over sets whose policies are sliced on their conditions: broad scopes and a
+/// leading chain each (tool names, argument values, paths, methods, names).
+#[test]
+fn indexed_decisions_equal_full_set_decisions_when_conditions_slice() {
+    differential(0xD1B5_4A32_D192_ED03, SETS / 2, true);
+}
+
+fn differential(seed: u64, sets: usize, conditioned: bool) {
     let started = std::time::Instant::now();
     let catalog = catalog();
     let schema: Schema = PolicyEngine::with_catalog(&[], catalog.clone())
@@ -394,15 +513,15 @@ fn indexed_decisions_equal_full_set_decisions() {
         .clone();
     let validator = Validator::new(schema);
 
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng(seed);
     let (mut requests, mut mismatches, mut dropped, mut generated) = (0usize, 0usize, 0, 0);
     let mut outcomes = [0usize; 5]; // allow, escalate, forbidden, no permit, error
     let mut first_mismatch = None;
-    for set in 0..SETS {
+    for set in 0..sets {
         let size = 1 + rng.below(60);
         let mut text = String::new();
         for n in 0..size {
-            let policy = policy(&mut rng, n);
+            let policy = policy(&mut rng, n, conditioned);
             generated += 1;
             if validates(&validator, &policy) {
                 text.push_str(&policy);
@@ -440,6 +559,22 @@ fn indexed_decisions_equal_full_set_decisions() {
                 } => 3,
                 Decision::Deny { .. } => 4,
             }] += 1;
+            // Every other request, one dimension's lookup on its own, in turn.
+            let walked = (requests % 2 == 0).then(|| {
+                let dimension = requests / 2 % 4;
+                (dimension, engine.decide_walking(&req, dimension))
+            });
+            if let Some((dimension, walked)) = &walked {
+                if normal(walked) != normal(&full) {
+                    mismatches += 1;
+                    first_mismatch.get_or_insert_with(|| {
+                        format!(
+                            "set {set}\n{text}\nrequest {req:?}\nwalking dimension \
+                             {dimension}: {walked:?}\nfull {full:?}"
+                        )
+                    });
+                }
+            }
             if normal(&indexed) != normal(&full) {
                 mismatches += 1;
                 first_mismatch.get_or_insert_with(|| {
@@ -451,7 +586,7 @@ fn indexed_decisions_equal_full_set_decisions() {
         }
     }
     println!(
-        "index differential: {requests} requests over {SETS} sets ({generated} generated \
+        "index differential: {requests} requests over {sets} sets (conditioned: {conditioned}) ({generated} generated \
          policies, {dropped} dropped by validation), {mismatches} mismatches; outcomes \
          allow {} escalate {} forbidden {} no-permit {} error {}; {:.1?}",
         outcomes[0],
@@ -461,7 +596,7 @@ fn indexed_decisions_equal_full_set_decisions() {
         outcomes[4],
         started.elapsed()
     );
-    assert!(requests >= 100_000);
+    assert!(requests >= sets * REQUESTS_PER_SET);
     // Every outcome is exercised, or the comparison proves little.
     assert!(outcomes.iter().all(|&n| n > 0), "outcomes {outcomes:?}");
     assert!(
