@@ -96,9 +96,14 @@ def start_nginx(work: Path, certs: dict[str, Path], port: int) -> subprocess.Pop
     (root / "tool").mkdir(parents=True)
     kib = b"x" * 1023 + b"\n"
     mib = (b"y" * 1023 + b"\n") * 1024
+    # An event stream: 1,024 events of 1 KiB (time to first byte, and streaming rate).
+    events = (b"data: " + b"e" * 1016 + b"\n\n") * 1024
     for base in (root, root / "tool"):
         (base / "1k").write_bytes(kib)
         (base / "1m").write_bytes(mib)
+        (base / "events").write_bytes(events)
+    # 16 MiB: RSS while streaming must not grow with the body.
+    (root / "16m").write_bytes(mib * 16)
     conf = work / "nginx.conf"
     conf.write_text(f"""
 worker_processes 1;
@@ -123,6 +128,7 @@ http {{
         ssl_certificate_key {certs['up_key']};
         ssl_session_cache shared:SSL:10m;
         root {root};
+        location ~ /events$ {{ default_type text/event-stream; }}
     }}
 }}
 """)
@@ -171,7 +177,7 @@ tier  = "read"
 match = {{ host = "localhost", method = "GET", path = "/tool/{size}" }}
 args_schema = {{ type = "object", properties = {{ q = {{ type = "string" }} }} }}
 cost  = 0.0001
-""" for size in ("1k", "1m"))
+""" for size in ("1k", "1m", "events"))
 
 # Rungs of Ostiary's ladder: each adds work to the one before.
 RUNGS = {
@@ -504,6 +510,75 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> d
     return asyncio.run(run())
 
 
+def sse(setup: Setup, up_port: int, streams: int) -> dict:
+    """Time to first byte of an event stream (1,024 events of 1 KiB, text/event-stream) and
+    the rate it streams at, one client on one keep-alive connection, `streams` times. The
+    client is Python's http.client, the same for every setup: its own cost cancels out of
+    the added figures."""
+    import http.client
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    if setup.proxy:
+        port = int(setup.proxy.rsplit(":", 1)[1])
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+        headers = {}
+        if setup.proxy_header:
+            name, value = setup.proxy_header.split(": ", 1)
+            headers[name] = value
+        conn.set_tunnel(HOST, up_port, headers=headers)
+    else:
+        conn = http.client.HTTPSConnection(HOST, up_port, context=ctx, timeout=30)
+    path = f"{setup.path_prefix}/events"
+    ttfb, total, size = [], [], 0
+    for _ in range(streams):
+        started = time.perf_counter()
+        conn.request("GET", path, headers={"Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"{setup.name} / sse: status {resp.status}")
+        first = resp.read(1)
+        ttfb.append(time.perf_counter() - started)
+        rest = resp.read()
+        total.append(time.perf_counter() - started)
+        size = len(first) + len(rest)
+    conn.close()
+    ttfb.sort()
+    total.sort()
+    med = statistics.median(total)
+    return {"p50_us": ttfb[len(ttfb) // 2] * 1e6, "p99_us": ttfb[len(ttfb) * 99 // 100] * 1e6,
+            "rps": 1 / med, "mib_per_s": size / med / (1 << 20), "ok": streams}
+
+
+def streaming_memory(opts, setup: Setup, up_port: int, clients: int) -> dict:
+    """Peak RSS of the proxy while `clients` clients stream 1 MiB and then 16 MiB bodies
+    flat out: flat if the proxy streams, proportional to the body if it buffers."""
+    out = {"rss_before_kib": rss_kib(setup.pid)}
+    for path in ("/1m", "/16m"):
+        peak = 0
+        sc = Scenario("stream", "", path, ["-z", f"{opts.seconds}s", "-c", str(clients)])
+        done = []
+        import threading
+
+        def load():
+            try:
+                done.append(oha_run(opts.oha, setup, sc, up_port))
+            except RuntimeError as e:
+                done.append({"error": str(e)[:200]})
+
+        t = threading.Thread(target=load)
+        t.start()
+        while t.is_alive():
+            peak = max(peak, rss_kib(setup.pid) or 0)
+            time.sleep(0.02)
+        t.join()
+        out[f"rss_peak_kib{path.replace('/', '_')}"] = peak
+        out[f"load{path.replace('/', '_')}"] = done[0]
+    return out
+
+
 # --- main ---------------------------------------------------------------------------------
 
 
@@ -524,6 +599,8 @@ def main():
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")
+    ap.add_argument("--streams", type=int, default=1000,
+                    help="event streams of the sse scenario per round (0: skip it)")
     ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
     ap.add_argument("--mitmdump", default=shutil.which("mitmdump") or "mitmdump")
     opts = ap.parse_args()
@@ -569,6 +646,12 @@ def main():
                     print(f"{s.name:<16} RSS {r['rss_before_kib'] / 1024:6.1f} MiB -> "
                           f"{r['rss_idle_kib'] / 1024:6.1f} MiB with {r['idle_connections']} idle "
                           f"intercepted connections", flush=True)
+                    time.sleep(2)  # let the idle connections close
+                    r["streaming"] = streaming_memory(opts, s, up_port, 100)
+                    m = r["streaming"]
+                    print(f"{s.name:<16} peak RSS, 100 clients streaming: 1 MiB bodies "
+                          f"{m['rss_peak_kib_1m'] / 1024:6.1f} MiB, 16 MiB bodies "
+                          f"{m['rss_peak_kib_16m'] / 1024:6.1f} MiB", flush=True)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return
@@ -590,6 +673,16 @@ def main():
                     raw.setdefault(sc.name, {}).setdefault(s.name, []).append(res)
                     print(f"round {r + 1} {sc.name:<8} {s.name:<16} p50 {res['p50_us']:>7.0f}µs "
                           f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s", flush=True)
+            if opts.streams and (not opts.scenarios or "sse" in opts.scenarios.split(",")):
+                order = setups[r % len(setups):] + setups[: r % len(setups)]
+                for s in order:
+                    res = sse(s, up_port, opts.streams)
+                    raw.setdefault("sse", {}).setdefault(s.name, []).append(res)
+                    print(f"round {r + 1} sse      {s.name:<16} TTFB p50 {res['p50_us']:>7.0f}µs "
+                          f"p99 {res['p99_us']:>7.0f}µs {res['mib_per_s']:>7.0f} MiB/s", flush=True)
+        if "sse" in raw:
+            scs.append(Scenario("sse", "event stream (1,024 events of 1 KiB): time to first "
+                                "byte (p50/p99), streams/s", "/events", []))
         rss = {s.name: rss_kib(s.pid) for s in setups if s.pid}
         table = summarise(raw, [s.name for s in setups], scs)
         print_table(table, scs)
