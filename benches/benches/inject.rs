@@ -16,6 +16,7 @@ use ostiary::egress::address::normalize_host;
 use ostiary::inject::{self, credentials::Bound, credentials::Credentials};
 use ostiary::metrics::Metrics;
 use ostiary::session::Principal;
+use ostiary_benches::principal;
 use ostiary_broker::{Binding, Broker};
 
 struct Fixture {
@@ -60,19 +61,6 @@ fn fixture() -> Fixture {
         bound: target("api.github.com"),
         unbound: target("api.example.com"),
         _dir: dir,
-    }
-}
-
-fn principal(session: &str) -> Principal {
-    Principal {
-        session_id: session.into(),
-        agent: "bench".into(),
-        tenant: "default".into(),
-        depth: 0,
-        parent: None,
-        parent_agent: None,
-        profile: None,
-        expires_at: i64::MAX,
     }
 }
 

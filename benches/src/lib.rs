@@ -4,7 +4,8 @@
 //! # Layout
 //! - this library — [`engine_with_hosts`] and [`request`], the fixtures the benches share.
 //! - `benches/` — criterion benches, each against a baseline in the same run: `decision`
-//!   (Cedar as the set grows), `inject`, `scrub`, `dlp`, `checks`, `guardrails`, `ambiguity`.
+//!   (Cedar as the set grows), `inject`, `scrub`, `dlp`, `checks`, `guardrails`, `ambiguity`,
+//!   `phases` (session token, classification, leaf minting, audit write).
 //! - [`load`] — the load harness's client; `src/bin/load.rs` — direct against through
 //!   Ostiary; `src/bin/fleet.rs` — one replica on SQLite against PostgreSQL + Redis and three.
 //! - `src/bin/approvals.rs` — what the approval queue costs against a plain forwarded call.
@@ -15,6 +16,20 @@
 pub mod load;
 
 use ostiary_policies::{AccessRequest, Action, Catalog, PolicyEngine, PolicySource};
+
+/// The principal of a bench session `session` (agent `bench`, tenant `default`, a root).
+pub fn principal(session: &str) -> ostiary::session::Principal {
+    ostiary::session::Principal {
+        session_id: session.into(),
+        agent: "bench".into(),
+        tenant: "default".into(),
+        depth: 0,
+        parent: None,
+        parent_agent: None,
+        profile: None,
+        expires_at: i64::MAX,
+    }
+}
 
 /// A policy set of `n` host permits (one per generated host), plus a metadata forbid.
 pub fn engine_with_hosts(n: usize) -> PolicyEngine {

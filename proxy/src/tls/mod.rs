@@ -9,5 +9,8 @@ use std::sync::Arc;
 /// The one crypto provider used on both sides (ring), chosen explicitly so that no other
 /// provider can be picked up from the dependency graph.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    // Built once: every leaf minted and every upstream client config asks for it.
+    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
+        std::sync::OnceLock::new();
+    Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())))
 }
