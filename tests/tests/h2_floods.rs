@@ -441,13 +441,20 @@ async fn rapid_reset_streams_get_the_connection_closed_and_others_are_served() {
         code, last_stream, ..
     } = &ended.end
     {
-        assert_ne!(*code, 0, "a GOAWAY for a flood carries an error code");
-        // Client streams are odd: the last one processed is the (n+1)/2-th.
-        let processed = last_stream.div_ceil(2);
-        assert!(
-            processed < RAPID_RESETS / 10,
-            "the proxy processed {processed} streams before going away"
-        );
+        // h2's own detector goes away with an error code naming the last stream it took.
+        // When the resets land after the proxy started on the streams (a loaded machine),
+        // the proxy's late-reset guard goes away first, and hyper only offers the graceful
+        // form for that (NO_ERROR, last stream 2^31-1); the counts below hold either way.
+        let graceful = *code == 0 && *last_stream == (1 << 31) - 1;
+        if !graceful {
+            assert_ne!(*code, 0, "a GOAWAY for a flood carries an error code");
+            // Client streams are odd: the last one processed is the (n+1)/2-th.
+            let processed = last_stream.div_ceil(2);
+            assert!(
+                processed < RAPID_RESETS / 10,
+                "the proxy processed {processed} streams before going away"
+            );
+        }
     }
     let streams_before_close = ended.written / (block.len() as u64 + 9 + 13);
     assert!(
