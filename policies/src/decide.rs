@@ -251,14 +251,7 @@ impl PolicyEngine {
     /// Only the policies whose scope can match the request are evaluated (see `index.rs`);
     /// the decision is the one the full set gives.
     pub fn decide(&self, req: &AccessRequest) -> Decision {
-        let slice = self
-            .names()
-            .scope_keys(req)
-            .and_then(|keys| self.index().slice(&keys));
-        match slice {
-            Some(policies) => self.decide_with(req, &policies),
-            None => self.decide_with(req, self.policy_set()),
-        }
+        self.decide_sliced(req, None)
     }
 
     /// [`Self::decide`] with the index walking dimension `walk` (0 principal, 1 action, 2
@@ -266,10 +259,15 @@ impl PolicyEngine {
     /// sound on its own (`tests/index_differential.rs`).
     #[doc(hidden)]
     pub fn decide_walking(&self, req: &AccessRequest, walk: usize) -> Decision {
+        self.decide_sliced(req, Some(walk))
+    }
+
+    /// Decide over the index's slice for `req` (walking dimension `walk`, or the smallest).
+    fn decide_sliced(&self, req: &AccessRequest, walk: Option<usize>) -> Decision {
         let slice = self
             .names()
             .scope_keys(req)
-            .and_then(|keys| self.index().slice_walking(&keys, Some(walk)));
+            .and_then(|keys| self.index().slice(&keys, walk));
         match slice {
             Some(policies) => self.decide_with(req, &policies),
             None => self.decide_with(req, self.policy_set()),

@@ -408,14 +408,11 @@ impl PolicyIndex {
 
     /// The sub-set to evaluate for a request with these keys; `None` means the full set
     /// (the index is off, or every policy may match).
-    pub(crate) fn slice(&self, keys: &ScopeKeys<'_>) -> Option<Arc<PolicySet>> {
-        self.slice_walking(keys, None)
-    }
-
-    /// [`Self::slice`], walking dimension `walk` (0 principal, 1 action, 2 resource, 3
+    ///
+    /// `walk` names the dimension to walk (0 principal, 1 action, 2 resource, 3
     /// conditions) instead of the smallest: the differential test checks each dimension's
     /// lookup on its own, which the smallest-first choice would otherwise rarely exercise.
-    pub(crate) fn slice_walking(
+    pub(crate) fn slice(
         &self,
         keys: &ScopeKeys<'_>,
         walk: Option<usize>,
@@ -513,7 +510,7 @@ mod tests {
         let keys = engine.names().scope_keys(req)?;
         engine
             .index()
-            .slice(&keys)
+            .slice(&keys, None)
             .map(|set| set.policies().count())
     }
 
