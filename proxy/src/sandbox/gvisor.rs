@@ -45,8 +45,10 @@ use super::limits::{Rlimit, RlimitName};
 use super::view::Mount;
 use super::{Limit, Plan, Runner, RunnerStatus, SandboxError};
 
+mod forks;
 mod watch;
 
+use forks::ForkLog;
 use watch::{processes_named, Watch, WatchSpec};
 
 /// Where the init stage says "started", inside.
@@ -89,6 +91,8 @@ pub struct Layout {
     pub state: PathBuf,
     pub pid_file: PathBuf,
     pub started: PathBuf,
+    /// runsc's debug log, a FIFO: its traced forks ([`forks`]).
+    pub debug_log: PathBuf,
 }
 
 impl Layout {
@@ -104,6 +108,7 @@ impl Layout {
             state: dir.join("state"),
             pid_file: dir.join("sandbox.pid"),
             started: dir.join("started"),
+            debug_log: dir.join("runsc.log"),
         }
     }
 
@@ -163,6 +168,11 @@ impl Gvisor {
             "--host-uds=open".into(),
             "--ignore-cgroups".into(),
             "--platform=ptrace".into(),
+            // The fork system calls traced into the debug log, where a refused one is
+            // the processes limit ([`forks`]).
+            "--strace".into(),
+            format!("--strace-syscalls={}", forks::TRACED).into(),
+            format!("--debug-log={}", layout.debug_log.display()).into(),
         ];
         if rootless {
             argv.push("--rootless".into());
@@ -196,12 +206,18 @@ impl Runner for Gvisor {
         let layout = Layout::of(&plan.staging);
         let spec = spec(plan, &started_by_file(init)?)?;
         write_bundle(&layout, &spec)?;
+        // Before runsc starts: its opening of the FIFO's write end must find a reader.
+        let forks = ForkLog::create(&layout.debug_log).map_err(SandboxError::io(format!(
+            "making runsc's debug log {}",
+            layout.debug_log.display()
+        )))?;
         let watch = Watch::start(WatchSpec {
             runsc: self.path.clone(),
             layout: layout.clone(),
             uid: plan.identity.uid,
             processes: u64::from(plan.limits.processes),
             cpu_time: plan.limits.cpu_time,
+            forks,
         });
         let argv = self.argv(&layout, plan.identity.user_ns);
         let appending = [1, 2]
@@ -680,6 +696,11 @@ mod tests {
         assert!(argv.contains(&"--root=/tmp/ostiary-run-7-cd/gvisor/state".to_owned()));
         assert_eq!(argv.last().unwrap(), "ostiary-run-7-cd");
         assert!(!argv.iter().any(|a| a == "--rootless"));
+        // The fork calls traced into the run's own FIFO, and nothing else.
+        assert!(argv.contains(&"--strace".to_owned()));
+        assert!(argv.contains(&"--strace-syscalls=clone,fork,vfork,clone3".to_owned()));
+        assert!(argv.contains(&"--debug-log=/tmp/ostiary-run-7-cd/gvisor/runsc.log".to_owned()));
+        assert!(!argv.iter().any(|a| a == "--debug"));
         assert!(runner.argv(&layout, true).iter().any(|a| a == "--rootless"));
         // Flags before the subcommand, the bundle after it.
         let run = argv.iter().position(|a| a == "run").unwrap();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::forks::ForkLog;
 use super::Layout;
 use crate::sandbox::Limit;
 
@@ -25,6 +26,9 @@ pub(super) struct WatchSpec {
     /// Tasks the command may have at once.
     pub(super) processes: u64,
     pub(super) cpu_time: Duration,
+    /// The forks the Sentry refused: read at every [`STOP_CHECK`], so that a bomb at the
+    /// limit is seen however briefly it stays there.
+    pub(super) forks: ForkLog,
 }
 
 /// A thread that counts the command's tasks inside (`runsc debug --ps`: its processes and
@@ -48,16 +52,22 @@ impl Watch {
         let hit = Arc::new(Mutex::new(None));
         let (stop2, hit2) = (stop.clone(), hit.clone());
         let thread = std::thread::spawn(move || {
+            let mut spec = spec;
             let mut cpu_seen = Duration::ZERO;
+            let found = |limit| {
+                hit2.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(limit);
+            };
             while !stop2.load(Ordering::Relaxed) {
-                let found = observe(&spec, &mut cpu_seen);
-                if let Some(limit) = found {
-                    hit2.lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(limit);
+                if let Some(limit) = observe(&spec, &mut cpu_seen) {
+                    found(limit);
                 }
                 let mut slept = Duration::ZERO;
                 while slept < POLL && !stop2.load(Ordering::Relaxed) {
+                    if spec.forks.drain() {
+                        found(Limit::Processes);
+                    }
                     std::thread::sleep(STOP_CHECK);
                     slept += STOP_CHECK;
                 }
