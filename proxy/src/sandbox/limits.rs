@@ -241,9 +241,15 @@ impl Control {
     /// `RLIMIT_NPROC` for the command. It counts the tasks of the command's uid in its user
     /// namespace: with a cgroup it is a backstop above `pids.max`, so that the cgroup (whose
     /// refusals are counted) is what stops a fork bomb; without one it is the limit, and
-    /// the init stage counts too when it shares the uid (a user-namespace run).
-    pub fn nproc(&self, user_ns: bool) -> u64 {
+    /// the init stage counts too when it shares the uid (a user-namespace run). A sandbox
+    /// with a kernel of its own (`own_kernel`, see [`super::Runner::rlimits_inside`]) counts
+    /// the command's tasks alone under that uid (the init stage is root there) and sees
+    /// its refusals: the limit exactly, so that a fork it refuses is the processes limit.
+    pub fn nproc(&self, user_ns: bool, own_kernel: bool) -> u64 {
         let processes = u64::from(self.limits.processes);
+        if own_kernel {
+            return processes;
+        }
         match (&self.cgroup, user_ns) {
             (Some(_), _) => processes + SANDBOX_TASKS,
             (None, true) => processes + 1,
@@ -403,9 +409,10 @@ mod tests {
         };
         assert_eq!(cpu(&control(false)), 3600);
         assert!(cpu(&control(true)) > 3600);
-        assert_eq!(control(false).nproc(false), 512);
-        assert_eq!(control(false).nproc(true), 513);
-        assert_eq!(control(true).nproc(false), 512 + SANDBOX_TASKS);
+        assert_eq!(control(false).nproc(false, false), 512);
+        assert_eq!(control(false).nproc(true, false), 513);
+        assert_eq!(control(true).nproc(false, false), 512 + SANDBOX_TASKS);
+        assert_eq!(control(true).nproc(true, true), 512);
     }
 
     #[test]

@@ -86,14 +86,7 @@ fn start(
     binary: &Path,
     status_path: &Path,
 ) -> Result<(Pid, OwnedFd), SandboxError> {
-    // A sandbox with a kernel of its own counts the command's tasks alone under its uid
-    // (the init stage is root there): the limit exactly, so that a fork it refuses is the
-    // processes limit.
-    let nproc = if runner.rlimits_inside() {
-        u64::from(plan.limits.processes)
-    } else {
-        control.nproc(plan.identity.user_ns)
-    };
+    let nproc = control.nproc(plan.identity.user_ns, runner.rlimits_inside());
     let init = plan.init_argv(nproc, STARTED_FD);
     let inner = runner.command(plan, &init, STATUS_FD)?;
     let argv = EnterArgs {

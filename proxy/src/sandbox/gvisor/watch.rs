@@ -47,12 +47,11 @@ pub(super) struct Watch {
 const STOP_CHECK: Duration = Duration::from_millis(20);
 
 impl Watch {
-    pub(super) fn start(spec: WatchSpec) -> Self {
+    pub(super) fn start(mut spec: WatchSpec) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let hit = Arc::new(Mutex::new(None));
         let (stop2, hit2) = (stop.clone(), hit.clone());
         let thread = std::thread::spawn(move || {
-            let mut spec = spec;
             let mut cpu_seen = Duration::ZERO;
             let found = |limit| {
                 hit2.lock()
