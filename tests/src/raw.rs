@@ -263,6 +263,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
     }
 }
 
+/// A loopback port that refuses connections for as long as the returned socket lives: it
+/// is bound, never listened on. A port bound and released instead ("closed a moment ago")
+/// may be taken by a parallel test's listener before it is dialled.
+pub fn refusing_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("binding 127.0.0.1:0");
+    let addr = socket.local_addr().expect("its address");
+    (socket, addr)
+}
+
 /// `Proxy-Authorization: Bearer <token>\r\n`, the line a raw request carries.
 pub fn auth_line(token: &str) -> String {
     format!("Proxy-Authorization: Bearer {token}\r\n")

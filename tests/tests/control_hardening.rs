@@ -132,6 +132,34 @@ fn serve_with_token(config: &Path, token: &[u8], log: &Path) -> tokio::process::
     cmd.spawn().expect("starting ostiary serve")
 }
 
+/// `serve_with_token` on free ports, healthy: the ports are drawn again when another
+/// process took one between its draw and the bind (as `support::Server::start` does).
+/// Returns the child, its control address and its config.
+async fn serve_healthy(
+    dir: &Path,
+    token: &[u8],
+    log: &Path,
+) -> (tokio::process::Child, SocketAddr, std::path::PathBuf) {
+    let mut last = String::new();
+    for _attempt in 0..3 {
+        let proxy: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let config = write_config(dir, proxy, control);
+        let mut child = serve_with_token(&config, token, log);
+        match wait_healthy(&mut child, control, log).await {
+            Ok(()) => return (child, control, config),
+            Err(text) => {
+                let _ = child.kill().await;
+                if !text.contains("binding") {
+                    panic!("{text}");
+                }
+                last = text;
+            }
+        }
+    }
+    panic!("{last}");
+}
+
 fn write_config(dir: &Path, proxy: SocketAddr, control: SocketAddr) -> std::path::PathBuf {
     let config = dir.join("ostiary.toml");
     std::fs::create_dir_all(dir.join("policies")).unwrap();
@@ -153,14 +181,8 @@ fn write_config(dir: &Path, proxy: SocketAddr, control: SocketAddr) -> std::path
 async fn serve_takes_the_admin_token_from_the_environment_and_leaves_the_file_alone() {
     const TOKEN: &str = "env-admin-token-0123456789abcdef0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
-    let proxy: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let control: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let config = write_config(dir.path(), proxy, control);
     let log = dir.path().join("serve.log");
-    let mut child = serve_with_token(&config, TOKEN.as_bytes(), &log);
-    if let Err(text) = wait_healthy(&mut child, control, &log).await {
-        panic!("{text}");
-    }
+    let (mut child, control, config) = serve_healthy(dir.path(), TOKEN.as_bytes(), &log).await;
     let state = dir.path().join("state");
     assert!(
         state.join("ca.pem").is_file(),
@@ -218,10 +240,8 @@ async fn serve_takes_the_admin_token_from_the_environment_and_leaves_the_file_al
         "file-token-0123456789abcdef0123456789",
     )
     .unwrap();
-    let mut child = serve_with_token(&config, TOKEN.as_bytes(), &log);
-    if let Err(text) = wait_healthy(&mut child, control, &log).await {
-        panic!("{text}");
-    }
+    // Its ports may have been taken meanwhile: drawn afresh, as at the first start.
+    let (mut child, control, _) = serve_healthy(dir.path(), TOKEN.as_bytes(), &log).await;
     let reply = metrics(
         control,
         Some("Bearer file-token-0123456789abcdef0123456789"),

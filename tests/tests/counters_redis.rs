@@ -250,12 +250,9 @@ async fn spawn_counts_hold_across_replicas_and_drop_when_a_child_closes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_does_not_answer_is_an_error_and_says_so() {
-    // A port nothing listens on (bound, then released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port nothing listens on (bound, never listened on, for the whole test).
+    let (_closed, closed) = ostiary_e2e::raw::refusing_port();
+    let port = closed.port();
     let metrics = Metrics::default();
     let counters =
         Counters::new(&format!("redis://127.0.0.1:{port}"), &prefix(), &metrics).unwrap();

@@ -456,10 +456,16 @@ async fn session_expiry_revokes_database_credentials() -> Result<()> {
         gone,
         "the reaper did not revoke the expired session's lease"
     );
-    let audit = rig.proxy.audit().await;
-    assert!(audit
-        .iter()
-        .any(|r| r.kind == "session" && r.reason.as_deref() == Some("session expired")));
+    // The record follows the revocation (it says what was revoked): wait for it too.
+    let recorded = eventually(Duration::from_secs(10), || async {
+        rig.proxy
+            .audit()
+            .await
+            .iter()
+            .any(|r| r.kind == "session" && r.reason.as_deref() == Some("session expired"))
+    })
+    .await;
+    assert!(recorded, "no `session expired` record");
     Ok(())
 }
 

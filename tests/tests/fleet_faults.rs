@@ -290,6 +290,8 @@ async fn without_redis_budgets_refuse_readiness_fails_and_service_returns_with_i
     wait_ready(&fleet, 0, false).await;
     redis.run().await;
     wait_ready(&fleet, 0, true).await;
+    // Each replica reconnects on its own: replica 1 serves the agent below.
+    wait_ready(&fleet, 1, true).await;
     let (status, body) = get(&agent, &fleet.url("/echo")).await;
     assert_eq!(status, 503, "a lost account is not a fresh budget: {body}");
     let fresh = fleet.session(0, new()).await;
@@ -369,7 +371,9 @@ async fn without_postgres_readiness_fails_and_nothing_goes_upstream_unrecorded()
     let fleet = Fleet::start(&upstream, 2, "", Some(&through_relay), None).await;
     let session = fleet.root(0, "billing").await;
     let agent = fleet.agent(1, &session);
-    assert_eq!(get(&agent, &fleet.url("/echo")).await.0, 200);
+    // Refusals may come at CONNECT as well as in the tunnel (`get_as`).
+    let get = || fleet.get_as(1, &session, &agent, "/echo");
+    assert_eq!(get().await.0, 200);
     wait_ready(&fleet, 1, true).await;
 
     relay.set(false);
@@ -379,13 +383,13 @@ async fn without_postgres_readiness_fails_and_nothing_goes_upstream_unrecorded()
     let before = upstream.count("/echo");
     let mut refused = Vec::new();
     for _ in 0..5 {
-        let (status, body) = get(&agent, &fleet.url("/echo")).await;
+        let (status, body) = get().await;
         refused.push((status, body["error"].clone()));
     }
     println!("requests while PostgreSQL was unreachable: {refused:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (status, body) = get(&agent, &fleet.url("/echo")).await;
+        let (status, body) = get().await;
         if status == 503 {
             assert_eq!(body["error"], "audit_unavailable", "{body}");
             break;
@@ -402,7 +406,7 @@ async fn without_postgres_readiness_fails_and_nothing_goes_upstream_unrecorded()
     wait_ready(&fleet, 1, true).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (status, body) = get(&agent, &fleet.url("/echo")).await;
+        let (status, body) = get().await;
         if status == 200 {
             break;
         }

@@ -316,7 +316,7 @@ async fn an_idempotent_retry_gets_the_stored_outcome() {
         )
         .await;
     assert_eq!(s, 422, "dlp refuses it");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // At once: the key is free before the refusal is answered.
     let (s, _, _) = rig
         .call(
             &a,
@@ -484,7 +484,14 @@ async fn teardown_lets_requests_finish_within_the_grace_then_cuts_them() {
         let url = rig.upstream.url("/stream?chunks=5&size=100&delay_ms=100");
         tokio::spawn(async move { client.get(url).send().await.unwrap().bytes().await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // In flight once the upstream has it (a fixed wait could end before the request
+    // even reached the proxy, and teardown would then refuse it rather than drain it).
+    assert!(
+        rig.upstream
+            .wait_for_count("/stream", 1, Duration::from_secs(10))
+            .await,
+        "the slow request never reached the upstream"
+    );
     let started = Instant::now();
     let (s, _) = rig.session_call(reqwest::Method::DELETE, &a, "").await;
     assert_eq!(s, 200);
@@ -499,7 +506,12 @@ async fn teardown_lets_requests_finish_within_the_grace_then_cuts_them() {
         let url = rig.upstream.url("/stream?chunks=1000&size=10&delay_ms=50");
         tokio::spawn(async move { client.get(url).send().await.unwrap().bytes().await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        rig.upstream
+            .wait_for_count("/stream", 2, Duration::from_secs(10))
+            .await,
+        "the endless request never reached the upstream"
+    );
     let started = Instant::now();
     let (s, _) = rig.session_call(reqwest::Method::DELETE, &b, "").await;
     assert_eq!(s, 200);

@@ -7,7 +7,6 @@
 #[path = "support/mcp.rs"]
 mod support;
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use ostiary_e2e::clients::{client_script, python};
@@ -504,12 +503,9 @@ async fn each_call_of_a_batch_pays_its_tier_s_checks_and_a_failing_one_never_lea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_that_cannot_answer_holds_an_mcp_call_for_a_human() {
-    // A webhook nobody answers (a port just closed) on reads that escalate when their
+    // A webhook nobody answers (a port nothing listens on) on reads that escalate when their
     // budget runs out: the read is held, the write next to it goes through.
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_closed, closed) = raw::refusing_port();
     let tiers = format!(
         r#"
 [tiers.read]

@@ -6,7 +6,8 @@
 //! - request smuggling shapes on the plain listener and inside an intercepted h1 tunnel
 //!   (400 `bad_request`, never forwarded), oversized heads (431) and slowloris;
 //! - path confusion: the policy sees exactly the path the upstream receives;
-//! - an upstream whose certificate the proxy cannot verify (502);
+//! - an upstream answer head past its bound (502); an upstream whose certificate the proxy
+//!   cannot verify is `upstream_certificates.rs`;
 //! - the one JSON shape of every refusal Ostiary produces.
 //!
 //! Every test here talks only to loopback: the upstreams are local and their names are
@@ -373,10 +374,13 @@ smuggling_tests!(
     non_utf8_header_value,
 );
 
-/// A head with one 100 KiB header (the limit is 64 KiB).
-fn oversized_request(target: &str, host: &str, auth: &str) -> Vec<u8> {
-    let big = "a".repeat(100 * 1024);
-    format!("GET {target} HTTP/1.1\r\nHost: {host}\r\n{auth}X-Big: {big}\r\n\r\n").into_bytes()
+/// A head with one `kib` KiB header (`X-Big`); the agent's limit is 64 KiB.
+fn big_header_request(target: &str, host: &str, auth: &str, kib: usize) -> Vec<u8> {
+    let big = "a".repeat(kib * 1024);
+    format!(
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\n{auth}X-Big: {big}\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes()
 }
 
 async fn assert_431(fx: &Fixture, reply: &Reply) {
@@ -389,7 +393,12 @@ async fn assert_431(fx: &Fixture, reply: &Reply) {
 async fn an_oversized_head_on_the_plain_listener_is_431() {
     let fx = fixture(ALLOW_ALL).await;
     let host = format!("api.example.test:{}", fx.plain.port());
-    let bytes = oversized_request(&fx.plain.url("/echo"), &host, &auth_line(&fx.session.token));
+    let bytes = big_header_request(
+        &fx.plain.url("/echo"),
+        &host,
+        &auth_line(&fx.session.token),
+        100,
+    );
     let stream = TcpStream::connect(fx.proxy.proxy_addr).await.unwrap();
     let reply = send_and_read(stream, &bytes).await;
     assert_431(&fx, &reply).await;
@@ -398,9 +407,47 @@ async fn an_oversized_head_on_the_plain_listener_is_431() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_head_inside_a_tunnel_is_431() {
     let fx = fixture(ALLOW_ALL).await;
-    let bytes = oversized_request("/echo", &fx.authority(), "");
+    let bytes = big_header_request("/echo", &fx.authority(), "", 100);
     let reply = send_and_read(fx.tunnel(&[b"http/1.1"]).await, &bytes).await;
     assert_431(&fx, &reply).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// A head just inside the limit (one 60 KiB header) is the agent's to send: hyper's own
+/// buffer bound (`max_buf_size`, lowered so a streaming connection holds less) must not
+/// refuse what the wire guard accepts.
+async fn a_head_just_inside_the_limit_is_forwarded_on_both_listeners() {
+    let fx = fixture(ALLOW_ALL).await;
+    let host = format!("api.example.test:{}", fx.plain.port());
+    // /reflect answers with the header it got (`x-reflect-x-big`): the upstream's head is
+    // as large, and within the upstream side's bound too.
+    let token = auth_line(&fx.session.token);
+    let bytes = big_header_request(&fx.plain.url("/reflect"), &host, &token, 60);
+    let stream = TcpStream::connect(fx.proxy.proxy_addr).await.unwrap();
+    let reply = send_and_read(stream, &bytes).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(reply.headers["x-reflect-x-big"].len(), 60 * 1024);
+    let bytes = big_header_request("/reflect", &fx.authority(), "", 60);
+    let reply = send_and_read(fx.tunnel(&[b"http/1.1"]).await, &bytes).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(reply.headers["x-reflect-x-big"].len(), 60 * 1024);
+}
+
+/// An upstream answer whose head is past 64 KiB (`forward::MAX_UPSTREAM_HEAD_BYTES`) is a 502,
+/// audited, never passed on: the same whether hyper's buffer refused it (a head that came in
+/// several reads) or the bound did (one read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_head_past_the_read_buffer_is_502() {
+    let fx = fixture_with(ALLOW_ALL, "[proxy]\nmax_header_bytes = 262144\n").await;
+    let bytes = big_header_request("/reflect", &fx.authority(), "", 100);
+    let reply = send_and_read(fx.tunnel(&[b"http/1.1"]).await, &bytes).await;
+    let (body, _) = assert_refused(&fx.proxy, &reply, 502, "upstream_error").await;
+    assert!(reply.headers.get("x-reflect-x-big").is_none(), "{reply}");
+    let reason = body["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        reason.contains("too large") || reason.contains("head"),
+        "{body}"
+    );
 }
 
 const SLOW_HEADERS: &str = "[proxy]\nheader_read_timeout = \"1s\"\n";
@@ -637,62 +684,6 @@ async fn encoded_unreserved_characters_are_the_characters_to_policy_and_upstream
 }
 
 // ---------------------------------------------------------------------------------------
-// Upstream certificates
-// ---------------------------------------------------------------------------------------
-
-async fn assert_upstream_certificate_refused(proxy: &TestProxy, session: &Session, up: &Upstream) {
-    let mut sender = h1(intercepted(
-        proxy,
-        &session.token,
-        "api.example.test",
-        up.port(),
-        &[b"http/1.1"],
-    )
-    .await)
-    .await;
-    let host = format!("api.example.test:{}", up.port());
-    let reply = send_h1(&mut sender, request("GET", "/echo", Some(&host)))
-        .await
-        .unwrap();
-    let (body, record) = assert_refused(proxy, &reply, 502, "upstream_error").await;
-    let reason = body["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("certificate"), "{reason}");
-    assert_eq!(record.decision, "error");
-    assert!(
-        up.seen().is_empty(),
-        "no request crossed an unverified connection"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_certificate_from_an_untrusted_ca_is_502() {
-    let up = Upstream::builder().start().await;
-    let proxy = TestProxy::start(ProxySpec {
-        policies: ALLOW_ALL.into(),
-        ports: vec![up.port()],
-        // upstream_ca_pem deliberately not given.
-        ..Default::default()
-    })
-    .await;
-    let session = proxy.session("cert-agent").await;
-    assert_upstream_certificate_refused(&proxy, &session, &up).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_certificate_for_another_name_is_502() {
-    let up = Upstream::builder().names(&["localhost"]).start().await;
-    let proxy = TestProxy::start(ProxySpec {
-        policies: ALLOW_ALL.into(),
-        ports: vec![up.port()],
-        upstream_ca_pem: Some(up.ca_pem()),
-        ..Default::default()
-    })
-    .await;
-    let session = proxy.session("cert-agent").await;
-    assert_upstream_certificate_refused(&proxy, &session, &up).await;
-}
-
-// ---------------------------------------------------------------------------------------
 // The shape of Ostiary's own refusals
 // ---------------------------------------------------------------------------------------
 
@@ -714,6 +705,7 @@ async fn every_refusal_carries_a_request_id_and_one_json_shape() {
         options: Options {
             resolver: Arc::new(stub.clone()),
             dialer: Arc::new(dialer.clone()),
+            ..Default::default()
         },
         ..Default::default()
     })

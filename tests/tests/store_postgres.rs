@@ -103,11 +103,8 @@ async fn a_proxy_on_postgres_decides_audits_restarts_and_verifies() {
 /// A database that cannot be reached stops the start, naming it without its password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_is_refused_at_start_without_its_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_closed, closed) = ostiary_e2e::raw::refusing_port();
+    let port = closed.port();
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("ostiary.toml");
     std::fs::write(

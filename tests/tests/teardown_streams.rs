@@ -188,14 +188,19 @@ fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// The `stream` audit records of the session (cuts of streams by the proxy).
-async fn cuts(proxy: &TestProxy, session: &Session) -> Vec<ostiary::audit::AuditRecord> {
-    proxy
-        .audit()
-        .await
-        .into_iter()
-        .filter(|r| r.kind == "stream" && r.session.as_deref() == Some(&*session.session_id))
-        .collect()
+/// Waits for the `stream` audit record of a cut of one of the session's streams that
+/// matches `pred`: the proxy records a cut once the stream is closed, so the client may
+/// read its end first.
+async fn wait_for_cut(
+    proxy: &TestProxy,
+    session: &Session,
+    what: &str,
+    pred: impl Fn(&ostiary::audit::AuditRecord) -> bool,
+) -> ostiary::audit::AuditRecord {
+    raw::wait_for_audit(proxy, what, |r| {
+        r.kind == "stream" && r.session.as_deref() == Some(&*session.session_id) && pred(r)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,14 +222,17 @@ async fn a_websocket_is_closed_at_teardown_and_its_bytes_are_counted() {
 
     rig.delete(&session).await;
     assert_ws_closed(&mut ws, "after DELETE").await;
-    let records = cuts(&rig.proxy, &session).await;
-    assert!(
-        records.iter().any(|r| r
-            .reason
-            .as_deref()
-            .is_some_and(|t| t.starts_with("websocket closed at teardown"))),
-        "{records:#?}"
-    );
+    wait_for_cut(
+        &rig.proxy,
+        &session,
+        "the WebSocket's cut at teardown",
+        |r| {
+            r.reason
+                .as_deref()
+                .is_some_and(|t| t.starts_with("websocket closed at teardown"))
+        },
+    )
+    .await;
     // Another session's WebSocket is not touched.
     echo(&mut bystander, 10).await;
 }
@@ -303,17 +311,14 @@ async fn a_tunnel_relay_is_closed_at_teardown_and_its_bytes_are_counted() {
 
     rig.delete(&session).await;
     assert_closed(&mut relay, "relay after DELETE").await;
-    let records = cuts(&rig.proxy, &session).await;
-    assert!(
-        records
-            .iter()
-            .any(|r| r.host.as_deref() == Some(TUNNEL_HOST)
-                && r.decision == "cancel"
-                && r.reason
-                    .as_deref()
-                    .is_some_and(|t| t.starts_with("tunnel closed at teardown"))),
-        "{records:#?}"
-    );
+    wait_for_cut(&rig.proxy, &session, "the relay's cut at teardown", |r| {
+        r.host.as_deref() == Some(TUNNEL_HOST)
+            && r.decision == "cancel"
+            && r.reason
+                .as_deref()
+                .is_some_and(|t| t.starts_with("tunnel closed at teardown"))
+    })
+    .await;
     // A relay opened with the token afterwards is refused at CONNECT.
     let (_, reply) = connect(rig.proxy.proxy_addr, &authority, &auth_line(&session.token)).await;
     assert_eq!(reply.status, 407, "{reply}");
@@ -351,15 +356,14 @@ async fn a_relay_over_its_byte_budget_is_cut_at_the_budget() {
         usage["bytes_received"], BUDGET,
         "cut exactly at the budget: {usage}"
     );
-    let records = cuts(&rig.proxy, &session).await;
-    assert!(
-        records.iter().any(|r| r.decision == "deny"
+    wait_for_cut(&rig.proxy, &session, "the relay's cut at its budget", |r| {
+        r.decision == "deny"
             && r.error.as_deref() == Some("limit_exceeded")
             && r.reason
                 .as_deref()
-                .is_some_and(|t| t.contains("max_bytes_received"))),
-        "{records:#?}"
-    );
+                .is_some_and(|t| t.contains("max_bytes_received"))
+    })
+    .await;
     // The session's next request is refused for the budget it spent in the relay.
     let reply = raw::absolute_get(
         &rig.proxy,

@@ -48,6 +48,7 @@ async fn fixture() -> Fixture {
         options: Options {
             resolver: Arc::new(StubResolver::default()),
             dialer: Arc::new(dialer.clone()),
+            ..Default::default()
         },
         ..Default::default()
     })

@@ -18,6 +18,7 @@ pub(crate) fn seams() -> (StubResolver, RecordingDialer, Options) {
     let options = Options {
         resolver: Arc::new(stub.clone()),
         dialer: Arc::new(dialer.clone()),
+        ..Default::default()
     };
     (stub, dialer, options)
 }

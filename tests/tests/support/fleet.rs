@@ -284,6 +284,44 @@ ca_file = "{ca}"
             .unwrap()
     }
 
+    /// Status and JSON body of `agent`'s GET of `path` through replica `i`, a refused
+    /// CONNECT included. reqwest reports a refused CONNECT without its answer, and it may
+    /// open a new tunnel for any request (a connection is back in its pool a moment after
+    /// the previous answer was read), so the refusal is read from a raw CONNECT with
+    /// `session`'s token, made at once.
+    pub(crate) async fn get_as(
+        &self,
+        i: usize,
+        session: &Session,
+        agent: &reqwest::Client,
+        path: &str,
+    ) -> (u16, Value) {
+        match agent.get(self.url(path)).send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let text = response.text().await.unwrap();
+                (
+                    status,
+                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                )
+            }
+            Err(e) if format!("{e:?}").contains("TunnelUnsuccessful") => {
+                let (_, reply) = ostiary_e2e::raw::connect(
+                    self.replicas[i].proxy_addr,
+                    &format!("api.example.test:{}", self.upstream_port),
+                    &ostiary_e2e::raw::auth_line(&session.token),
+                )
+                .await;
+                assert_ne!(reply.status, 200, "CONNECT refused, then accepted: {reply}");
+                (
+                    reply.status.as_u16(),
+                    serde_json::from_slice(&reply.body).unwrap_or(Value::Null),
+                )
+            }
+            Err(e) => panic!("the proxy answers: {e:?}"),
+        }
+    }
+
     pub(crate) fn url(&self, path: &str) -> String {
         format!("https://api.example.test:{}{path}", self.upstream_port)
     }

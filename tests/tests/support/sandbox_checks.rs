@@ -98,14 +98,27 @@ print("IFACES=" + ",".join(ifaces))
 print("ROUTES=%d" % (len(open("/proc/net/route").read().splitlines()) - 1))
 "#;
 
+/// A UDP and a TCP listener on the same loopback port, as a resolver has. The
+/// kernel picks the UDP port; its TCP twin may be taken by a parallel test, so
+/// another port is drawn until both are free.
+fn udp_and_tcp_on_one_port() -> (UdpSocket, TcpListener) {
+    for _ in 0..64 {
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = udp.local_addr().unwrap().port();
+        if let Ok(tcp) = TcpListener::bind(("127.0.0.1", port)) {
+            return (udp, tcp);
+        }
+    }
+    panic!("no loopback port was free for both UDP and TCP in 64 draws");
+}
+
 pub(crate) async fn nothing_but_the_proxy(profile: &str) {
     let rig = Rig::start(None, "").await;
     std::fs::write(rig.work.path().join("escapes.py"), ESCAPES).unwrap();
     // Host listeners a command outside a sandbox would reach at once.
     let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let dns = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (dns, dns_tcp) = udp_and_tcp_on_one_port();
     let dns_port = dns.local_addr().unwrap().port();
-    let dns_tcp = TcpListener::bind(("127.0.0.1", dns_port)).unwrap();
     dns_tcp.set_nonblocking(true).unwrap();
     let name = format!("ostiary-sandbox-test-{}", std::process::id());
     let abstract_addr = {
