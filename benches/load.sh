@@ -12,6 +12,7 @@ ROOT=$PWD
 TOOLS=$ROOT/benches/.tools
 VENV=$ROOT/benches/.venv
 OHA_VERSION=1.16.0
+INFERNO_VERSION=0.12.8
 
 need_apt=()
 command -v nginx >/dev/null || need_apt+=(nginx-light)
@@ -30,6 +31,17 @@ if [ ! -x "$TOOLS/bin/oha" ] || ! "$TOOLS/bin/oha" --version | grep -q "$OHA_VER
     echo "installing oha $OHA_VERSION (crates.io)"
     cargo install oha --version "$OHA_VERSION" --locked --root "$TOOLS" --quiet
 fi
+# `--profile` records with perf and folds the stacks with inferno.
+if [[ " $* " == *" --profile "* ]]; then
+    command -v perf >/dev/null || {
+        echo "installing linux-perf (Debian)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
+    }
+    if ! cargo install --list --root "$TOOLS" | grep -q "^inferno v$INFERNO_VERSION:"; then
+        echo "installing inferno $INFERNO_VERSION (crates.io)"
+        cargo install inferno --version "$INFERNO_VERSION" --locked --root "$TOOLS" --quiet
+    fi
+fi
 if [ ! -x "$VENV/bin/mitmdump" ]; then
     echo "installing mitmproxy and matplotlib (PyPI) into benches/.venv"
     python3 -m venv "$VENV"
@@ -38,10 +50,12 @@ fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 cargo build --release --quiet -p ostiary-cli
+cargo build --release --quiet -p ostiary-benches --bin relay
 cargo build --release --quiet --manifest-path benches/peers/hudsucker-relay/Cargo.toml
 
 exec "$VENV/bin/python" benches/load/harness.py \
     --ostiary "$CARGO_TARGET_DIR/release/ostiary" \
     --hudsucker "$CARGO_TARGET_DIR/release/hudsucker-relay" \
+    --relay "$CARGO_TARGET_DIR/release/relay" \
     --oha "$TOOLS/bin/oha" \
     --mitmdump "$VENV/bin/mitmdump" "$@"

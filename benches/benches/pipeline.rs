@@ -13,6 +13,10 @@
 //! - `proxy_tool_post`: a 1 KiB JSON `POST /echo` recognised as a catalogued `read` tool call,
 //!   so the body is buffered, parsed into `args`, checked (`limits`, `args_schema`) and
 //!   rate-limited before the decision.
+//! - `proxy_get_audit_off`, `proxy_tool_post_audit_off`: the same two through a second proxy
+//!   whose audit chain is kept nowhere ([`Discard`], through `Options::audit_store`): every
+//!   record is still built, queued, serialised and sealed by the writer thread, but no row is
+//!   inserted or committed. "Audit on ≥ 0.95× audit off" (issue 17) is read from these.
 //!
 //! Each case is measured twice, on two clocks: `pipeline/*` in wall time (what the agent
 //! waits), `pipeline_cpu/*` in CPU time of every thread of the process (what the request
@@ -26,9 +30,13 @@
 //! and the watchdog's repeat rule off for the `read` tier (the benchmark repeats one call by
 //! design; the watchdog itself stays on and sees every call).
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use ostiary::server::Options;
+use ostiary::store::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Tip};
+use ostiary::store::StoreError;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy, ALLOW_ALL};
 use ostiary_e2e::upstream::Upstream;
 use reqwest::{Certificate, Client, Proxy};
@@ -61,13 +69,47 @@ repeat_max = 0
 /// Size of the tool call's JSON body.
 const BODY_BYTES: usize = 1024;
 
+/// The audit-off rung's chain: appends move the tip, nothing is kept.
+#[derive(Debug, Default)]
+struct Discard(Mutex<Option<Tip>>);
+
+impl AuditStore for Discard {
+    fn append(&self, _after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError> {
+        if let (Some(row), Ok(mut tip)) = (rows.last(), self.0.lock()) {
+            *tip = Some(Tip {
+                seq: row.seq,
+                hash: row.hash.clone(),
+            });
+        }
+        Ok(())
+    }
+    fn last(&self) -> Result<Option<Tip>, StoreError> {
+        Ok(self.0.lock().ok().and_then(|tip| tip.clone()))
+    }
+    fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
+        let last = self.last()?;
+        Ok(last.filter(|tip| tip.seq == seq).map(|tip| tip.hash))
+    }
+    fn scan(&self, _: i64, _: &mut dyn FnMut(AuditRow) -> bool) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn query(&self, _: &AuditQuery) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn recent(&self, _: &str, _: u32) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
 struct Rig {
     upstream: Upstream,
-    // Kept alive for the whole run; dropping it shuts the proxy down.
-    _proxy: TestProxy,
-    // After the proxy: its database lives here until it has stopped.
+    // Kept alive for the whole run; dropping them shuts the proxies down.
+    _proxies: [TestProxy; 2],
+    // After the proxies: their databases live here until they have stopped.
     _state: TempDir,
     through: Client,
+    /// Through the proxy whose audit chain is [`Discard`]ed.
+    through_audit_off: Client,
     direct: Client,
     body: String,
     // Last, so the proxy, the upstream and the clients are dropped while it still runs.
@@ -84,28 +126,42 @@ impl Rig {
             .build()
             .expect("a tokio runtime");
         let state = state_dir();
-        let (upstream, proxy, through, direct) = rt.block_on(async {
+        let (upstream, proxies, through, through_audit_off, direct) = rt.block_on(async {
             let upstream = Upstream::builder().start().await;
             let policies = format!(
                 "{ALLOW_ALL}\n@id(\"bench-read-tools\")\n\
                  permit (principal, action in Ostiary::Action::\"tier:read\", resource);\n"
             );
-            let proxy = TestProxy::start(ProxySpec {
-                policies,
-                state_dir: Some(state.path().join("state")),
-                tools_toml: Some(TOOLS.into()),
-                ports: vec![upstream.port()],
-                upstream_ca_pem: Some(upstream.ca_pem()),
-                extra_toml: LIMITS.into(),
-                ..Default::default()
-            })
-            .await;
-            let session = proxy.session("bench").await;
-            let through = Client::builder()
-                .proxy(Proxy::all(proxy.proxy_url(&session)).expect("the proxy URL"))
-                .add_root_certificate(Certificate::from_pem(proxy.ca_pem.as_bytes()).unwrap())
-                .build()
-                .expect("the agent client");
+            let start = |dir: &str, audit_store: Option<Arc<dyn AuditStore>>| {
+                TestProxy::start(ProxySpec {
+                    policies: policies.clone(),
+                    state_dir: Some(state.path().join(dir)),
+                    tools_toml: Some(TOOLS.into()),
+                    ports: vec![upstream.port()],
+                    upstream_ca_pem: Some(upstream.ca_pem()),
+                    extra_toml: LIMITS.into(),
+                    options: Options {
+                        audit_store,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+            };
+            let proxy = start("state", None).await;
+            let audit_off = start("state-audit-off", Some(Arc::new(Discard::default()))).await;
+            let mut agents = Vec::new();
+            for p in [&proxy, &audit_off] {
+                let session = p.session("bench").await;
+                agents.push(
+                    Client::builder()
+                        .proxy(Proxy::all(p.proxy_url(&session)).expect("the proxy URL"))
+                        .add_root_certificate(Certificate::from_pem(p.ca_pem.as_bytes()).unwrap())
+                        .build()
+                        .expect("the agent client"),
+                );
+            }
+            let through_audit_off = agents.pop().expect("two agents");
+            let through = agents.pop().expect("two agents");
             // The floor goes to the upstream itself: a name the client cannot resolve is
             // pinned to the upstream's loopback address.
             let direct = Client::builder()
@@ -114,13 +170,20 @@ impl Rig {
                 .add_root_certificate(Certificate::from_pem(upstream.ca_pem().as_bytes()).unwrap())
                 .build()
                 .expect("the direct client");
-            (upstream, proxy, through, direct)
+            (
+                upstream,
+                [proxy, audit_off],
+                through,
+                through_audit_off,
+                direct,
+            )
         });
         Self {
             upstream,
-            _proxy: proxy,
+            _proxies: proxies,
             _state: state,
             through,
+            through_audit_off,
             direct,
             body: tool_body(),
             rt,
@@ -129,11 +192,16 @@ impl Rig {
 
     /// One request of `case`, its answer read to the end; anything but a 200 ends the run.
     async fn send(&self, case: Case, url: &str) {
-        let request = match case {
-            Case::Direct => self.direct.get(url),
-            Case::ProxyGet => self.through.get(url),
-            Case::ToolPost => self
-                .through
+        let (client, post) = match case {
+            Case::Direct => (&self.direct, false),
+            Case::ProxyGet => (&self.through, false),
+            Case::ToolPost => (&self.through, true),
+            Case::ProxyGetAuditOff => (&self.through_audit_off, false),
+            Case::ToolPostAuditOff => (&self.through_audit_off, true),
+        };
+        let request = match post {
+            false => client.get(url),
+            true => client
                 .post(url)
                 .header("content-type", "application/json")
                 .body(self.body.clone()),
@@ -173,16 +241,26 @@ enum Case {
     Direct,
     ProxyGet,
     ToolPost,
+    ProxyGetAuditOff,
+    ToolPostAuditOff,
 }
 
 impl Case {
-    const ALL: [Case; 3] = [Case::Direct, Case::ProxyGet, Case::ToolPost];
+    const ALL: [Case; 5] = [
+        Case::Direct,
+        Case::ProxyGet,
+        Case::ProxyGetAuditOff,
+        Case::ToolPost,
+        Case::ToolPostAuditOff,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Case::Direct => "direct_get",
             Case::ProxyGet => "proxy_get",
             Case::ToolPost => "proxy_tool_post",
+            Case::ProxyGetAuditOff => "proxy_get_audit_off",
+            Case::ToolPostAuditOff => "proxy_tool_post_audit_off",
         }
     }
 }

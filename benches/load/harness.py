@@ -249,13 +249,15 @@ repeat_max = 0
                  path_prefix="/tool" if rung["tool"] else "", procs=[proc], pid=proc.pid)
 
 
-def start_hudsucker(work: Path, certs, binary: Path) -> Setup:
+def start_relay(work: Path, certs, binary: Path, name: str) -> Setup:
+    """A relay taking `ADDR CA_CERT CA_KEY UPSTREAM_ROOTS`: Ostiary's interception parts alone
+    (benches/src/bin/relay.rs, the ladder's bottom rung) or the hudsucker one."""
     port = free_port()
-    log = open(work / "hudsucker.log", "w")
+    log = open(work / f"{name}.log", "w")
     proc = subprocess.Popen([str(binary), f"127.0.0.1:{port}", str(certs["mitm_ca"]),
                              str(certs["mitm_key"]), str(certs["up_ca"])], stdout=log, stderr=log)
-    wait_port(port, "hudsucker-relay", proc)
-    return Setup(name="hudsucker", proxy=f"http://127.0.0.1:{port}", procs=[proc], pid=proc.pid)
+    wait_port(port, name, proc)
+    return Setup(name=name, proxy=f"http://127.0.0.1:{port}", procs=[proc], pid=proc.pid)
 
 
 def start_squid(work: Path, certs) -> Setup:
@@ -361,11 +363,14 @@ def oha_run(oha: str, setup: Setup, sc: Scenario, up_port: int) -> dict:
             "rps": out["summary"]["requestsPerSec"], "ok": ok}
 
 
-def rss_kib(pid: int | None) -> int | None:
+def rss_kib(pid: int | None, field: str = "VmRSS") -> int | None:
+    """The process's resident set (`VmRSS`), or one part of it: `RssAnon` is the memory it
+    allocated, without the pages of its own binary (file-backed, shared, ~30 MiB of
+    Ostiary's text that the small relays do not have)."""
     if pid is None:
         return None
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return None
 
@@ -497,15 +502,16 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> d
         return writer
 
     async def run():
-        before = rss_kib(setup.pid)
+        before, before_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
         writers = []
         for i in range(0, idle, 50):
             writers += await asyncio.gather(*(one() for _ in range(min(50, idle - i))))
         await asyncio.sleep(1)
-        held = rss_kib(setup.pid)
+        held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
         for w in writers:
             w.close()
-        return {"idle_connections": len(writers), "rss_before_kib": before, "rss_idle_kib": held}
+        return {"idle_connections": len(writers), "rss_before_kib": before, "rss_idle_kib": held,
+                "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
 
     return asyncio.run(run())
 
@@ -592,6 +598,7 @@ def main():
     ap.add_argument("--label", default="load", help="file name of the JSON and PNG under benches/results/")
     ap.add_argument("--ostiary", default=str(ROOT / "target" / "release" / "ostiary"))
     ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))
+    ap.add_argument("--relay", default=str(ROOT / "target" / "release" / "relay"))
     ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
     ap.add_argument("--profile", default="",
                     help="instead of the table: profile this setup under the flat-1k load with "
@@ -617,11 +624,13 @@ def main():
     setups: list[Setup] = [Setup(name="direct", proxy=None)]
     only = set(filter(None, opts.only.split(",")))
     try:
+        if not only or "ostiary-relay" in only:
+            setups.append(start_relay(work, certs, Path(opts.relay), "ostiary-relay"))
         for name, rung in RUNGS.items():
             if not only or name in only:
                 setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
         if not only or "hudsucker" in only:
-            setups.append(start_hudsucker(work, certs, Path(opts.hudsucker)))
+            setups.append(start_relay(work, certs, Path(opts.hudsucker), "hudsucker"))
         if not only or "squid-bump" in only:
             setups.append(start_squid(work, certs))
         if not only or "mitmdump" in only:
@@ -645,7 +654,8 @@ def main():
                     r = rows[s.name]
                     print(f"{s.name:<16} RSS {r['rss_before_kib'] / 1024:6.1f} MiB -> "
                           f"{r['rss_idle_kib'] / 1024:6.1f} MiB with {r['idle_connections']} idle "
-                          f"intercepted connections", flush=True)
+                          f"intercepted connections (allocated: {r['anon_before_kib'] / 1024:.1f} -> "
+                          f"{r['anon_idle_kib'] / 1024:.1f} MiB)", flush=True)
                     time.sleep(2)  # let the idle connections close
                     r["streaming"] = streaming_memory(opts, s, up_port, 100)
                     m = r["streaming"]

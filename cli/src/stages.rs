@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use ostiary::sandbox::enter::EnterArgs;
-use ostiary::sandbox::exec::ExecArgs;
+use ostiary::sandbox::exec::{CommandLimits, ExecArgs};
 use ostiary::sandbox::init::InitArgs;
 use ostiary::sandbox::limits::Rlimit;
 
@@ -125,6 +125,9 @@ pub struct ExecStage {
     /// `RLIMIT_NPROC` for the command's uid.
     #[arg(long)]
     nproc: u64,
+    /// `RLIMIT_AS` for the command, where no cgroup limits memory.
+    #[arg(long)]
+    address_space: Option<u64>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
     command: Vec<OsString>,
@@ -135,7 +138,10 @@ impl From<ExecStage> for ExecArgs {
         ExecArgs {
             uid: stage.uid,
             gid: stage.gid,
-            nproc: stage.nproc,
+            limits: CommandLimits {
+                nproc: stage.nproc,
+                address_space: stage.address_space,
+            },
             command: stage.command,
         }
     }
@@ -157,6 +163,12 @@ mod tests {
 
     use super::*;
     use crate::commands::{Cli, Command};
+
+    /// What the exec stage sets on the command, both kinds present.
+    const LIMITS: CommandLimits = CommandLimits {
+        nproc: 514,
+        address_space: Some(64 << 20),
+    };
 
     /// Parse a command line the library wrote, as `main` does.
     fn parse(argv: &[OsString]) -> Stage {
@@ -242,11 +254,6 @@ mod tests {
                     soft: 3605,
                     hard: 3610,
                 },
-                Rlimit {
-                    resource: RlimitName::As,
-                    soft: 1 << 30,
-                    hard: 1 << 30,
-                },
             ],
             command: vec!["bwrap".into(), "--unshare-all".into(), "--".into()],
         };
@@ -263,7 +270,7 @@ mod tests {
     fn the_init_and_exec_stages_parse_back_to_what_the_plan_says() {
         for workdir in [Workdir::Copy, Workdir::Empty] {
             let plan = plan(workdir);
-            let argv = plan.init_argv(514, 4);
+            let argv = plan.init_argv(LIMITS, 4);
             let parsed = init(&argv);
             assert_eq!(parsed.argv(Path::new(inside::BINARY)), argv);
             assert_eq!(parsed.started_fd, Some(4));
@@ -291,7 +298,7 @@ mod tests {
                 ExecArgs {
                     uid: plan.identity.uid,
                     gid: plan.identity.gid,
-                    nproc: 514,
+                    limits: LIMITS,
                     command: plan.command.iter().map(OsString::from).collect(),
                 }
             );
@@ -318,14 +325,17 @@ mod tests {
     #[test]
     fn the_stages_are_refused_when_malformed() {
         let binary = Path::new("/usr/local/bin/ostiary");
-        let mut args = plan(Workdir::Copy).init_argv(514, 4);
+        let mut args = plan(Workdir::Copy).init_argv(LIMITS, 4);
         // Both ways of saying "started".
         args.splice(2..2, ["--started-file".into(), "/run/x".into()]);
         assert!(Cli::try_parse_from(&args).is_err());
         let no_command = ExecArgs {
             uid: 1,
             gid: 1,
-            nproc: 1,
+            limits: CommandLimits {
+                nproc: 1,
+                address_space: None,
+            },
             command: Vec::new(),
         };
         assert!(Cli::try_parse_from(no_command.argv(binary)).is_err());

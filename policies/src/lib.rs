@@ -11,6 +11,7 @@
 //!   strict validation.
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
 //! - [`decide`] — evaluation; fail closed (an evaluation error is a deny); escalation.
+//!   `context_use` — the context attributes a set can read: a decision builds only those.
 //! - `index` — the policy index: a decision evaluates only the policies whose scope can
 //!   match the request (sound slicing by principal, action and resource, and by the leading
 //!   conditions of `when` clauses, `conditions`).
@@ -25,6 +26,7 @@
 pub mod args;
 pub mod catalog;
 mod conditions;
+mod context_use;
 pub mod decide;
 mod entities;
 pub mod explain;

@@ -81,6 +81,8 @@ pub struct PolicyEngine {
     origins: HashMap<String, String>,
     /// Decisions' entity sets, built once per agent, tenant and resource (entities.rs).
     entity_cache: crate::entities::EntityCache,
+    /// The context attributes some policy reads; a decision builds only those.
+    context_use: crate::context_use::ContextUse,
 }
 
 /// The regular files of `dir` ending in `.<ext>`, sorted by name (not recursive): policy
@@ -213,6 +215,7 @@ impl PolicyEngine {
         Ok(Self {
             http_permit_hosts: http_permit_hosts(&policies),
             index: crate::index::PolicyIndex::new(&policies),
+            context_use: crate::context_use::ContextUse::of(&policies),
             names: crate::decide::Names::new(&catalog).map_err(LoadError::Schema)?,
             catalog,
             schema_text,
@@ -254,6 +257,18 @@ impl PolicyEngine {
 
     pub(crate) fn names(&self) -> &crate::decide::Names {
         &self.names
+    }
+
+    /// This engine building every context attribute, read or not: the reference the
+    /// pruned context is tested against (`tests/index_differential.rs`).
+    #[doc(hidden)]
+    pub fn building_whole_context(mut self) -> Self {
+        self.context_use = crate::context_use::ContextUse::everything();
+        self
+    }
+
+    pub(crate) fn context_use(&self) -> &crate::context_use::ContextUse {
+        &self.context_use
     }
 
     pub(crate) fn index(&self) -> &crate::index::PolicyIndex {

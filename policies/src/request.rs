@@ -129,32 +129,53 @@ impl AccessRequest {
     pub fn context_pairs(
         &self,
     ) -> Result<Vec<(String, RestrictedExpression)>, ExpressionConstructionError> {
-        let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
-        let n = |v: u16| RestrictedExpression::new_long(i64::from(v));
-        let record = |fields: Vec<(&str, RestrictedExpression)>| {
+        self.context_pairs_reading(|_| true)
+    }
+
+    /// [`Self::context_pairs`] with only the attributes `reads` keeps (those some policy
+    /// can read: `context_use.rs`); the others are never built.
+    pub fn context_pairs_reading(
+        &self,
+        reads: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, RestrictedExpression)>, ExpressionConstructionError> {
+        type Built = Result<RestrictedExpression, ExpressionConstructionError>;
+        let s = |v: &str| -> Built { Ok(RestrictedExpression::new_string(v.to_owned())) };
+        let n = |v: u16| -> Built { Ok(RestrictedExpression::new_long(i64::from(v))) };
+        let record = |fields: Vec<(&str, RestrictedExpression)>| -> Built {
             RestrictedExpression::new_record(fields.into_iter().map(|(k, v)| (k.to_owned(), v)))
         };
-        let mut pairs = match &self.action {
+        let mut pairs = Vec::new();
+        // Each value is built only when kept.
+        let mut keep =
+            |key: &str, value: &dyn Fn() -> Built| -> Result<(), ExpressionConstructionError> {
+                if reads(key) {
+                    pairs.push((key.to_owned(), value()?));
+                }
+                Ok(())
+            };
+        match &self.action {
             Action::Http {
                 method,
                 scheme,
                 port,
                 path,
                 query,
-            } => vec![
-                ("method".into(), s(method)),
-                ("scheme".into(), s(scheme)),
-                ("port".into(), n(*port)),
-                ("path".into(), s(path)),
-                ("query".into(), s(query)),
-            ],
+            } => {
+                keep("method", &|| s(method))?;
+                keep("scheme", &|| s(scheme))?;
+                keep("port", &|| n(*port))?;
+                keep("path", &|| s(path))?;
+                keep("query", &|| s(query))?;
+            }
             Action::Connect { port, sni } => {
-                vec![("port".into(), n(*port)), ("sni".into(), s(sni))]
+                keep("port", &|| n(*port))?;
+                keep("sni", &|| s(sni))?;
             }
             Action::Mcp { method, server } => {
-                vec![("method".into(), s(method)), ("server".into(), s(server))]
+                keep("method", &|| s(method))?;
+                keep("server", &|| s(server))?;
             }
-            Action::Spawn { .. } => Vec::new(),
+            Action::Spawn { .. } => {}
             Action::Tool {
                 impact_records,
                 cost_micros,
@@ -162,28 +183,24 @@ impl AccessRequest {
                 ..
             } => {
                 let l = RestrictedExpression::new_long;
-                vec![
-                    (
-                        "impact".into(),
-                        record(vec![
-                            ("records", l(*impact_records)),
-                            ("cost", l(*cost_micros)),
-                        ])?,
-                    ),
-                    (
-                        "approval".into(),
-                        record(vec![
-                            (
-                                "granted",
-                                RestrictedExpression::new_bool(approval.is_some()),
-                            ),
-                            ("approver", s(approval.as_deref().unwrap_or_default())),
-                        ])?,
-                    ),
-                ]
+                keep("impact", &|| {
+                    record(vec![
+                        ("records", l(*impact_records)),
+                        ("cost", l(*cost_micros)),
+                    ])
+                })?;
+                keep("approval", &|| {
+                    record(vec![
+                        (
+                            "granted",
+                            RestrictedExpression::new_bool(approval.is_some()),
+                        ),
+                        ("approver", s(approval.as_deref().unwrap_or_default())?),
+                    ])
+                })?;
             }
-        };
-        pairs.push(("session".into(), record(self.session.pairs())?));
+        }
+        keep("session", &|| record(self.session.pairs()))?;
         Ok(pairs)
     }
 

@@ -3,7 +3,9 @@
 //! conditions on the context, some of which error) and generated requests, each decided
 //! through the index ([`PolicyEngine::decide`]) and over the full set
 //! ([`PolicyEngine::decide_unindexed`]). Any difference in the decision or in the set of
-//! determining policies is a bug in the index.
+//! determining policies is a bug in the index. The full-set reference also builds the whole
+//! context ([`PolicyEngine::building_whole_context`]), while the engine under test builds only
+//! the attributes its set reads: a difference there is a bug in that analysis.
 //!
 //! Deterministic: a fixed-seed xorshift drives everything, so a failure reproduces.
 
@@ -203,7 +205,12 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
             "context.session.profile != \"{}\"",
             rng.pick(&["", "strict"])
         ),
-        7 => format!("[{}, {}].contains(principal)", agent(rng), agent(rng)),
+        7 => match rng.below(3) {
+            // `context` other than through an attribute: every attribute is read.
+            0 => "context has session && context.session has calls".into(),
+            1 => "{\"c\": context}.c has session".into(),
+            _ => format!("[{}, {}].contains(principal)", agent(rng), agent(rng)),
+        },
         // Every action's context carries the session.
         2 => "context.session.depth > 0".into(),
         3 => format!("context.session.parent_agent == \"{}\"", rng.pick(AGENTS)),
@@ -318,8 +325,13 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
             6 => format!("resource.tier == \"{}\"", rng.pick(TIERS)),
             _ => "resource.reversible".into(),
         },
-        Ctx::Mixed => match rng.below(2) {
+        Ctx::Mixed => match rng.below(3) {
             0 => "context has method && context.method == \"GET\"".into(),
+            // An attribute only tested for: absent from the context, the test says so.
+            1 => format!(
+                "context has {}",
+                rng.pick(&["path", "sni", "server", "impact", "approval", "args"])
+            ),
             _ => generic(rng),
         },
     }
@@ -504,7 +516,18 @@ fn indexed_decisions_equal_full_set_decisions_when_conditions_slice() {
     differential(0xD1B5_4A32_D192_ED03, SETS / 2, true);
 }
 
+/// Sets of one to four policies, which leave most context attributes unread: the pruned
+/// context is what they are decided over.
+#[test]
+fn a_small_set_decides_over_the_context_it_reads_as_over_the_whole_context() {
+    differential_sized(0x8CB9_2BA7_2F3D_8DD7, SETS, false, 4);
+}
+
 fn differential(seed: u64, sets: usize, conditioned: bool) {
+    differential_sized(seed, sets, conditioned, 60);
+}
+
+fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize) {
     let started = std::time::Instant::now();
     let catalog = catalog();
     let schema: Schema = PolicyEngine::with_catalog(&[], catalog.clone())
@@ -518,7 +541,7 @@ fn differential(seed: u64, sets: usize, conditioned: bool) {
     let mut outcomes = [0usize; 5]; // allow, escalate, forbidden, no permit, error
     let mut first_mismatch = None;
     for set in 0..sets {
-        let size = 1 + rng.below(60);
+        let size = 1 + rng.below(max_size);
         let mut text = String::new();
         for n in 0..size {
             let policy = policy(&mut rng, n, conditioned);
@@ -532,20 +555,32 @@ fn differential(seed: u64, sets: usize, conditioned: bool) {
         if text.is_empty() {
             text.push_str("@id(\"all\") permit (principal, action, resource);\n");
         }
-        let engine = PolicyEngine::with_catalog(
-            &[PolicySource {
-                name: format!("set{set}.cedar"),
-                text: text.clone(),
-            }],
-            catalog.clone(),
-        )
-        .unwrap_or_else(|e| panic!("set {set} does not load: {e}\n{text}"));
+        let sources = [PolicySource {
+            name: format!("set{set}.cedar"),
+            text: text.clone(),
+        }];
+        let engine = PolicyEngine::with_catalog(&sources, catalog.clone())
+            .unwrap_or_else(|e| panic!("set {set} does not load: {e}\n{text}"));
+        // The reference builds every context attribute; the engine only those its set reads.
+        let whole = PolicyEngine::with_catalog(&sources, catalog.clone())
+            .expect("loaded once already")
+            .building_whole_context();
 
         for _ in 0..REQUESTS_PER_SET {
             let req = request(&mut rng);
             let indexed = engine.decide(&req);
-            let full = engine.decide_unindexed(&req);
+            let full = whole.decide_unindexed(&req);
+            let pruned = engine.decide_unindexed(&req);
             requests += 1;
+            if normal(&pruned) != normal(&full) {
+                mismatches += 1;
+                first_mismatch.get_or_insert_with(|| {
+                    format!(
+                        "set {set}\n{text}\nrequest {req:?}\nwith the context its set \
+                         reads {pruned:?}\nwith the whole context {full:?}"
+                    )
+                });
+            }
             outcomes[match &full {
                 Decision::Allow { .. } => 0,
                 Decision::Escalate { .. } => 1,

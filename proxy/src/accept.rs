@@ -90,10 +90,12 @@ where
     let service = service_fn(move |req: Request<Incoming>| {
         let plane = plane.clone();
         async move {
+            // Boxed: hyper keeps room for one service future per connection, in flight or
+            // not, and the pipeline's is tens of KiB (see connect.rs).
             let response = if req.method() == Method::CONNECT {
-                connect::handle(plane, req).await
+                Box::pin(connect::handle(plane, req)).await
             } else {
-                pipeline::handle(plane, Origin::Plain, req).await
+                Box::pin(pipeline::handle(plane, Origin::Plain, req)).await
             };
             Ok::<_, Infallible>(response)
         }
@@ -101,6 +103,7 @@ where
     let result = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
         .serve_connection(io, service)
         .with_upgrades()
         .await;

@@ -1,8 +1,10 @@
 //! The one body type the proxy hands around: a boxed stream of `Bytes`, so upstream and
 //! agent bodies stream through without ever being collected. Bodies rewritten or watched
-//! on their way are [`filter::Filtered`].
+//! on their way are [`filter::Filtered`]; answers streamed to an agent are [`paced::Paced`]
+//! last.
 
 pub mod filter;
+pub mod paced;
 
 use std::sync::{Arc, OnceLock};
 

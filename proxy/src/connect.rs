@@ -82,7 +82,7 @@ async fn open(
     audit: &mut AuditGuard,
 ) -> Result<Plan, ProxyError> {
     // First, as in the pipeline: no tunnel is opened while its record cannot be written.
-    plane.audit.ensure_writable()?;
+    plane.audit.writable().await?;
     let principal = authenticate::principal(&plane.sessions, req.headers()).await?;
     audit.update(|r| {
         r.set_principal(&principal);
@@ -207,7 +207,11 @@ async fn intercept(
         // Dropped before it answers: the client cancelled the request (see reset_guard).
         let watch = watched.watch();
         async move {
-            let response = pipeline::handle(plane, origin, req).await;
+            // Boxed, so that it takes memory only while a request is in flight: hyper's
+            // HTTP/1 connection holds room for one service future from its start to its
+            // end, and the pipeline's future is tens of KiB — most of what an idle
+            // intercepted connection held (docs/benchmarks.md, "Memory").
+            let response = Box::pin(pipeline::handle(plane, origin, req)).await;
             watch.done();
             Ok::<_, Infallible>(response)
         }
@@ -251,6 +255,7 @@ async fn intercept(
             // One buffer per flush: rustls seals each slice of a vectored write as a record
             // of its own, so head and body went out as two (docs/benchmarks.md).
             .writev(false)
+            .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
             .serve_connection(
                 TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),
                 service,

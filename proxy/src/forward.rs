@@ -52,6 +52,26 @@ impl std::fmt::Debug for Upstreams {
 /// Idle upstream connections kept per host and pool.
 const IDLE_PER_HOST: usize = 32;
 
+/// The most an HTTP/1.1 upstream connection reads ahead, and so the largest piece of a body
+/// it hands on (hyper's default, ~400 KiB, is what each streaming connection held on this
+/// side alone).
+pub const UPSTREAM_READ_BUFFER: usize = 64 * 1024;
+
+/// The largest answer head taken from an upstream (as Envoy's 60 KiB default). hyper refuses
+/// a head past its buffer only when the head arrives in more than one read; this bound is
+/// what makes the refusal the same whichever way the bytes came, and for h2 too.
+pub const MAX_UPSTREAM_HEAD_BYTES: usize = UPSTREAM_READ_BUFFER;
+
+/// A head's size as written on HTTP/1.1: each line with its `: ` and CRLF.
+fn head_bytes(response: &Response<Incoming>) -> usize {
+    let lines: usize = response
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    "HTTP/1.1 200 \r\n\r\n".len() + lines
+}
+
 /// The two pools (ALPN h2+h1, and h1 only) over one TLS configuration.
 fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
     let mut h1_only = tls.clone();
@@ -60,6 +80,7 @@ fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
         Client::builder(TokioExecutor::new())
             // Upstreams are TLS mostly: one record per flush, not one per slice.
             .http1_writev(false)
+            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -142,7 +163,15 @@ impl Upstreams {
             .upstream_seconds
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(response)) => match head_bytes(&response) {
+                head if head > MAX_UPSTREAM_HEAD_BYTES => Err(ProxyError::Upstream {
+                    reason: format!(
+                        "the answer's head is {head} bytes, over the {} KiB it may take",
+                        MAX_UPSTREAM_HEAD_BYTES / 1024
+                    ),
+                }),
+                _ => Ok(response),
+            },
             Ok(Err(e)) => Err(classify_error(&e)),
             Err(_) => Err(ProxyError::UpstreamTimeout {
                 reason: format!(

@@ -73,11 +73,15 @@ pub enum ServeError {
     Counters(#[from] crate::counters::CountersError),
 }
 
-/// Seams for tests: where names are resolved and how sockets are dialed.
+/// Seams for tests and embedders: where names are resolved, how sockets are dialed, and
+/// (for the benchmarks' "audit off" rung) where the audit chain is kept. The binary sets
+/// none of them.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub resolver: Arc<dyn Resolve>,
     pub dialer: Arc<dyn Dial>,
+    /// Keeps the audit chain instead of the configured store (its trail and its reader).
+    pub audit_store: Option<Arc<dyn crate::store::audit::AuditStore>>,
 }
 
 impl Default for Options {
@@ -85,6 +89,7 @@ impl Default for Options {
         Self {
             resolver: Arc::new(SystemResolver),
             dialer: Arc::new(TcpDialer),
+            audit_store: None,
         }
     }
 }
@@ -341,12 +346,19 @@ fn load_state(
     (audit_key, audit_head): (Vec<u8>, std::path::PathBuf),
     metrics: &Arc<Metrics>,
     counters: Option<Arc<Counters>>,
+    audit_store: Option<Arc<dyn crate::store::audit::AuditStore>>,
 ) -> Result<Loaded, ServeError> {
     let backend =
         crate::stores::Backend::of(&config.state).map_err(crate::store::StoreError::Unavailable)?;
-    let stores = backend.open()?;
+    let mut stores = backend.open()?;
     // Queries read on a connection of their own, never the writer's.
-    let trail_reader = backend.audit_reader()?;
+    let trail_reader = match audit_store {
+        Some(audit) => {
+            stores.audit = audit.clone();
+            audit
+        }
+        None => backend.audit_reader()?,
+    };
     tracing::info!(store = %backend.describe(), "state store open");
     let (writer, audit) = AuditWriter::start(stores.audit.clone(), audit_key, audit_head, metrics)?;
     let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
@@ -398,8 +410,9 @@ impl Ostiary {
                 state.path(files::AUDIT_HEAD),
             );
             let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
+            let audit_store = options.audit_store.clone();
             tokio::task::spawn_blocking(move || {
-                load_state(&config, keys, chain, &metrics, counters)
+                load_state(&config, keys, chain, &metrics, counters, audit_store)
             })
             .await
             .map_err(|e| crate::store::StoreError::Task(e.to_string()))??

@@ -9,7 +9,10 @@
 //!   it);
 //! - a commit has been in progress for longer than [`Limits::stall`] (a disk that hangs
 //!   rather than fails), seen by the reader without the writer's help;
-//! - [`Limits::queue`] records are waiting (the writer cannot keep up).
+//! - [`Limits::queue`] records are waiting (the writer cannot keep up). This one alone is
+//!   waited out for up to [`Limits::full_wait`] by the request path
+//!   ([`super::writer::AuditSink::writable`]): a commit slowed by the disk for a moment is
+//!   latency, not a burst of 503s, and the bound on records not yet written still holds.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -26,6 +29,8 @@ pub struct Limits {
     /// Records waiting to be written past which nothing more is forwarded; past it, the
     /// records of requests refused for that reason are counted, not queued.
     pub queue: usize,
+    /// How long a request waits for room in a full queue before its `503`.
+    pub full_wait: Duration,
     /// How long a commit may be in progress before the trail counts as unavailable anyway.
     pub stall: Duration,
     /// Largest number of records written in one transaction.
@@ -50,6 +55,9 @@ impl Default for Limits {
             // Two batches: never more than that many forwarded requests whose records are
             // not yet committed (plus those in flight when the bound was reached).
             queue: 1_024,
+            // Flat out (15,000 records/s) a full queue is ~70 ms of records: one commit
+            // whose WAL sync or checkpoint the disk held up. Well short of `stall`.
+            full_wait: Duration::from_millis(250),
             // Longer than the store's lock bound for the audit connection (250 ms: a lock
             // gets its own failure), and long enough that
             // a slow fsync on a busy disk is not taken for a hang.
@@ -93,6 +101,8 @@ pub(crate) struct Health {
     folded: AtomicU64,
     head_seq: AtomicI64,
     gauges: Gauges,
+    /// Woken whenever records leave the queue, for requests waiting for room.
+    pub(crate) room: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +154,7 @@ impl Health {
             folded: AtomicU64::new(0),
             head_seq: AtomicI64::new(head_seq),
             gauges,
+            room: tokio::sync::Notify::new(),
         }
     }
 
@@ -166,6 +177,12 @@ impl Health {
             }
         }
         None
+    }
+
+    /// The queue is full and nothing else is wrong: worth waiting for room.
+    pub(crate) fn only_full(&self) -> bool {
+        !self.failing.load(Ordering::Acquire)
+            && self.queued.load(Ordering::Relaxed) >= self.limits.queue
     }
 
     pub(crate) fn status(&self) -> Status {
@@ -229,6 +246,7 @@ impl Health {
         self.gauges
             .queued
             .set(i64::try_from(left).unwrap_or(i64::MAX));
+        self.room.notify_waiters();
     }
 
     /// A batch was committed and checkpointed: `head_seq` is the chain's new tip.

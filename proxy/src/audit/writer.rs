@@ -112,8 +112,30 @@ impl AuditSink {
     }
 
     /// The request path's check before it decides or forwards anything: `503
-    /// audit_unavailable` unless records can be written.
-    pub fn ensure_writable(&self) -> Result<(), ProxyError> {
+    /// audit_unavailable` unless records can be written. A full queue, and nothing else
+    /// wrong, is waited out for up to [`Limits::full_wait`] (`health.rs`).
+    pub async fn writable(&self) -> Result<(), ProxyError> {
+        if self.health.unavailable().is_none() {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + self.health.limits.full_wait;
+        while self.health.only_full() {
+            // Registered before the check below, so that room made in between still wakes.
+            let room = self.health.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if !self.health.only_full() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, room).await.is_err() {
+                break;
+            }
+        }
+        self.ensure_writable()
+    }
+
+    /// [`Self::writable`] without waiting: `503 audit_unavailable` at once.
+    fn ensure_writable(&self) -> Result<(), ProxyError> {
         match self.health.unavailable() {
             None => Ok(()),
             Some(reason) => Err(ProxyError::AuditUnavailable { reason }),
@@ -649,4 +671,61 @@ fn append(
         AppendError::Store(e) => WriteError::Store(e),
     })?;
     Ok(Tip { seq, hash: prev })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(queue: usize, full_wait: Duration) -> (AuditSink, mpsc::Receiver<Command>) {
+        let limits = Limits {
+            queue,
+            full_wait,
+            ..Limits::default()
+        };
+        let (tx, rx) = mpsc::channel();
+        let health = Arc::new(Health::new(limits, 0, &Metrics::default()));
+        (AuditSink { tx, health }, rx)
+    }
+
+    fn refused(result: Result<(), ProxyError>) -> String {
+        match result {
+            Err(ProxyError::AuditUnavailable { reason }) => reason,
+            other => panic!("expected audit_unavailable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_is_waited_out_while_records_leave_it() {
+        let (sink, _rx) = sink(2, Duration::from_secs(30));
+        sink.writable().await.unwrap();
+        assert!(sink.health.admit(false) && sink.health.admit(false));
+        assert!(sink.ensure_writable().is_err(), "full: refused at once");
+        let health = sink.health.clone();
+        let drain = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            health.dequeued(1);
+        });
+        sink.writable().await.unwrap();
+        drain.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_queue_that_stays_full_is_refused_after_the_wait() {
+        let (sink, _rx) = sink(1, Duration::from_millis(20));
+        assert!(sink.health.admit(false));
+        let reason = refused(sink.writable().await);
+        assert!(reason.contains("1 records are waiting"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_trail_is_refused_at_once_however_long_the_wait() {
+        let (sink, _rx) = sink(1, Duration::from_secs(3600));
+        assert!(sink.health.admit(false));
+        sink.health.failed("database or disk is full".into());
+        let answer = tokio::time::timeout(Duration::from_secs(10), sink.writable())
+            .await
+            .expect("a failing trail is not waited out");
+        assert_eq!(refused(answer), "database or disk is full");
+    }
 }

@@ -216,6 +216,26 @@ impl Claim {
         };
         Response::from_parts(parts, body)
     }
+
+    /// The request never reached the upstream (refused, held, failed): free the key before
+    /// the answer goes out, so that a retry sent the moment the agent reads it is decided
+    /// afresh rather than told the first is still running.
+    pub async fn release(mut self) {
+        self.settled = true;
+        self.releasing().await;
+    }
+
+    fn releasing(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (store, session, key) = (self.store.clone(), self.session.clone(), self.key.clone());
+        async move {
+            if let Err(e) = store
+                .call(move |s| s.idempotency_abandon(&session, &key))
+                .await
+            {
+                tracing::error!(error = %e, "releasing an idempotency key failed");
+            }
+        }
+    }
 }
 
 impl Drop for Claim {
@@ -223,18 +243,9 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
-        // Never reached the upstream (refused, held, failed): free the key so a retry is
-        // decided afresh.
-        let (store, session, key) = (self.store.clone(), self.session.clone(), self.key.clone());
+        // Dropped unanswered (the agent hung up mid-request): released in the background.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = store
-                    .call(move |s| s.idempotency_abandon(&session, &key))
-                    .await
-                {
-                    tracing::error!(error = %e, "releasing an idempotency key failed");
-                }
-            });
+            handle.spawn(self.releasing());
         }
     }
 }

@@ -31,7 +31,7 @@ pub(super) async fn run(
     }
     // Checked again right before forward, for audit failures that arrived while the
     // request was being decided: nothing leaves that could not be recorded.
-    ctx.plane.audit.ensure_writable()?;
+    ctx.plane.audit.writable().await?;
     let req = std::mem::replace(&mut prepared.req, http::Request::new(crate::body::empty()));
     let send = ctx.plane.upstreams.send(
         req,

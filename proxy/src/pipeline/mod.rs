@@ -115,7 +115,7 @@ async fn run(
     // audit — before anything else: a request whose record cannot be written is not
     // decided, charged, held or forwarded (503 `audit_unavailable`). Checked again in
     // `forward`, for failures that arrive while a request is being decided.
-    plane.audit.ensure_writable()?;
+    plane.audit.writable().await?;
     // The agent's window on the approval queue (`status_url`) is answered by the proxy
     // itself, before anything treats it as a request to forward; it authenticates inside.
     if let (Origin::Plain, Some(id)) = (origin, escalate::status_request(plane, &req)) {
@@ -163,22 +163,30 @@ async fn run(
         Keyed::Claimed(claim) => Some(claim),
         Keyed::Unkeyed => None,
     };
-    // placeholders — before decide: an exfiltration attempt whatever policy would say.
-    placeholders::run(&ctx, &req, &recognised)?;
-    // decide — policy, checks, budget, and the hold when a human is asked.
-    let mut decided = decide::run(&mut ctx, &mut req, recognised).await?;
-    // inject — only for a request that is going, so nothing is fetched for a refused one.
-    let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
-    // forward — the egress guard on every dial, TLS verified before credentials leave.
-    let response =
-        forward::run(&mut ctx, &mut prepared, &decided, Some(&agent_body_failed)).await?;
-    // reply — scrub first: no secret reaches anything downstream of it.
-    let response = reply::run(&mut ctx, response, &prepared, decided).await?;
-    // idempotency — last: what is kept for a retry is exactly what the agent gets.
-    Ok(match claim {
-        Some(claim) => claim.store(response).await,
-        None => response,
-    })
+    let answered = async {
+        // placeholders — before decide: an exfiltration attempt whatever policy would say.
+        placeholders::run(&ctx, &req, &recognised)?;
+        // decide — policy, checks, budget, and the hold when a human is asked.
+        let mut decided = decide::run(&mut ctx, &mut req, recognised).await?;
+        // inject — only for a request that is going, so nothing is fetched for a refused one.
+        let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
+        // forward — the egress guard on every dial, TLS verified before credentials leave.
+        let response =
+            forward::run(&mut ctx, &mut prepared, &decided, Some(&agent_body_failed)).await?;
+        // reply — scrub first: no secret reaches anything downstream of it.
+        reply::run(&mut ctx, response, &prepared, decided).await
+    }
+    .await;
+    // idempotency — last: what is kept for a retry is exactly what the agent gets; a
+    // refusal frees the key before it is answered.
+    match (claim, answered) {
+        (Some(claim), Ok(response)) => Ok(claim.store(response).await),
+        (Some(claim), Err(e)) => {
+            claim.release().await;
+            Err(e)
+        }
+        (None, answered) => answered,
+    }
 }
 
 /// The phases of an approved execution, in order: the held request (rebuilt as `origin` and

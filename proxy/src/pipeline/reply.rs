@@ -3,7 +3,8 @@
 //! (response DLP, the MCP filter, the agent) ever sees one; then cut before any other secret
 //! the tier's `response_dlp` finds; counted against `max_bytes_received` (keeping a live
 //! request in flight until its last byte); MCP answers filtered and merged with the proxy's
-//! own refusals; hop-by-hop headers dropped.
+//! own refusals; hop-by-hop headers dropped; paced last, so the agent's connection flushes
+//! the head and the first piece at once rather than after hundreds of KiB behind them.
 
 use http::{Response, StatusCode};
 use hyper::body::Incoming;
@@ -63,13 +64,14 @@ pub(super) async fn run(
             ticket,
         ))
     });
-    let mut response = match decided.mcp_reply {
+    let response = match decided.mcp_reply {
         Some(plan) => {
             plan.apply(response, prepared.injected.scrubber.as_ref())
                 .await?
         }
         None => response,
     };
+    let mut response = response.map(|b| body::stream(body::paced::Paced::new(b)));
     inject::strip_hop_by_hop(response.headers_mut(), prepared.upgrade && switching);
     Ok(response)
 }

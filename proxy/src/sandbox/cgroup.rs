@@ -378,17 +378,32 @@ impl RunCgroup {
     }
 
     /// SIGKILL to every process in the cgroup (v2's `cgroup.kill` where the kernel has it,
-    /// which also catches processes forking meanwhile).
+    /// which also catches processes forking meanwhile), each checked again once a pidfd
+    /// names it (a pid read from `cgroup.procs` may be reused before the signal).
     pub fn kill_all(&self) {
         if self.version == Version::V2 && self.pids.join("cgroup.kill").exists() {
             let _ = write(&self.pids, "cgroup.kill", "1");
         }
         for pid in self.procs() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            super::pin::signal_if(pid, nix::sys::signal::Signal::SIGKILL, |pid| {
+                self.holds(pid)
+            });
         }
+    }
+
+    /// Whether process `pid` is in this cgroup: a line of `/proc/<pid>/cgroup` whose path
+    /// ends in one of the run's directories (its name is the run's own, in every hierarchy).
+    fn holds(&self, pid: i32) -> bool {
+        let Ok(listed) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return false;
+        };
+        let names: Vec<&std::ffi::OsStr> = self.dirs.iter().filter_map(|d| d.file_name()).collect();
+        listed.lines().any(|line| {
+            line.splitn(3, ':')
+                .nth(2)
+                .and_then(|path| Path::new(path).file_name())
+                .is_some_and(|name| names.contains(&name))
+        })
     }
 
     /// A cgroup that is no directory, for the tests of what depends on having one.

@@ -1,5 +1,5 @@
 //! `ostiary sandbox-exec` (hidden): the last stage, inside the sandbox. It sets
-//! `RLIMIT_NPROC`, drops to the run's uid and gid with no supplementary groups (which
+//! `RLIMIT_NPROC` and, where no cgroup limits memory, `RLIMIT_AS`, drops to the run's uid and gid with no supplementary groups (which
 //! clears every capability the init stage held), sets `no_new_privs`, installs the seccomp
 //! filter, and execs the command: 127 if it is not found, 126 if it cannot be executed.
 
@@ -12,14 +12,25 @@ use nix::unistd::{Gid, Uid};
 
 use super::{exit, seccomp};
 
+/// The rlimits set on the command alone, by the last stage before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandLimits {
+    /// `RLIMIT_NPROC` for the command's uid.
+    pub nproc: u64,
+    /// `RLIMIT_AS`, where no cgroup limits memory. Set here rather than on the stages before
+    /// (which inherit the enter stage's other rlimits): they are this binary, whose
+    /// allocator reserves more address space than a command's memory limit, and it is the
+    /// command's memory that is limited.
+    pub address_space: Option<u64>,
+}
+
 /// The exec stage's arguments. The command line's parser is the binary's (`ostiary-cli`),
 /// which parses what [`ExecArgs::argv`] writes back into this.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecArgs {
     pub uid: u32,
     pub gid: u32,
-    /// `RLIMIT_NPROC` for the command's uid.
-    pub nproc: u64,
+    pub limits: CommandLimits,
     /// The command and its arguments.
     pub command: Vec<OsString>,
 }
@@ -28,7 +39,7 @@ impl ExecArgs {
     /// The subcommand that runs this stage.
     pub const SUBCOMMAND: &'static str = "sandbox-exec";
 
-    /// `binary sandbox-exec --uid UID --gid GID --nproc N -- COMMAND..`.
+    /// `binary sandbox-exec --uid UID --gid GID --nproc N [--address-space BYTES] -- COMMAND..`.
     pub fn argv(&self, binary: &Path) -> Vec<OsString> {
         let mut argv: Vec<OsString> = vec![
             binary.into(),
@@ -38,9 +49,12 @@ impl ExecArgs {
             "--gid".into(),
             self.gid.to_string().into(),
             "--nproc".into(),
-            self.nproc.to_string().into(),
-            "--".into(),
+            self.limits.nproc.to_string().into(),
         ];
+        if let Some(bytes) = self.limits.address_space {
+            argv.extend(["--address-space".into(), bytes.to_string().into()]);
+        }
+        argv.push("--".into());
         argv.extend(self.command.iter().cloned());
         argv
     }
@@ -65,13 +79,19 @@ pub fn run(args: ExecArgs) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Everything but the exec, in the order that keeps each step possible: the rlimit and the
+/// Everything but the exec, in the order that keeps each step possible: the rlimits and the
 /// uid change need the privileges the uid change then drops; the filter comes last, as it
-/// refuses calls the steps before it make.
+/// refuses calls the steps before it make. What this stage allocates after `RLIMIT_AS` comes
+/// from address space its allocator reserved before it.
 fn confine(args: &ExecArgs) -> Result<(), String> {
     use nix::sys::resource::{setrlimit, Resource};
-    setrlimit(Resource::RLIMIT_NPROC, args.nproc, args.nproc)
+    let limits = args.limits;
+    setrlimit(Resource::RLIMIT_NPROC, limits.nproc, limits.nproc)
         .map_err(|e| format!("setting RLIMIT_NPROC: {e}"))?;
+    if let Some(bytes) = limits.address_space {
+        setrlimit(Resource::RLIMIT_AS, bytes, bytes)
+            .map_err(|e| format!("setting RLIMIT_AS: {e}"))?;
+    }
     let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
     if nix::unistd::getuid() != uid {
         nix::unistd::setgroups(&[]).map_err(|e| format!("clearing groups: {e}"))?;

@@ -279,6 +279,11 @@ impl Runner for Gvisor {
         self.active(|a| processes_named(Path::new("/proc"), &a.layout.root_flag()))
             .unwrap_or_default()
     }
+
+    fn holds(&self, pid: i32) -> bool {
+        self.active(|a| watch::is_named(Path::new("/proc"), pid, &a.layout.root_flag()))
+            .unwrap_or(false)
+    }
 }
 
 impl Drop for Gvisor {
@@ -408,7 +413,6 @@ fn rlimit(limit: &Rlimit) -> Value {
     let name = match limit.resource {
         RlimitName::Nofile => "RLIMIT_NOFILE",
         RlimitName::Cpu => "RLIMIT_CPU",
-        RlimitName::As => "RLIMIT_AS",
     };
     json!({ "type": name, "soft": limit.soft, "hard": limit.hard })
 }
@@ -581,7 +585,13 @@ mod tests {
     #[test]
     fn the_init_says_started_in_a_file_not_on_a_descriptor() {
         let staging = Path::new("/tmp/ostiary-run-1-ab");
-        let init = plan(staging).init_argv(514, 4);
+        let init = plan(staging).init_argv(
+            crate::sandbox::exec::CommandLimits {
+                nproc: 514,
+                address_space: None,
+            },
+            4,
+        );
         let by_file = started_by_file(&init).unwrap();
         assert_eq!(by_file.len(), init.len());
         assert!(!by_file.iter().any(|a| a == "--started-fd"));
@@ -596,7 +606,14 @@ mod tests {
     fn the_spec_is_the_plans_view_environment_and_limits() {
         let staging = Path::new("/tmp/ostiary-run-1-ab");
         let plan = plan(staging);
-        let init = started_by_file(&plan.init_argv(514, 4)).unwrap();
+        let init = started_by_file(&plan.init_argv(
+            crate::sandbox::exec::CommandLimits {
+                nproc: 514,
+                address_space: None,
+            },
+            4,
+        ))
+        .unwrap();
         let spec = spec(&plan, &init).unwrap();
         let process = &spec["process"];
         assert_eq!(process["args"][0], inside::BINARY);

@@ -7,14 +7,16 @@
 //!
 //! | limit | cgroup (v2 / v1) | rlimits only |
 //! |---|---|---|
-//! | memory | `memory.max` / `memory.limit_in_bytes` (+ swap): the OOM killer, then exit 150 | `RLIMIT_AS` per process: allocations fail, the command's own exit |
+//! | memory | `memory.max` / `memory.limit_in_bytes` (+ swap): the OOM killer, then exit 150 | `RLIMIT_AS` per process of the command (set by the exec stage): allocations fail, the command's own exit |
 //! | processes | `pids.max` (the sandbox's own two tasks added): a refused fork, then 151 | `RLIMIT_NPROC` (per uid, per user namespace) and a count of the sandbox's tasks: 151 |
 //! | CPU time | the cgroup's usage: 152 | `RLIMIT_CPU` per process: `SIGXCPU`, the command's own exit (128 + 24 = 152 from a shell) |
 //! | open files | `RLIMIT_NOFILE` per process in every mode: calls fail with `EMFILE`, the run goes on |
 //!
 //! rlimits are set in every mode as a backstop (`RLIMIT_AS` only where no cgroup limits
 //! memory: it counts address space, not memory, and runtimes that reserve a lot of it
-//! would not start).
+//! would not start). `RLIMIT_AS` is the exec stage's, set on the command just before it
+//! starts, not the enter stage's: the stages before it are this binary, whose allocator
+//! reserves address space by the gigabyte, and what it limits is the command's.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,6 +25,8 @@ use crate::config::sandbox::CgroupMode;
 use crate::config::Profile;
 
 use super::cgroup::{self, CgroupLimits, RunCgroup};
+use super::exec::CommandLimits;
+use super::pin::{signal_if, Pidfd, PinnedNamespace};
 use super::Limit;
 
 /// Why the limits of a run could not be put in place.
@@ -76,6 +80,13 @@ impl Limits {
 /// stage (single-threaded).
 pub const SANDBOX_TASKS: u64 = 2;
 
+/// How far the command's `RLIMIT_NPROC` sits above the cgroup's `pids.max` when a cgroup
+/// counts: the two count the same tasks but let go of them at different moments of a
+/// reap, so at the same number the rlimit could refuse a fork first — a refusal no cgroup
+/// counter sees (seen in CI: the classic shell bomb ended with its shell's own exit 2, not
+/// 151). Above it, the cgroup is always what refuses.
+pub const NPROC_SLACK: u64 = 16;
+
 /// Seconds the per-process `RLIMIT_CPU` lets a process run past the run's CPU limit where a
 /// cgroup counts the run's CPU time: the cgroup ends the run first, the rlimit is a backstop.
 const CPU_RLIMIT_SLACK: u64 = 5;
@@ -92,7 +103,6 @@ pub struct Rlimit {
 pub enum RlimitName {
     Nofile,
     Cpu,
-    As,
 }
 
 impl RlimitName {
@@ -100,7 +110,6 @@ impl RlimitName {
         match self {
             RlimitName::Nofile => "nofile",
             RlimitName::Cpu => "cpu",
-            RlimitName::As => "as",
         }
     }
 
@@ -109,7 +118,6 @@ impl RlimitName {
         match self {
             RlimitName::Nofile => Resource::RLIMIT_NOFILE,
             RlimitName::Cpu => Resource::RLIMIT_CPU,
-            RlimitName::As => Resource::RLIMIT_AS,
         }
     }
 }
@@ -125,13 +133,12 @@ impl std::str::FromStr for Rlimit {
 
     /// `nofile=1024:1024`.
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("{text:?} is not NAME=SOFT:HARD (nofile, cpu, as)");
+        let bad = || format!("{text:?} is not NAME=SOFT:HARD (nofile, cpu)");
         let (name, values) = text.split_once('=').ok_or_else(bad)?;
         let (soft, hard) = values.split_once(':').ok_or_else(bad)?;
         let resource = match name {
             "nofile" => RlimitName::Nofile,
             "cpu" => RlimitName::Cpu,
-            "as" => RlimitName::As,
             _ => return Err(bad()),
         };
         Ok(Rlimit {
@@ -150,13 +157,37 @@ pub struct Control {
     cgroup: Option<RunCgroup>,
 }
 
-/// Where the outer process finds a run's processes.
-#[derive(Debug, Clone, Copy, Default)]
+/// Where the outer process finds a run's processes, each named so that a reused number
+/// never names another's (see [`super::pin`]).
+#[derive(Debug, Default)]
 pub struct Tracked {
-    /// The inode of the sandbox's pid namespace.
-    pub pid_namespace: Option<u64>,
+    /// The sandbox's first process, once a status names it and it is known to descend from
+    /// the runner.
+    pub init: Option<Pidfd>,
+    /// The sandbox's pid namespace, held open from the first look to the teardown's end.
+    pub namespace: Option<PinnedNamespace>,
     /// The run's own uid, when it has one (a root run).
     pub uid: Option<u32>,
+}
+
+impl Tracked {
+    /// Take what a runner's status names, the first time it names it: its first process,
+    /// when it descends from the runner (`runner`), and that process's namespace, when it
+    /// is the one the status numbers. Never again later: by then the numbers may have been
+    /// handed out again.
+    pub fn follow(&mut self, status: &super::RunnerStatus, runner: i32) {
+        let Some(init) = status.init_pid else {
+            return;
+        };
+        if self.init.is_none() {
+            self.init = Pidfd::of_descendant(init, runner);
+        }
+        if let (None, Some(pidfd), Some(inode)) =
+            (&self.namespace, &self.init, status.pid_namespace)
+        {
+            self.namespace = PinnedNamespace::of(pidfd, init, inode);
+        }
+    }
 }
 
 impl Control {
@@ -207,14 +238,15 @@ impl Control {
             .unwrap_or_default()
     }
 
-    /// The rlimits the enter stage sets for the whole sandbox.
+    /// The rlimits the enter stage sets for the whole sandbox (`RLIMIT_AS` is the command's
+    /// alone: [`Control::address_space`]).
     pub fn rlimits(&self) -> Vec<Rlimit> {
         let cpu = self.limits.cpu_time.as_secs().max(1);
         let cpu = match self.cgroup {
             Some(_) => cpu + CPU_RLIMIT_SLACK,
             None => cpu,
         };
-        let mut out = vec![
+        vec![
             Rlimit {
                 resource: RlimitName::Nofile,
                 soft: u64::from(self.limits.open_files),
@@ -227,15 +259,20 @@ impl Control {
                 soft: cpu,
                 hard: cpu + CPU_RLIMIT_SLACK,
             },
-        ];
-        if self.cgroup.is_none() {
-            out.push(Rlimit {
-                resource: RlimitName::As,
-                soft: self.limits.memory,
-                hard: self.limits.memory,
-            });
+        ]
+    }
+
+    /// `RLIMIT_AS` for the command, where no cgroup limits memory.
+    pub fn address_space(&self) -> Option<u64> {
+        self.cgroup.is_none().then_some(self.limits.memory)
+    }
+
+    /// What the exec stage sets on the command itself (see [`Control::nproc`]).
+    pub fn command_limits(&self, user_ns: bool, own_kernel: bool) -> CommandLimits {
+        CommandLimits {
+            nproc: self.nproc(user_ns, own_kernel),
+            address_space: self.address_space(),
         }
-        out
     }
 
     /// `RLIMIT_NPROC` for the command. It counts the tasks of the command's uid in its user
@@ -251,14 +288,14 @@ impl Control {
             return processes;
         }
         match (&self.cgroup, user_ns) {
-            (Some(_), _) => processes + SANDBOX_TASKS,
+            (Some(_), _) => processes + SANDBOX_TASKS + NPROC_SLACK,
             (None, true) => processes + 1,
             (None, false) => processes,
         }
     }
 
     /// The limit the run has hit, if any.
-    pub fn hit(&self, tracked: Tracked) -> Option<Limit> {
+    pub fn hit(&self, tracked: &Tracked) -> Option<Limit> {
         match &self.cgroup {
             Some(cgroup) => {
                 let events = cgroup.events();
@@ -273,7 +310,7 @@ impl Control {
                 }
             }
             None => {
-                let ns = tracked.pid_namespace?;
+                let ns = tracked.namespace.as_ref()?.inode();
                 // The init stage is one task of the namespace and not the command's.
                 let tasks = tasks_in_namespace(Path::new("/proc"), ns).saturating_sub(1);
                 (tasks >= u64::from(self.limits.processes)).then_some(Limit::Processes)
@@ -282,21 +319,20 @@ impl Control {
     }
 
     /// SIGKILL to every process of the run that the cgroup holds or the kernel says is in
-    /// its pid namespace or has its uid.
-    pub fn kill_all(&self, tracked: Tracked) {
+    /// its pid namespace or has its uid, each checked again once a pidfd names it.
+    pub fn kill_all(&self, tracked: &Tracked) {
         if let Some(cgroup) = &self.cgroup {
             cgroup.kill_all();
         }
         for pid in remaining(tracked) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            signal_if(pid, nix::sys::signal::Signal::SIGKILL, |pid| {
+                is_the_runs(tracked, pid)
+            });
         }
     }
 
     /// The run's processes still alive.
-    pub fn remaining(&self, tracked: Tracked) -> Vec<i32> {
+    pub fn remaining(&self, tracked: &Tracked) -> Vec<i32> {
         let mut pids = remaining(tracked);
         if let Some(cgroup) = &self.cgroup {
             pids.extend(cgroup.procs());
@@ -320,12 +356,12 @@ impl Control {
     }
 }
 
-/// Processes in the pid namespace `tracked.pid_namespace` or with the uid `tracked.uid`
-/// (zombies are dead: what is left of them is a pid for their parent to reap).
-fn remaining(tracked: Tracked) -> Vec<i32> {
+/// Processes in the run's pid namespace or with its uid (zombies are dead: what is left
+/// of them is a pid for their parent to reap).
+fn remaining(tracked: &Tracked) -> Vec<i32> {
     let mut pids = Vec::new();
-    if let Some(ns) = tracked.pid_namespace {
-        pids.extend(pids_in_namespace(Path::new("/proc"), ns));
+    if let Some(ns) = &tracked.namespace {
+        pids.extend(pids_in_namespace(Path::new("/proc"), ns.inode()));
     }
     if let Some(uid) = tracked.uid {
         pids.extend(super::uid::processes_of(uid));
@@ -334,6 +370,14 @@ fn remaining(tracked: Tracked) -> Vec<i32> {
     pids.sort_unstable();
     pids.dedup();
     pids
+}
+
+/// Whether process `pid` is in the run's (held) namespace or has its uid.
+fn is_the_runs(tracked: &Tracked, pid: i32) -> bool {
+    tracked.namespace.as_ref().is_some_and(|ns| ns.holds(pid))
+        || tracked
+            .uid
+            .is_some_and(|uid| super::uid::is_process_of(pid, uid))
 }
 
 fn is_zombie(pid: i32) -> bool {
@@ -395,10 +439,22 @@ mod tests {
     }
 
     #[test]
-    fn address_space_is_limited_only_without_a_memory_cgroup() {
-        let names = |c: &Control| c.rlimits().iter().map(|r| r.resource).collect::<Vec<_>>();
-        assert!(names(&control(false)).contains(&RlimitName::As));
-        assert!(!names(&control(true)).contains(&RlimitName::As));
+    fn address_space_is_limited_only_without_a_memory_cgroup_and_only_on_the_command() {
+        let memory = Limits::of(&Profile::default()).memory;
+        assert_eq!(control(false).address_space(), Some(memory));
+        assert_eq!(control(true).address_space(), None);
+        let limits = control(false).command_limits(true, false);
+        assert_eq!((limits.nproc, limits.address_space), (513, Some(memory)));
+        // Never on the stages before the exec: they are this binary.
+        for c in [control(false), control(true)] {
+            assert!(
+                c.rlimits()
+                    .iter()
+                    .all(|r| r.to_string().starts_with("nofile=")
+                        || r.to_string().starts_with("cpu="))
+            );
+        }
+        assert!("as=1:1".parse::<Rlimit>().is_err());
         // The cgroup counts CPU time first; the per-process rlimit is a backstop past it.
         let cpu = |c: &Control| {
             c.rlimits()
@@ -411,7 +467,10 @@ mod tests {
         assert!(cpu(&control(true)) > 3600);
         assert_eq!(control(false).nproc(false, false), 512);
         assert_eq!(control(false).nproc(true, false), 513);
-        assert_eq!(control(true).nproc(false, false), 512 + SANDBOX_TASKS);
+        assert_eq!(
+            control(true).nproc(false, false),
+            512 + SANDBOX_TASKS + NPROC_SLACK
+        );
         assert_eq!(control(true).nproc(true, true), 512);
     }
 

@@ -34,6 +34,7 @@ pub mod exec;
 pub mod gvisor;
 pub mod init;
 pub mod limits;
+pub mod pin;
 pub mod seccomp;
 pub mod spawn;
 pub mod supervise;
@@ -183,13 +184,13 @@ pub struct Plan {
 impl Plan {
     /// The init stage's command line, as seen inside: it prepares the working directory,
     /// starts the forwarder, says "started" on descriptor `started_fd`, and runs the exec
-    /// stage with `nproc` as `RLIMIT_NPROC`.
-    pub fn init_argv(&self, nproc: u64, started_fd: i32) -> Vec<OsString> {
+    /// stage, which sets `limits` on the command.
+    pub fn init_argv(&self, limits: exec::CommandLimits, started_fd: i32) -> Vec<OsString> {
         let copy = self.profile.workdir == crate::config::sandbox::Workdir::Copy;
         let exec = exec::ExecArgs {
             uid: self.identity.uid,
             gid: self.identity.gid,
-            nproc,
+            limits,
             command: self.command.iter().map(OsString::from).collect(),
         };
         init::InitArgs {
@@ -280,6 +281,12 @@ pub trait Runner: std::fmt::Debug + Send + Sync {
     /// still alive (killed and checked for at teardown).
     fn remaining(&self) -> Vec<i32> {
         Vec::new()
+    }
+
+    /// Whether process `pid` is one of those [`Runner::remaining`] finds (checked again
+    /// once a pidfd names it, before it is killed).
+    fn holds(&self, _pid: i32) -> bool {
+        false
     }
 }
 

@@ -53,8 +53,8 @@ pub async fn run(
     // this process's to reap, not the host init's (which may never reap it).
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let mut tracked = Tracked {
-        pid_namespace: None,
         uid: (!plan.identity.user_ns).then_some(plan.identity.uid),
+        ..Tracked::default()
     };
     match start(plan, runner, control, binary, &status_path) {
         Err(e) => eprintln!("ostiary: the sandbox could not be set up: {e}"),
@@ -71,7 +71,8 @@ pub async fn run(
             outcome.exit = exit_code(&watched, runner);
         }
     }
-    clean_up(control, runner, staging, tracked, &mut outcome).await;
+    // `tracked` lives to the teardown's end: it holds the namespace's number for it.
+    clean_up(control, runner, staging, &tracked, &mut outcome).await;
     outcome
 }
 
@@ -86,8 +87,8 @@ fn start(
     binary: &Path,
     status_path: &Path,
 ) -> Result<(Pid, OwnedFd), SandboxError> {
-    let nproc = control.nproc(plan.identity.user_ns, runner.rlimits_inside());
-    let init = plan.init_argv(nproc, STARTED_FD);
+    let limits = control.command_limits(plan.identity.user_ns, runner.rlimits_inside());
+    let init = plan.init_argv(limits, STARTED_FD);
     let inner = runner.command(plan, &init, STATUS_FD)?;
     let argv = EnterArgs {
         cgroups: control.cgroup_dirs(),
@@ -168,7 +169,7 @@ async fn watch(
     let read_status = |status: &mut RunnerStatus, tracked: &mut Tracked| {
         let written = std::fs::read_to_string(status_path).unwrap_or_default();
         *status = runner.status(&written);
-        tracked.pid_namespace = status.pid_namespace;
+        tracked.follow(status, pid.as_raw());
     };
     let wait = loop {
         let grace_over = async {
@@ -181,19 +182,19 @@ async fn watch(
             waited = &mut waiting => break waited.ok().flatten(),
             _ = tokio::time::sleep_until(deadline), if limit.is_none() => {
                 limit = Some(Limit::WallClock);
-                end(pid, status, control, *tracked);
+                end(pid, control, tracked);
             }
             _ = tick.tick() => {
                 read_status(&mut status, tracked);
                 if limit.is_none() {
-                    if let Some(hit) = control.hit(*tracked).or_else(|| runner.limit()) {
+                    if let Some(hit) = control.hit(tracked).or_else(|| runner.limit()) {
                         limit = Some(hit);
-                        end(pid, status, control, *tracked);
+                        end(pid, control, tracked);
                     }
                 }
             }
             _ = grace_over => {
-                end(pid, status, control, *tracked);
+                end(pid, control, tracked);
                 kill_at = None;
             }
             kind = next_signal(&mut signals) => {
@@ -202,8 +203,16 @@ async fn watch(
                 // (bwrap), which dies of it instead of passing it on.
                 read_status(&mut status, tracked);
                 if !runner.signal(kind) {
-                    let target = status.init_pid.map(Pid::from_raw).unwrap_or(pid);
-                    let _ = nix::sys::signal::kill(target, kind);
+                    // The sandbox's first process only through its pidfd; before one is
+                    // taken, the runner (this process's child, whose pid stays its own).
+                    match &tracked.init {
+                        Some(init) => {
+                            init.signal(kind);
+                        }
+                        None => {
+                            let _ = nix::sys::signal::kill(pid, kind);
+                        }
+                    }
                 }
                 kill_at.get_or_insert(tokio::time::Instant::now() + GRACE);
             }
@@ -213,7 +222,7 @@ async fn watch(
     // A limit the kernel enforced between two looks (the OOM killer just before the end)
     // still names the end: the command died of it, or carried on past a refusal.
     if limit.is_none() {
-        limit = control.hit(*tracked).or_else(|| runner.limit());
+        limit = control.hit(tracked).or_else(|| runner.limit());
     }
     if let Some(limit) = limit {
         eprintln!(
@@ -263,9 +272,9 @@ fn describe(limit: Limit, plan: &Plan) -> String {
 
 /// Kill the whole sandbox now: its init (whose end takes the pid namespace), the runner
 /// process, and whatever the cgroup or the kernel still finds of the run.
-fn end(pid: Pid, status: RunnerStatus, control: &Control, tracked: Tracked) {
-    if let Some(init) = status.init_pid {
-        let _ = nix::sys::signal::kill(Pid::from_raw(init), Signal::SIGKILL);
+fn end(pid: Pid, control: &Control, tracked: &Tracked) {
+    if let Some(init) = &tracked.init {
+        init.signal(Signal::SIGKILL);
     }
     let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
     control.kill_all(tracked);
@@ -299,14 +308,14 @@ async fn clean_up(
     control: &Control,
     runner: &dyn Runner,
     staging: &Staging,
-    tracked: Tracked,
+    tracked: &Tracked,
     outcome: &mut Outcome,
 ) {
     runner.finish();
     let processes = teardown::retry("processes", || async {
         control.kill_all(tracked);
         for pid in runner.remaining() {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            super::pin::signal_if(pid, Signal::SIGKILL, |pid| runner.holds(pid));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         reap_orphans();

@@ -57,14 +57,21 @@ pub fn choose(range: [u32; 2]) -> Result<Identity, SandboxError> {
 /// The pids of processes any of whose uids or gids is `id` (real, effective, saved,
 /// filesystem).
 pub fn processes_of(id: u32) -> Vec<i32> {
+    processes_matching(Path::new("/proc"), |status| has_id(status, id))
+}
+
+/// Whether process `pid` has `id` among its uids or gids (as [`processes_of`] finds them).
+pub fn is_process_of(pid: i32, id: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| has_id(&status, id))
+}
+
+fn has_id(status: &str, id: u32) -> bool {
     let id = id.to_string();
-    processes_matching(Path::new("/proc"), |status| {
-        ["Uid:", "Gid:"].iter().any(|field| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(field))
-                .is_some_and(|ids| ids.split_whitespace().any(|n| n == id))
-        })
+    ["Uid:", "Gid:"].iter().any(|field| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .is_some_and(|ids| ids.split_whitespace().any(|n| n == id))
     })
 }
 

@@ -25,6 +25,7 @@
 
 use std::fmt;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll, Waker};
 
@@ -258,13 +259,16 @@ impl<IO> StrictH1<IO> {
     }
 }
 impl<IO: AsyncRead + AsyncWrite + Unpin> StrictH1<IO> {
+    /// Read once into `buf`. Through a chunk on the stack, so that `buf` holds only bytes
+    /// read: a connection waiting for its next head (most of a keep-alive connection's
+    /// life) holds no buffer here, where reading in place kept a 16 KiB one per connection
+    /// and per wrapped stream (the CONNECT's and the tunnel's).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let len = self.buf.len();
-        self.buf.resize(len + READ_CHUNK, 0);
-        let mut rb = ReadBuf::new(&mut self.buf[len..]);
+        let mut chunk = [const { MaybeUninit::<u8>::uninit() }; READ_CHUNK];
+        let mut rb = ReadBuf::uninit(&mut chunk);
         let res = Pin::new(&mut self.io).poll_read(cx, &mut rb);
         let n = rb.filled().len();
-        self.buf.truncate(len + n);
+        self.buf.extend_from_slice(rb.filled());
         res.map_ok(|()| n)
     }
 
@@ -304,6 +308,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for StrictH1<IO> {
                 this.sent += n;
                 if this.sent == this.ready {
                     this.buf.drain(..this.ready);
+                    if this.buf.is_empty() {
+                        // Released, not kept for the next head (see `poll_fill`).
+                        this.buf = Vec::new();
+                    }
                     (this.ready, this.sent) = (0, 0);
                 }
                 return Poll::Ready(Ok(()));
@@ -525,6 +533,35 @@ mod tests {
             wire.starts_with(&format!("{answer}HTTP/1.1 431 ")),
             "{wire}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_connection_between_requests_holds_no_buffer() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut guard = StrictH1::new(server, 64 * 1024);
+        let mut got = [0u8; 1024];
+        // Two requests one after the other, then two pipelined: the second waits, whole.
+        for (sent, buffered_after_first) in [
+            (GET.to_vec(), 0),
+            (GET.to_vec(), 0),
+            ([GET, GET].concat(), GET.len()),
+        ] {
+            client.write_all(&sent).await.unwrap();
+            let n = guard.read(&mut got).await.unwrap();
+            assert_eq!(&got[..n], GET);
+            assert_eq!(guard.buf.len(), buffered_after_first);
+            guard
+                .write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            if buffered_after_first > 0 {
+                let n = guard.read(&mut got).await.unwrap();
+                assert_eq!(&got[..n], GET);
+            }
+            // Waiting for the next head reads nothing and keeps nothing.
+            assert!(read_is_pending(&mut guard).await);
+            assert_eq!(guard.buf.capacity(), 0);
+        }
     }
 
     #[tokio::test]

@@ -10,18 +10,17 @@ use crate::StoreError;
 #[derive(Debug)]
 pub(super) struct SqliteAudit(pub(super) Db);
 
+/// The newest row. Cached: every append reads it, and parsing the statement each time was
+/// most of its cost (~1% of the proxy's CPU flat out).
 fn last_row(c: &Connection) -> rusqlite::Result<Option<Tip>> {
-    c.query_row(
-        "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
-        [],
-        |row| {
+    c.prepare_cached("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |row| {
             Ok(Tip {
                 seq: row.get(0)?,
                 hash: row.get(1)?,
             })
-        },
-    )
-    .optional()
+        })
+        .optional()
 }
 
 impl AuditStore for SqliteAudit {

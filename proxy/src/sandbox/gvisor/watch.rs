@@ -150,11 +150,14 @@ pub fn processes_named(proc: &Path, arg: &str) -> Vec<i32> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
-        .filter(|pid| {
-            std::fs::read(proc.join(pid.to_string()).join("cmdline"))
-                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
-        })
+        .filter(|&pid| is_named(proc, pid, arg))
         .collect()
+}
+
+/// Whether process `pid` has `arg` among its arguments.
+pub fn is_named(proc: &Path, pid: i32, arg: &str) -> bool {
+    std::fs::read(proc.join(pid.to_string()).join("cmdline"))
+        .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
 }
 
 /// The CPU time (user and system, their reaped children's included) of `pids`.

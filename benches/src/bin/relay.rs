@@ -1,0 +1,152 @@
+//! The bottom rung of the load harness's Ostiary ladder, "interception only": Ostiary's own
+//! interception parts — the CONNECT listener, a leaf from [`LeafMinter`] for the tunnel's host,
+//! the wire guard ([`StrictH1`]) on the agent's HTTP/1.1, the upstream pools of
+//! [`Upstreams`] behind the egress [`Guard`], the paced answer — with no session, no policy,
+//! no audit, no injection. What the full pipeline costs is what the rungs above add to this.
+//!
+//! `relay ADDR CA_CERT_PEM CA_KEY_PEM UPSTREAM_ROOTS_PEM` (the same arguments as the
+//! hudsucker relay). Upstreams are dialed only on loopback: `localhost` resolves to
+//! 127.0.0.1 and every other address is refused by the guard.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use http::{Method, Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use ostiary::body::{self, paced, ProxyBody};
+use ostiary::egress::{Guard, SystemResolver, TcpDialer};
+use ostiary::forward::Upstreams;
+use ostiary::metrics::Metrics;
+use ostiary::tls::ca::LeafMinter;
+use ostiary::wire_guard::StrictH1;
+use tokio::net::TcpListener;
+use tokio_rustls::LazyConfigAcceptor;
+
+/// As `[proxy] max_header_bytes` defaults.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+struct Relay {
+    minter: LeafMinter,
+    upstreams: Upstreams,
+    metrics: Metrics,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [addr, ca_cert, ca_key, roots] = args.as_slice() else {
+        bail!("usage: relay ADDR CA_CERT_PEM CA_KEY_PEM UPSTREAM_ROOTS_PEM");
+    };
+    let addr: SocketAddr = addr.parse().context("ADDR")?;
+    let minter = LeafMinter::new(
+        &std::fs::read_to_string(ca_cert).context("CA_CERT_PEM")?,
+        &std::fs::read_to_string(ca_key).context("CA_KEY_PEM")?,
+    )?;
+    let guard = Arc::new(Guard::new(
+        Arc::new(SystemResolver),
+        Arc::new(TcpDialer),
+        BTreeMap::from([("localhost".to_owned(), IpAddr::V4(Ipv4Addr::LOCALHOST))]),
+        vec!["127.0.0.0/8".parse()?],
+        Duration::from_secs(5),
+    ));
+    let roots = ostiary::tls::upstream::root_store(roots.as_ref())?;
+    let upstreams = Upstreams::new(guard, Arc::new(roots), Duration::from_secs(30))?;
+    let relay = Arc::new(Relay {
+        minter,
+        upstreams,
+        metrics: Metrics::default(),
+    });
+    let listener = TcpListener::bind(addr).await?;
+    eprintln!("relay listening on {addr}");
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| connect(relay.clone(), req));
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+    }
+}
+
+/// A CONNECT: 200, then the tunnel intercepted.
+async fn connect(
+    relay: Arc<Relay>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let authority = match (req.method(), req.uri().authority()) {
+        (&Method::CONNECT, Some(a)) => a.clone(),
+        _ => return Ok(status(StatusCode::METHOD_NOT_ALLOWED)),
+    };
+    tokio::spawn(async move {
+        if let Ok(upgraded) = hyper::upgrade::on(req).await {
+            let _ = intercept(relay, TokioIo::new(upgraded), authority).await;
+        }
+    });
+    Ok(status(StatusCode::OK))
+}
+
+async fn intercept(
+    relay: Arc<Relay>,
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    authority: http::uri::Authority,
+) -> Result<()> {
+    let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+    let config = relay.minter.server_config(authority.host())?;
+    let tls = start.into_stream(config).await?;
+    let service = service_fn(move |req| forward(relay.clone(), authority.clone(), req));
+    http1::Builder::new()
+        .timer(TokioTimer::new())
+        .writev(false)
+        .max_buf_size(paced::h1_buffer(MAX_HEADER_BYTES))
+        .serve_connection(TokioIo::new(StrictH1::new(tls, MAX_HEADER_BYTES)), service)
+        .await?;
+    Ok(())
+}
+
+/// One intercepted request, sent on as it came.
+async fn forward(
+    relay: Arc<Relay>,
+    authority: http::uri::Authority,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let (mut parts, incoming) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    parts.uri = match Uri::builder()
+        .scheme("https")
+        .authority(authority)
+        .path_and_query(path)
+        .build()
+    {
+        Ok(uri) => uri,
+        Err(_) => return Ok(status(StatusCode::BAD_REQUEST)),
+    };
+    let req = Request::from_parts(parts, body::stream(incoming));
+    Ok(
+        match relay.upstreams.send(req, true, None, &relay.metrics).await {
+            Ok(response) => response.map(|b| body::stream(paced::Paced::new(b))),
+            Err(_) => status(StatusCode::BAD_GATEWAY),
+        },
+    )
+}
+
+fn status(code: StatusCode) -> Response<ProxyBody> {
+    let mut response = Response::new(body::empty());
+    *response.status_mut() = code;
+    response
+}
