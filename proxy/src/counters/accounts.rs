@@ -145,9 +145,25 @@ impl Counters {
             }
             None => String::new(),
         };
-        self.run::<i64>(&self.scripts.pause, &[&key], &[json])
+        self.run::<i64>(&self.scripts.pause, &[&key], &[json, String::new()])
             .await?;
         Ok(())
+    }
+
+    /// Replace a session's pause with `pause` only if it is still paused (a resume on any
+    /// replica since wins); whether it was.
+    pub async fn refresh_pause(
+        &self,
+        session: &str,
+        pause: &crate::guardrails::store::Paused,
+    ) -> Result<bool, CountersError> {
+        let key = self.account_key(session);
+        let json =
+            serde_json::to_string(pause).map_err(|e| CountersError::Protocol(e.to_string()))?;
+        let written: i64 = self
+            .run(&self.scripts.pause, &[&key], &[json, "refresh".into()])
+            .await?;
+        Ok(written == 1)
     }
 
     /// Charge one call costing `cost_micros`; `enforce = false` for a call a human approved.

@@ -125,8 +125,11 @@ return a
 ";
 
 /// Pause a session (`pz`, the pause as JSON) or lift its pause (empty). KEYS: account.
+/// ARGV[2] `refresh`: replace a pause only if one is still there (a replica completing its
+/// own pause must not undo a resume another replica made meanwhile). Returns 1 if written.
 pub const PAUSE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[2] == 'refresh' and redis.call('HEXISTS', KEYS[1], 'pz') == 0 then return 0 end
 if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'pz') else redis.call('HSET', KEYS[1], 'pz', ARGV[1]) end
 return 1
 ";

@@ -457,6 +457,29 @@ impl Guardrails {
         self.mark_paused(session, paused);
     }
 
+    /// Complete a pause already in place with what persisting it added (its dead letter),
+    /// unless it was lifted meanwhile — here, or with shared counters on any replica (then it
+    /// is lifted here too). Whether the session is still paused. A shared store that cannot
+    /// be reached keeps the pause (fail closed).
+    pub async fn refresh_paused(&self, session: &str, paused: Paused) -> bool {
+        if self.paused.get(session).is_none() {
+            return false;
+        }
+        if let Some(shared) = &self.shared {
+            match shared.refresh_pause(session, &paused).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.watchdog.reset(session);
+                    self.unmark_paused(session);
+                    return false;
+                }
+                Err(e) => tracing::error!(session, error = %e, "sharing a pause failed"),
+            }
+        }
+        self.mark_paused(session, paused);
+        true
+    }
+
     fn mark_paused(&self, session: &str, paused: Paused) {
         if self.paused.get(session).is_none() {
             self.paused_count

@@ -348,8 +348,10 @@ async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
             return;
         }
     };
-    // Resumed or ended while the snapshot was being written: the human was first.
-    if guardrails.paused(&session).is_none() {
+    // Resumed or ended while the snapshot was being written, on this replica or another:
+    // the human was first. The pause is completed only where it still stands, in one step
+    // with that check, so a resume elsewhere is never undone.
+    if !guardrails.refresh_paused(&session, paused.clone()).await {
         let owned = session.clone();
         let resolution = if shared.sessions.is_live(&session) {
             "resumed"
@@ -362,7 +364,6 @@ async fn persist(shared: &Desk, principal: &Principal, trip: Trip) {
             .await;
         return;
     }
-    guardrails.set_paused(&session, paused.clone()).await;
     shared.audit.session_event(
         &shared.metrics,
         &session,
