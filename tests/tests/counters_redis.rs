@@ -185,7 +185,10 @@ async fn bytes_pauses_and_the_chain_come_back_from_sync() {
         dead_letter: 7,
     };
     fleet[0].set_pause("c", Some(&pause)).await.unwrap();
-    assert_eq!(fleet[1].sync("c", 0, 0).await.unwrap().pause, Some(pause.clone()));
+    assert_eq!(
+        fleet[1].sync("c", 0, 0).await.unwrap().pause,
+        Some(pause.clone())
+    );
     fleet[1].set_pause("c", None).await.unwrap();
     assert_eq!(fleet[0].sync("c", 0, 0).await.unwrap().pause, None);
     // The replica that paused completes its pause (the dead letter's number) only where it
@@ -198,7 +201,10 @@ async fn bytes_pauses_and_the_chain_come_back_from_sync() {
     assert_eq!(fleet[1].sync("c", 0, 0).await.unwrap().pause, None);
     fleet[0].set_pause("c", Some(&pause)).await.unwrap();
     assert!(fleet[0].refresh_pause("c", &completed).await.unwrap());
-    assert_eq!(fleet[1].sync("c", 0, 0).await.unwrap().pause, Some(completed));
+    assert_eq!(
+        fleet[1].sync("c", 0, 0).await.unwrap().pause,
+        Some(completed)
+    );
     assert!(!fleet[0].refresh_pause("nobody", &pause).await.unwrap());
     fleet[1].set_pause("c", None).await.unwrap();
     // An account Redis does not have is lost, not restarted.
