@@ -561,3 +561,65 @@ inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
         assert!(!serde_json::to_string(record).unwrap().contains(SECRET));
     }
 }
+
+/// An execution whose audit record cannot be written stores no outcome: no answer the agent
+/// could collect lacks its record. The trail is broken while the upstream is answering (its
+/// newest row deleted, which the next append notices as another writer's change); the
+/// approval stays `executing`, with nothing stored, for its claim to lapse and the execution
+/// to be sent again with the same idempotency key once the trail takes records again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_whose_record_cannot_be_written_stores_no_answer() {
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let rig = Rig::start_on(&approvers(""), support::POLICIES, Some(state.clone())).await;
+    // Applied upstream at once, answered 1.5 s later.
+    let charge = "ch_late?delay_ms=1500";
+    let id = rig.hold(charge, &[21]).await;
+    let control = rig.proxy.control();
+    control.decide(&id, true, APPROVER, None).await.unwrap();
+    let applied = || {
+        rig.upstream
+            .effects()
+            .iter()
+            .filter(|e| e.path == "/idem/refunds/ch_late")
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while applied() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never executed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rig.proxy.shared.audit.flush().await);
+    let db = rusqlite::Connection::open(state.join("ostiary.db")).unwrap();
+    let last: i64 = db
+        .query_row("SELECT max(seq) FROM audit", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        db.execute("DELETE FROM audit WHERE seq = ?1", [last])
+            .unwrap(),
+        1
+    );
+
+    // The answer has come back and the execution's record was refused by the broken trail.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while rig.proxy.shared.audit.flush().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the trail never noticed the deleted row"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let shown = control.approval(&id).await.unwrap();
+    assert_eq!(shown["status"], "executing", "{shown:#}");
+    assert!(shown["result"].is_null(), "{shown:#}");
+    assert_eq!(applied(), 1);
+    let records: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE record LIKE '%executed (attempt%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap_or(0);
+    assert_eq!(records, 0, "an execution record was written after all");
+}

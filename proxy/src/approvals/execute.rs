@@ -163,6 +163,25 @@ pub async fn run(shared: Executor, id: String) {
             None,
         ),
     };
+    let mut done = approval.clone();
+    done.status = status;
+    let text = match &reason {
+        Some(reason) => format!("{transition}: {reason}"),
+        None => format!("{transition} (attempt {})", approval.attempts),
+    };
+    // The execution's record is written before its outcome is stored, so that no answer
+    // the agent can collect lacks its record (no audit, no answer). A record that cannot be
+    // written leaves the approval `executing`: its claim lapses, and once the trail takes
+    // records again the execution is sent again with the same idempotency key.
+    queue.record_with(&done, transition, decision, error, text, code, |r| {
+        r.credentials = injected.credentials;
+        r.leases = injected.leases;
+        r.upstream = injected.upstream;
+    });
+    if !queue.flush_audit().await {
+        tracing::error!(approval = %id, "the execution's audit record could not be written; its outcome is not stored");
+        return;
+    }
     let stored = {
         let (id, reason, result) = (id.clone(), reason.clone(), result.clone());
         queue
@@ -177,24 +196,15 @@ pub async fn run(shared: Executor, id: String) {
             return;
         }
         Err(e) => {
-            // The upstream call happened but its outcome is not recorded: the approval stays
+            // The upstream call happened but its outcome is not stored: the approval stays
             // `executing` and the next start re-sends it with the same idempotency key.
             tracing::error!(approval = %id, error = %e, "storing an execution's outcome failed");
             return;
         }
     }
-    let mut done = approval.clone();
-    done.status = status;
-    let text = match &reason {
-        Some(reason) => format!("{transition}: {reason}"),
-        None => format!("{transition} (attempt {})", approval.attempts),
-    };
-    queue.record_with(&done, transition, decision, error, text, code, |r| {
-        r.credentials = injected.credentials;
-        r.leases = injected.leases;
-        r.upstream = injected.upstream;
-    });
-    queue.flush_audit().await;
+    // Retries waiting on the approval (`Prefer: wait`) look again now the outcome is there:
+    // the record's own wake-up came before it was.
+    queue.bump();
     let _ = queue.refresh_gauges().await;
 }
 

@@ -350,9 +350,10 @@ impl ApprovalQueue {
         &self.metrics
     }
 
-    /// Wait until every transition recorded so far is committed to the audit chain.
-    pub async fn flush_audit(&self) {
-        self.audit.flush().await;
+    /// Wait until every transition recorded so far is committed to the audit chain; whether
+    /// it was.
+    pub async fn flush_audit(&self) -> bool {
+        self.audit.flush().await
     }
 
     /// Wake everyone waiting on any approval.

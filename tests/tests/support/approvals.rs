@@ -72,8 +72,18 @@ impl Rig {
     }
 
     pub(crate) async fn start_with(approvals: &str, policies: &str) -> Self {
+        Self::start_on(approvals, policies, None).await
+    }
+
+    /// The same, with the proxy's state in `state_dir` (for a test that reaches into it).
+    pub(crate) async fn start_on(
+        approvals: &str,
+        policies: &str,
+        state_dir: Option<std::path::PathBuf>,
+    ) -> Self {
         let upstream = Upstream::builder().start().await;
         let proxy = TestProxy::start(ProxySpec {
+            state_dir,
             policies: policies.into(),
             tools_toml: Some(TOOLS.into()),
             ports: vec![upstream.port()],
