@@ -471,6 +471,57 @@ async fn a_database_locked_past_the_bound_stops_forwarding_then_recovers() {
     assert_all_recorded(&state, &tally, forwarded, &["locked"]).await;
 }
 
+/// A write lock another connection holds for longer than one attempt's bound (250 ms) but
+/// shorter than the stall bound (2 s) is waited out, as the store's own writers hold it
+/// through a burst (hundreds of approvals held at once, each synced): nothing is refused,
+/// every request is recorded, and the trail never counts as failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_lock_held_briefly_is_waited_out_and_nothing_is_refused() {
+    let plain = Upstream::builder().tls(false).start().await;
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let proxy = proxy_on(Some(state.clone()), &[&plain]).await;
+    let session = proxy.session("writer").await;
+    let auth = auth_line(&session.token);
+    let url = plain.url("/echo");
+    let mut tally = Tally::default();
+    assert!(!tally.saw(&absolute_get(&proxy, &url, &auth).await));
+    assert!(proxy.shared.audit.flush().await);
+
+    let locker = rusqlite::Connection::open(state.join("ostiary.db")).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let held = std::time::Instant::now();
+    while held.elapsed() < Duration::from_millis(900) {
+        assert!(
+            !tally.saw(&absolute_get(&proxy, &url, &auth).await),
+            "refused while the lock was held for {} ms",
+            held.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    locker.execute_batch("ROLLBACK").unwrap();
+    assert!(proxy.shared.audit.flush().await, "the backlog is written");
+    let (status, body) = readyz(&proxy).await;
+    assert_eq!(status, 200, "{body}");
+    let forwarded = plain.seen().len();
+    assert_eq!(forwarded, tally.http);
+    proxy.stop().await;
+
+    let report = verify_in_process(&state);
+    assert!(report.ok(), "{report:#?}");
+    let conn = rusqlite::Connection::open(state.join("ostiary.db")).unwrap();
+    let count = |kind: &str| -> usize {
+        conn.query_row(
+            "SELECT count(*) FROM audit WHERE json_extract(record, '$.kind') = ?1",
+            [kind],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap() as usize
+    };
+    assert_eq!(count("http"), tally.http, "one record per request");
+    assert_eq!(count("audit"), 0, "no outage was recorded");
+}
+
 /// Newest rows of the chain, deleted by hand: `DELETE FROM audit WHERE seq > keep`.
 fn delete_after(state: &Path, keep: i64) -> usize {
     rusqlite::Connection::open(state.join("ostiary.db"))

@@ -58,9 +58,9 @@ impl Default for Limits {
             // Flat out (15,000 records/s) a full queue is ~70 ms of records: one commit
             // whose WAL sync or checkpoint the disk held up. Well short of `stall`.
             full_wait: Duration::from_millis(250),
-            // Longer than the store's lock bound for the audit connection (250 ms: a lock
-            // gets its own failure), and long enough that
-            // a slow fsync on a busy disk is not taken for a hang.
+            // Long enough that a slow fsync on a busy disk is not taken for a hang, nor a
+            // burst of the store's other writers for a lost lock (the audit connection's
+            // attempts are bounded at 250 ms each; the writer retries them up to this).
             stall: Duration::from_secs(2),
             batch: 512,
             retry_min: Duration::from_millis(50),

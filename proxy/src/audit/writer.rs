@@ -13,8 +13,11 @@
 //! the writer commits them in groups — whatever is queued (up to [`Limits::batch`]
 //! records) once the oldest has waited [`Limits::linger`], or at once when a flush or
 //! shutdown waits or the batch is full. It fails closed: the first commit or
-//! checkpoint that fails (disk full, I/O error, the database locked past the store's
-//! audit busy timeout, `ostiary_store::sqlite::Options`) marks the trail unavailable ([`super::health`]), and the
+//! checkpoint that fails (disk full, I/O error) marks the trail unavailable
+//! ([`super::health`]) — for a database whose write lock another connection holds, once
+//! every attempt (each bounded by the store's audit busy timeout,
+//! `ostiary_store::sqlite::Options`) has found it held for [`Limits::stall`], or half the
+//! queue waits — and the
 //! request path forwards nothing until the writer has written its whole backlog again.
 //! Queued records are kept and retried with backoff, never dropped; since each retry
 //! re-seals the same records with the same sequence numbers, the chain has no gap when
@@ -216,6 +219,7 @@ impl AuditWriter {
             checkpointed: 0,
             retry: Retry::default(),
             outage: None,
+            contended: None,
         };
         // A checkpoint behind the chain (a crash between commit and checkpoint) is caught
         // up, and a new chain gets its first one; a failure here starts the proxy with the
@@ -268,6 +272,13 @@ enum WriteError {
         "records another writer appended do not check: {0}; restart to have the chain checked"
     )]
     Foreign(String),
+}
+
+impl WriteError {
+    /// The store's write lock was held by another connection past the attempt's bound.
+    fn is_busy(&self) -> bool {
+        matches!(self, WriteError::Store(StoreError::Busy(_)))
+    }
 }
 
 /// When the next attempt after a failure is due.
@@ -324,6 +335,9 @@ struct Writer {
     checkpointed: u64,
     retry: Retry,
     outage: Option<Outage>,
+    /// Since when every write has found the store's write lock held by another connection
+    /// (and failed on nothing else).
+    contended: Option<Instant>,
 }
 
 /// A shutdown in progress: its deadline and who waits for it.
@@ -492,11 +506,32 @@ impl Writer {
         self.health.end_write();
         match result {
             Ok(()) => {
+                self.contended = None;
                 self.retry.reset();
                 self.after_success();
             }
-            Err(e) => self.fail(e),
+            Err(e) if e.is_busy() && self.still_contended() => {
+                // Another connection holds the write lock — on SQLite, the approvals' and
+                // sessions' own, through a burst of holds — so the lock bound of one
+                // attempt ran out. Waited out, like a slow disk, up to `stall` before the
+                // trail counts as failing; flushes keep waiting.
+                self.retry.next = Some(Instant::now() + self.health.limits.retry_min);
+            }
+            Err(e) => {
+                self.contended = None;
+                self.fail(e);
+            }
         }
+    }
+
+    /// Whether lock contention is still worth waiting out: begun at the first busy write
+    /// less than [`Limits::stall`] ago, and with fewer than half [`Limits::queue`] records
+    /// waiting — so that when it is not, the refusals that follow still find room to be
+    /// recorded one by one.
+    fn still_contended(&mut self) -> bool {
+        let since = *self.contended.get_or_insert_with(Instant::now);
+        since.elapsed() < self.health.limits.stall
+            && self.pending.len() < self.health.limits.queue / 2
     }
 
     fn write_due(&mut self, urgent: bool) -> Result<(), WriteError> {
