@@ -138,16 +138,7 @@ impl Counters {
         session: &str,
         pause: Option<&crate::guardrails::store::Paused>,
     ) -> Result<(), CountersError> {
-        let key = self.account_key(session);
-        let json = match pause {
-            Some(p) => {
-                serde_json::to_string(p).map_err(|e| CountersError::Protocol(e.to_string()))?
-            }
-            None => String::new(),
-        };
-        self.run::<i64>(&self.scripts.pause, &[&key], &[json, String::new()])
-            .await?;
-        Ok(())
+        self.write_pause(session, pause, "").await.map(drop)
     }
 
     /// Replace a session's pause with `pause` only if it is still paused (a resume on any
@@ -157,11 +148,25 @@ impl Counters {
         session: &str,
         pause: &crate::guardrails::store::Paused,
     ) -> Result<bool, CountersError> {
+        self.write_pause(session, Some(pause), "refresh").await
+    }
+
+    /// The `PAUSE` script in `mode` (`""` or `refresh`); whether it wrote.
+    async fn write_pause(
+        &self,
+        session: &str,
+        pause: Option<&crate::guardrails::store::Paused>,
+        mode: &str,
+    ) -> Result<bool, CountersError> {
         let key = self.account_key(session);
-        let json =
-            serde_json::to_string(pause).map_err(|e| CountersError::Protocol(e.to_string()))?;
+        let json = match pause {
+            Some(p) => {
+                serde_json::to_string(p).map_err(|e| CountersError::Protocol(e.to_string()))?
+            }
+            None => String::new(),
+        };
         let written: i64 = self
-            .run(&self.scripts.pause, &[&key], &[json, "refresh".into()])
+            .run(&self.scripts.pause, &[&key], &[json, mode.to_owned()])
             .await?;
         Ok(written == 1)
     }

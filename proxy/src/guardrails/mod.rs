@@ -469,8 +469,7 @@ impl Guardrails {
             match shared.refresh_pause(session, &paused).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    self.watchdog.reset(session);
-                    self.unmark_paused(session);
+                    self.forget_pause(session);
                     return false;
                 }
                 Err(e) => tracing::error!(session, error = %e, "sharing a pause failed"),
@@ -497,6 +496,12 @@ impl Guardrails {
             self.reset_shared_trail(shared, session, crate::store::now_ms())
                 .await;
         }
+        self.forget_pause(session)
+    }
+
+    /// This replica's side of a lifted pause: the watchdog counts afresh, the gate lets the
+    /// session through. Whether it was paused here.
+    fn forget_pause(&self, session: &str) -> bool {
         self.watchdog.reset(session);
         self.unmark_paused(session)
     }
