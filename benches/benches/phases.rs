@@ -44,6 +44,7 @@ use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use futures_util::FutureExt;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST, PROXY_AUTHORIZATION};
 use http::{HeaderMap, HeaderValue, Request};
+use ostiary::audit::attest::RangeDigest;
 use ostiary::audit::{writer, AuditGuard, AuditRecord, AuditSink, AuditWriter};
 use ostiary::body::{self, ProxyBody};
 use ostiary::classify::{self, Origin, Tunnel};
@@ -520,6 +521,28 @@ fn audit(c: &mut Criterion) {
         b.iter(|| {
             let json = serde_json::to_string(std::hint::black_box(&record)).unwrap();
             writer::seal(&a.key, &prev, 2, &json)
+        })
+    });
+    // What a signed checkpoint costs per record (the writer digests each row it commits),
+    // against the seal every record already pays.
+    let json = serde_json::to_string(&record).unwrap();
+    let row = ostiary::store::audit::AuditRow {
+        seq: 2,
+        ts_ms: record.ts_ms,
+        session: record.session.clone(),
+        decision: record.decision.clone(),
+        record: json,
+        prev: prev.clone(),
+        hash: prev.clone(),
+    };
+    group.bench_function("checkpoint_digest_row", |b| {
+        b.iter(|| {
+            let mut digest = RangeDigest::after(ostiary::store::audit::Tip {
+                seq: 1,
+                hash: prev.clone(),
+            });
+            assert!(digest.feed(std::hint::black_box(&row)));
+            digest
         })
     });
     group.bench_function("fsync_baseline", |b| {

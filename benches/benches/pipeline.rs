@@ -86,6 +86,9 @@ impl AuditStore for Discard {
     fn last(&self) -> Result<Option<Tip>, StoreError> {
         Ok(self.0.lock().ok().and_then(|tip| tip.clone()))
     }
+    fn last_decided(&self, _: &str) -> Result<Option<AuditRow>, StoreError> {
+        Ok(None)
+    }
     fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
         let last = self.last()?;
         Ok(last.filter(|tip| tip.seq == seq).map(|tip| tip.hash))

@@ -70,6 +70,8 @@ pub enum ServeError {
     #[error(transparent)]
     Audit(#[from] crate::audit::ChainError),
     #[error(transparent)]
+    AuditSigning(#[from] crate::audit::attest::KeyError),
+    #[error(transparent)]
     Counters(#[from] crate::counters::CountersError),
 }
 
@@ -343,7 +345,11 @@ struct Loaded {
 fn load_state(
     config: &Config,
     keys: TokenKeys,
-    (audit_key, audit_head): (Vec<u8>, std::path::PathBuf),
+    (audit_key, audit_head, signer): (
+        Vec<u8>,
+        std::path::PathBuf,
+        Arc<crate::audit::attest::Signer>,
+    ),
     metrics: &Arc<Metrics>,
     counters: Option<Arc<Counters>>,
     audit_store: Option<Arc<dyn crate::store::audit::AuditStore>>,
@@ -360,7 +366,18 @@ fn load_state(
         None => backend.audit_reader()?,
     };
     tracing::info!(store = %backend.describe(), "state store open");
-    let (writer, audit) = AuditWriter::start(stores.audit.clone(), audit_key, audit_head, metrics)?;
+    let limits = crate::audit::Limits {
+        sign_every: config.audit.signed_checkpoint_interval,
+        ..Default::default()
+    };
+    let (writer, audit) = AuditWriter::start_with(
+        stores.audit.clone(),
+        audit_key,
+        audit_head,
+        metrics,
+        limits,
+        Some(signer),
+    )?;
     let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
     // On a store other replicas may share, a session not known here may be theirs.
     if matches!(backend, crate::stores::Backend::Postgres(_)) {
@@ -405,9 +422,12 @@ impl Ostiary {
         let loaded = {
             let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
                 .map_err(crate::session::SessionError::from)?;
+            let signer =
+                crate::audit::attest::Signer::from_pem(state.audit_signing_key_pem.expose())?;
             let chain = (
                 state.audit_key.expose().as_bytes().to_vec(),
                 state.path(files::AUDIT_HEAD),
+                Arc::new(signer),
             );
             let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
             let audit_store = options.audit_store.clone();

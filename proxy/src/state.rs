@@ -108,6 +108,8 @@ pub struct StateDir {
     pub audit_key: SecretString,
     /// Signs approval review links.
     pub approvals_key: SecretString,
+    /// Signs the audit chain's checkpoints (Ed25519, PKCS#8 PEM; `audit::attest`).
+    pub audit_signing_key_pem: SecretString,
 }
 
 /// File names inside the state directory.
@@ -119,6 +121,9 @@ pub mod files {
     pub const VERIFY_KEY: &str = "session-signing.pub.pem";
     pub const AUDIT_KEY: &str = "audit.key";
     pub const APPROVALS_KEY: &str = "approvals.key";
+    /// Signs the audit chain's checkpoints; its public half is what auditors are given.
+    pub const AUDIT_SIGNING_KEY: &str = "audit-signing.key.pem";
+    pub const AUDIT_VERIFY_KEY: &str = "audit-signing.pub.pem";
     pub const DATABASE: &str = "ostiary.db";
     pub const AUDIT_HEAD: &str = "audit.head";
     /// The proxy's Unix socket (`listen.proxy_unix` by default).
@@ -166,6 +171,10 @@ impl StateDir {
                     .trim()
                     .to_owned(),
             ),
+            audit_signing_key_pem: SecretString(read(
+                files::AUDIT_SIGNING_KEY,
+                "the audit checkpoint signing key",
+            )?),
         })
     }
 
@@ -178,6 +187,11 @@ impl StateDir {
         ensure_secret(dir, files::AUDIT_KEY, || random_hex(32))?;
         ensure_secret(dir, files::APPROVALS_KEY, || random_hex(32))?;
         ensure_signing_key(dir)?;
+        ensure_ed25519(
+            dir,
+            (files::AUDIT_SIGNING_KEY, files::AUDIT_VERIFY_KEY),
+            "the audit checkpoint signing key",
+        )?;
         Ok(vec![
             files::CA_CERT,
             files::CA_KEY,
@@ -185,6 +199,8 @@ impl StateDir {
             files::VERIFY_KEY,
             files::AUDIT_KEY,
             files::APPROVALS_KEY,
+            files::AUDIT_SIGNING_KEY,
+            files::AUDIT_VERIFY_KEY,
         ])
     }
 
@@ -207,6 +223,11 @@ impl StateDir {
         let audit_key = ensure_secret(dir, files::AUDIT_KEY, || random_hex(32))?;
         let approvals_key = ensure_secret(dir, files::APPROVALS_KEY, || random_hex(32))?;
         let (signing_key_pem, verify_key_pem) = ensure_signing_key(dir)?;
+        let (audit_signing_key_pem, _) = ensure_ed25519(
+            dir,
+            (files::AUDIT_SIGNING_KEY, files::AUDIT_VERIFY_KEY),
+            "the audit checkpoint signing key",
+        )?;
         Ok(Self {
             dir: dir.to_owned(),
             ca_cert_pem,
@@ -216,6 +237,7 @@ impl StateDir {
             verify_key_pem,
             audit_key: SecretString(audit_key),
             approvals_key: SecretString(approvals_key),
+            audit_signing_key_pem: SecretString(audit_signing_key_pem),
         })
     }
 
@@ -335,8 +357,21 @@ fn ensure_ca(dir: &Path) -> Result<(String, String), StateError> {
 }
 
 fn ensure_signing_key(dir: &Path) -> Result<(String, String), StateError> {
-    let key_path = dir.join(files::SIGNING_KEY);
-    let pub_path = dir.join(files::VERIFY_KEY);
+    ensure_ed25519(
+        dir,
+        (files::SIGNING_KEY, files::VERIFY_KEY),
+        "the session signing key",
+    )
+}
+
+/// An Ed25519 key pair in `dir` (private PKCS#8 PEM, public SPKI PEM), made if missing.
+fn ensure_ed25519(
+    dir: &Path,
+    (key_name, pub_name): (&str, &str),
+    what: &'static str,
+) -> Result<(String, String), StateError> {
+    let key_path = dir.join(key_name);
+    let pub_path = dir.join(pub_name);
     if key_path.exists() {
         let key = fs::read_to_string(&key_path).map_err(|s| io_err(&key_path, s))?;
         let public = fs::read_to_string(&pub_path).map_err(|s| io_err(&pub_path, s))?;
@@ -344,7 +379,7 @@ fn ensure_signing_key(dir: &Path) -> Result<(String, String), StateError> {
     }
     let pair =
         rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(|e| StateError::Generate {
-            what: "the session signing key",
+            what,
             message: e.to_string(),
         })?;
     let key = pair.serialize_pem();

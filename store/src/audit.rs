@@ -69,6 +69,8 @@ pub trait AuditStore: Send + Sync + std::fmt::Debug {
     fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError>;
     /// The last row of the chain, if any.
     fn last(&self) -> Result<Option<Tip>, StoreError>;
+    /// The newest row whose `decision` column is `decision` (the last signed checkpoint).
+    fn last_decided(&self, decision: &str) -> Result<Option<AuditRow>, StoreError>;
     /// The hash of record `seq`, if it is stored.
     fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError>;
     /// Every row after `after`, in order, to `visit`, until it returns false.

@@ -63,6 +63,8 @@ KEY_FILES = [
     "session-signing.pub.pem",
     "audit.key",
     "approvals.key",
+    "audit-signing.key.pem",
+    "audit-signing.pub.pem",
 ]
 # Secrets the manifests use but leave to a documented command (docs/deploy.md): their keys.
 EXTERNAL_SECRETS = {"ostiary-keys": KEY_FILES}

@@ -47,6 +47,9 @@ pub struct Limits {
     /// The head is checkpointed at most this often while records keep coming (a flush or
     /// shutdown checkpoints at once): each checkpoint is a file written, synced and renamed.
     pub checkpoint_every: Duration,
+    /// A signed checkpoint ([`super::attest`]) is made at most this long after the previous
+    /// one while records come (`[audit] signed_checkpoint_interval`), and at shutdown.
+    pub sign_every: Duration,
 }
 
 impl Default for Limits {
@@ -70,6 +73,7 @@ impl Default for Limits {
             // 3,000 req/s, a fifth of the proxy's CPU (benches/results/profile-http.svg).
             linger: Duration::from_millis(2),
             checkpoint_every: Duration::from_millis(50),
+            sign_every: Duration::from_secs(60),
         }
     }
 }

@@ -10,12 +10,17 @@
 //! - [`chain`] — seals, the sealed head checkpoint, and the start-up check that refuses a
 //!   chain that no longer matches it.
 //! - [`verify`] — recomputing the chain (`ostiary audit verify`) and queries.
+//! - [`attest`] — Ed25519-signed checkpoints of the chain, checkable without the audit key.
+//! - [`export`] — `ostiary audit export` and its offline check (`audit verify --offline`).
 //! - [`anchor`] — `ostiary audit reanchor`, the operator's acknowledged way past a mismatch.
 
 pub mod anchor;
+pub mod attest;
 pub mod chain;
+pub mod export;
 pub mod health;
 pub mod record;
+mod signing;
 pub mod verify;
 pub mod writer;
 

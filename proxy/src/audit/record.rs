@@ -108,6 +108,10 @@ pub struct AuditRecord {
     /// isolation and limits that applied, what was cleaned up.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub run: Option<serde_json::Value>,
+    /// A signed checkpoint of the chain (kind `audit`, decision `checkpoint`,
+    /// [`super::attest`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub checkpoint: Option<super::attest::Checkpoint>,
 }
 
 /// A chain that no longer matched its checkpoint, acknowledged by an operator: the record

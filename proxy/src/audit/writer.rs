@@ -32,10 +32,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::attest::Signer;
 use super::chain::{self, ChainError, Tip};
 pub use super::chain::{seal, GENESIS};
 use super::health::{Health, Limits, Status};
 use super::record::AuditRecord;
+use super::signing::Signing;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::store::audit::{AppendError, AuditRow, AuditStore};
@@ -184,16 +186,18 @@ impl AuditWriter {
         head_path: PathBuf,
         metrics: &Metrics,
     ) -> Result<(Self, AuditSink), ChainError> {
-        Self::start_with(trail, key, head_path, metrics, Limits::default())
+        Self::start_with(trail, key, head_path, metrics, Limits::default(), None)
     }
 
-    /// [`AuditWriter::start`] with other bounds.
+    /// [`AuditWriter::start`] with other bounds, and signing checkpoints with `signer`
+    /// ([`super::attest`]) at most every [`Limits::sign_every`] and at shutdown.
     pub fn start_with(
         trail: Arc<dyn AuditStore>,
         key: Vec<u8>,
         head_path: PathBuf,
         metrics: &Metrics,
         limits: Limits,
+        signer: Option<Arc<Signer>>,
     ) -> Result<(Self, AuditSink), ChainError> {
         // Records are durable before the checkpoint names them: the store commits with
         // `synchronous = FULL` (a power cut must not lose commits the head already names,
@@ -202,6 +206,9 @@ impl AuditWriter {
         // The anchor line: a log kept off this machine can later show a rollback of both
         // the database and its checkpoint, which nothing on this machine can.
         tracing::info!(seq = tip.seq, hash = %tip.hash, "audit chain head");
+        let signing = signer
+            .map(|signer| Signing::start(signer, limits.sign_every, &*trail))
+            .transpose()?;
         let health = Arc::new(Health::new(limits, tip.seq, metrics));
         let mut writer = Writer {
             trail,
@@ -220,6 +227,7 @@ impl AuditWriter {
             retry: Retry::default(),
             outage: None,
             contended: None,
+            signing,
         };
         // A checkpoint behind the chain (a crash between commit and checkpoint) is caught
         // up, and a new chain gets its first one; a failure here starts the proxy with the
@@ -338,6 +346,8 @@ struct Writer {
     /// Since when every write has found the store's write lock held by another connection
     /// (and failed on nothing else).
     contended: Option<Instant>,
+    /// Signed checkpoints, when a signing key is configured.
+    signing: Option<Signing>,
 }
 
 /// A shutdown in progress: its deadline and who waits for it.
@@ -349,6 +359,15 @@ struct Closing {
 impl Writer {
     fn busy(&self) -> bool {
         !self.pending.is_empty() || self.head_dirty
+    }
+
+    /// Rows wait for a signed checkpoint (due at its interval, or at shutdown).
+    fn unsigned(&self) -> bool {
+        self.signing.as_ref().is_some_and(|s| s.unsigned(&self.tip))
+    }
+
+    fn sign_due_at(&self) -> Option<Instant> {
+        self.signing.as_ref().and_then(|s| s.due_at(&self.tip))
     }
 
     fn run(mut self, rx: &mpsc::Receiver<Command>) {
@@ -364,12 +383,15 @@ impl Writer {
                     waiters: Vec::new(),
                 });
             }
-            if self.busy() && self.retry.wait().is_zero() {
+            let sign_due = self.sign_due_at().is_some_and(|t| t <= Instant::now());
+            if (self.busy() || sign_due || (closing.is_some() && self.unsigned()))
+                && self.retry.wait().is_zero()
+            {
                 self.write_once(closing.is_some());
             }
             self.answer_flushes();
             let Some(c) = &closing else { continue };
-            if !self.busy() || Instant::now() >= c.deadline {
+            if !(self.busy() || self.unsigned()) || Instant::now() >= c.deadline {
                 break;
             }
         }
@@ -386,9 +408,19 @@ impl Writer {
     /// the shutdown deadline). `false` once every sink is gone.
     fn collect(&mut self, rx: &mpsc::Receiver<Command>, closing: &mut Option<Closing>) -> bool {
         let first = if !self.busy() && closing.is_none() {
-            match rx.recv() {
+            // Idle: until a command comes, or the next signed checkpoint is due (not before
+            // the retry of a failed one).
+            let next = match self.sign_due_at() {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(at) => {
+                    let at = at.saturating_duration_since(Instant::now());
+                    rx.recv_timeout(at.max(self.retry.wait()))
+                }
+            };
+            match next {
                 Ok(cmd) => cmd,
-                Err(_) => return false,
+                Err(RecvTimeoutError::Timeout) => return true,
+                Err(RecvTimeoutError::Disconnected) => return false,
             }
         } else {
             let mut wait = self.retry.wait();
@@ -489,20 +521,25 @@ impl Writer {
 
     /// How long until the next group commit or checkpoint is due (zero: now).
     fn until_due(&self) -> Duration {
-        let next = match (self.records_due_at(), self.head_due_at()) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => return Duration::ZERO,
+        let Some(next) = [
+            self.records_due_at(),
+            self.head_due_at(),
+            self.sign_due_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min() else {
+            return Duration::ZERO;
         };
         next.saturating_duration_since(Instant::now())
     }
 
-    /// What is due — a group commit, a checkpoint — or everything at once when `urgent`
-    /// (shutdown) or a flush waits; one retry of a failed write.
-    fn write_once(&mut self, urgent: bool) {
-        let urgent = urgent || !self.waiters.is_empty() || self.retry.next.is_some();
+    /// What is due — a group commit, a signed checkpoint, a head checkpoint — or everything
+    /// at once when `closing` (shutdown) or a flush waits; one retry of a failed write.
+    fn write_once(&mut self, closing: bool) {
+        let urgent = closing || !self.waiters.is_empty() || self.retry.next.is_some();
         self.health.begin_write();
-        let result = self.write_due(urgent);
+        let result = self.write_due(urgent, closing);
         self.health.end_write();
         match result {
             Ok(()) => {
@@ -534,12 +571,21 @@ impl Writer {
             && self.pending.len() < self.health.limits.queue / 2
     }
 
-    fn write_due(&mut self, urgent: bool) -> Result<(), WriteError> {
+    fn write_due(&mut self, urgent: bool, closing: bool) -> Result<(), WriteError> {
         let due = |at: Option<Instant>| at.is_some_and(|t| urgent || Instant::now() >= t);
         if due(self.records_due_at()) {
             self.write_batch()?;
         }
-        // After the batch: it is what makes the head dirty.
+        // After the batch, so that it covers the batch; at shutdown only once every record
+        // is written (the last checkpoint covers them all). Not for a flush: a held
+        // approval would cost a checkpoint record each.
+        let sign_at = self.sign_due_at();
+        if sign_at.is_some_and(|t| Instant::now() >= t)
+            || (closing && sign_at.is_some() && self.pending.is_empty())
+        {
+            self.sign()?;
+        }
+        // After the batch and the signed checkpoint: they are what makes the head dirty.
         if due(self.head_due_at()) {
             self.checkpoint()?;
         }
@@ -552,9 +598,30 @@ impl Writer {
             return Ok(());
         }
         let n = self.pending.len().min(self.health.limits.batch);
-        let records = &self.pending.make_contiguous()[..n];
+        let started = Instant::now();
+        // Out of `self` while it is written (nothing else touches the queue meanwhile), so
+        // the batch is lent, not copied.
+        let mut pending = std::mem::take(&mut self.pending);
+        let written = self.append_adopting(&pending.make_contiguous()[..n]);
+        self.pending = pending;
+        let rows = written?;
+        if let Some(signing) = &mut self.signing {
+            signing.written(&rows);
+        }
+        self.pending.drain(..n);
+        // What is left waited as long as the batch just written: due at once.
+        self.oldest = (!self.pending.is_empty()).then_some(self.oldest.unwrap_or(started));
+        self.written += n as u64;
+        self.health.dequeued(n);
+        self.head_dirty = true;
+        Ok(())
+    }
+
+    /// Append `records` after the tip, taking on what other writers appended meanwhile;
+    /// the rows written.
+    fn append_adopting(&mut self, records: &[AuditRecord]) -> Result<Vec<AuditRow>, WriteError> {
         let adopting = Instant::now();
-        self.tip = loop {
+        loop {
             match append(&*self.trail, &self.key, &self.tip, records) {
                 // Another writer sharing the store (a replica, on PostgreSQL) extended the
                 // chain: its records are checked — numbered on, linked, sealed with the key
@@ -565,17 +632,55 @@ impl Writer {
                 {
                     self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
                         .map_err(|e| WriteError::Foreign(e.problem()))?;
+                    if let Some(signing) = &mut self.signing {
+                        signing.adopted();
+                    }
                 }
-                other => break other?,
+                other => {
+                    let (tip, rows) = other?;
+                    self.tip = tip;
+                    return Ok(rows);
+                }
             }
+        }
+    }
+
+    /// Sign the rows since the last signed checkpoint: a checkpoint record, appended like
+    /// any other (the next checkpoint covers it).
+    fn sign(&mut self) -> Result<(), WriteError> {
+        let Some(signing) = &mut self.signing else {
+            return Ok(());
         };
-        self.pending.drain(..n);
-        // What is left waited as long as the batch just written: due at once.
-        self.oldest = (!self.pending.is_empty()).then_some(self.oldest.unwrap_or(adopting));
-        self.written += n as u64;
-        self.health.dequeued(n);
-        self.head_dirty = true;
-        Ok(())
+        let adopting = Instant::now();
+        loop {
+            let record = signing.checkpoint(&*self.trail, &self.tip)?;
+            match append(
+                &*self.trail,
+                &self.key,
+                &self.tip,
+                std::slice::from_ref(&record),
+            ) {
+                // Signed again over the rows another writer added: a checkpoint's range
+                // always ends at the row right before it, which is what lets a verifier
+                // follow the ranges through an export in one pass.
+                Err(WriteError::Changed { expected, found })
+                    if found > expected && adopting.elapsed() < ADOPT_FOR =>
+                {
+                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
+                        .map_err(|e| WriteError::Foreign(e.problem()))?;
+                    signing.adopted();
+                }
+                other => {
+                    let (tip, rows) = other?;
+                    self.tip = tip;
+                    if let Some(checkpoint) = &record.checkpoint {
+                        signing.signed(checkpoint, &rows);
+                    }
+                    self.head_dirty = true;
+                    return Ok(());
+                }
+            }
+        }
     }
 
     fn checkpoint(&mut self) -> Result<(), WriteError> {
@@ -676,13 +781,13 @@ impl Writer {
     }
 }
 
-/// Append `records` after `tip` in one transaction; the new tip.
+/// Append `records` after `tip` in one transaction; the new tip and the rows written.
 fn append(
     trail: &dyn AuditStore,
     key: &[u8],
     tip: &Tip,
     records: &[AuditRecord],
-) -> Result<Tip, WriteError> {
+) -> Result<(Tip, Vec<AuditRow>), WriteError> {
     let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
     let mut rows = Vec::with_capacity(records.len());
     for record in records {
@@ -705,7 +810,7 @@ fn append(
         AppendError::Moved { expected, found } => WriteError::Changed { expected, found },
         AppendError::Store(e) => WriteError::Store(e),
     })?;
-    Ok(Tip { seq, hash: prev })
+    Ok((Tip { seq, hash: prev }, rows))
 }
 
 #[cfg(test)]

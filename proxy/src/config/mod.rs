@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod audit;
 mod control;
 pub mod sandbox;
 mod sessions;
 mod tiers;
 
+pub use audit::Audit;
 pub use control::Control;
 pub use sandbox::{Isolation, Profile, Sandbox};
 pub use sessions::{Sessions, Watchdog, LIMIT_NAMES, PENDING_APPROVALS_CEILING};
@@ -60,6 +62,8 @@ pub struct Config {
     pub control: Control,
     /// `ostiary run --sandbox`: isolation levels, limits and views, by profile.
     pub sandbox: Sandbox,
+    /// The audit trail's signed checkpoints.
+    pub audit: Audit,
 }
 
 /// Where the two listeners bind.
@@ -478,6 +482,7 @@ impl Config {
         }
         self.sessions.validate().map_err(ConfigError::Invalid)?;
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
+        self.audit.validate().map_err(ConfigError::Invalid)?;
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),

@@ -72,6 +72,25 @@ impl AuditStore for PgAudit {
         self.0.with(last_row)
     }
 
+    fn last_decided(&self, decision: &str) -> Result<Option<AuditRow>, StoreError> {
+        self.0.with(|c| {
+            Ok(c.query_opt(
+                "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
+                 WHERE decision = $1 ORDER BY seq DESC LIMIT 1",
+                &[&decision],
+            )?
+            .map(|row| AuditRow {
+                seq: row.get(0),
+                ts_ms: row.get(1),
+                session: row.get(2),
+                decision: row.get(3),
+                record: row.get(4),
+                prev: row.get(5),
+                hash: row.get(6),
+            }))
+        })
+    }
+
     fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
         self.0.with(|c| {
             Ok(

@@ -59,6 +59,28 @@ impl AuditStore for SqliteAudit {
         self.0.with(|c| last_row(c))
     }
 
+    fn last_decided(&self, decision: &str) -> Result<Option<AuditRow>, StoreError> {
+        self.0.with(|c| {
+            c.query_row(
+                "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
+                 WHERE decision = ?1 ORDER BY seq DESC LIMIT 1",
+                [decision],
+                |row| {
+                    Ok(AuditRow {
+                        seq: row.get(0)?,
+                        ts_ms: row.get(1)?,
+                        session: row.get(2)?,
+                        decision: row.get(3)?,
+                        record: row.get(4)?,
+                        prev: row.get(5)?,
+                        hash: row.get(6)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
     fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
         self.0.with(|c| {
             c.query_row("SELECT hash FROM audit WHERE seq = ?1", [seq], |r| r.get(0))

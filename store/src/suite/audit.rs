@@ -115,6 +115,12 @@ pub fn audit_queries_filter_and_scans_stop_when_asked(b: &dyn Backend) {
     })
     .unwrap();
     assert_eq!(seen, [3, 4]);
+    // The newest row of a decision: the last one, whole.
+    let last = s.last_decided("allow").unwrap().unwrap();
+    assert_eq!((last.seq, last.hash.as_str()), (4, "h4"));
+    assert_eq!(last.record, "{\"seq\":4}");
+    assert_eq!(s.last_decided("deny").unwrap().unwrap().seq, 6);
+    assert_eq!(s.last_decided("checkpoint").unwrap(), None);
 }
 
 pub fn audit_a_long_chain_scans_whole_and_in_order(b: &dyn Backend) {
