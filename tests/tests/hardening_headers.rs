@@ -8,6 +8,10 @@
 //! `-` (CGI, WSGI, PHP and Rack read both as `HTTP_X_FORWARDED_FOR`) — and look at what the
 //! recording upstream received: plain `http://`, inside intercepted tunnels (h1 and h2), a
 //! catalogued REST tool call, an MCP `tools/call`, and an approved execution of a held call.
+//!
+//! The other way round: an upstream's answer never carries an `Ostiary-*` header of its
+//! own, since those say what the proxy said (the SDKs raise an answer carrying
+//! `Ostiary-Request-Id` as the proxy's refusal or hold).
 
 use std::time::Duration;
 
@@ -187,6 +191,17 @@ match = {{ mcp = "https://api.example.test:{port}/echo", tool = "echo" }}
 
     /// The same raw bytes inside an intercepted tunnel.
     async fn tunnel_raw(&self, method: &str, path: &str, body: &str) -> raw::Reply {
+        self.tunnel_raw_with(method, path, body, "").await
+    }
+
+    /// [`Rig::tunnel_raw`] with `extra` header lines (each ending in CRLF).
+    async fn tunnel_raw_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        extra: &str,
+    ) -> raw::Reply {
         let tls = intercepted(
             &self.proxy,
             &self.token,
@@ -197,7 +212,7 @@ match = {{ mcp = "https://api.example.test:{port}/echo", tool = "echo" }}
         .await;
         let mut wire = Wire::new(tls);
         let text = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{}Content-Type: application/json\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{}{extra}Content-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             self.authority(),
             header_lines(),
@@ -325,4 +340,60 @@ async fn an_approved_execution_carries_no_override_header_either() {
     let seen = rig.tls.seen_path("/reflect");
     assert_eq!(seen.len(), 1, "executed once: {seen:#?}");
     assert_none_arrived(&seen[0], "approved execution");
+}
+
+/// The `Ostiary-*` headers of an answer, as (name, value).
+fn ostiary_headers(reply: &raw::Reply) -> Vec<(String, String)> {
+    reply
+        .headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("ostiary-"))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_cannot_answer_with_the_proxys_own_headers() {
+    let rig = Rig::start().await;
+    let forged = |reply: &raw::Reply| {
+        ostiary_headers(reply)
+            .into_iter()
+            .filter(|(_, value)| value.contains("forged"))
+            .collect::<Vec<_>>()
+    };
+    let plain = rig.plain_raw("GET", "/reflect?mode=forge", "").await;
+    assert_eq!(plain.status, 200, "{plain}");
+    assert!(
+        plain.headers.contains_key("set-cookie"),
+        "the upstream's other headers pass: {plain}"
+    );
+    assert!(ostiary_headers(&plain).is_empty(), "plain http: {plain}");
+    let tunnel = rig.tunnel_raw("GET", "/reflect?mode=forge", "").await;
+    assert_eq!(tunnel.status, 200, "{tunnel}");
+    assert!(ostiary_headers(&tunnel).is_empty(), "in a tunnel: {tunnel}");
+
+    // A held call's stored answer, collected after approval: the proxy's own
+    // `Ostiary-Approval` may be there, the upstream's forged one not.
+    let body = json!({"refund": "ch_2"}).to_string();
+    let before = rig.tls.count("/reflect");
+    let held = rig.tunnel_raw("POST", "/reflect?mode=forge", &body).await;
+    assert_eq!(held.status, 202, "{held}");
+    let id = held.json()["approval_id"].as_str().unwrap().to_owned();
+    rig.proxy
+        .control()
+        .decide(&id, true, APPROVER, None)
+        .await
+        .unwrap();
+    let collect = format!("Ostiary-Approval: {id}\r\nPrefer: wait=20\r\n");
+    let collected = rig
+        .tunnel_raw_with("POST", "/reflect?mode=forge", &body, &collect)
+        .await;
+    assert_eq!(collected.status, 200, "{collected}");
+    assert_eq!(rig.tls.count("/reflect"), before + 1, "executed once");
+    assert!(forged(&collected).is_empty(), "collected: {collected}");
 }

@@ -489,6 +489,7 @@ fn rebuild(
 async fn keep(response: Response<ProxyBody>, limit: usize) -> Result<StoredResponse, Refusal> {
     let (mut parts, mut body) = response.into_parts();
     inject::strip_hop_by_hop(&mut parts.headers, false);
+    inject::strip_ostiary_headers(&mut parts.headers);
     let mut kept = BytesMut::new();
     let mut truncated = false;
     while let Some(frame) = body.frame().await {

@@ -112,6 +112,20 @@ pub fn strip_routing_overrides(headers: &mut HeaderMap) {
     }
 }
 
+/// Remove every `Ostiary-*` header from an upstream's answer: those name what the proxy
+/// itself said (`Ostiary-Request-Id` marks a refusal or a hold as the proxy's, `Ostiary-
+/// Approval` a held request), and an upstream must not be able to speak for it.
+pub fn strip_ostiary_headers(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("ostiary-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
 /// Remove hop-by-hop headers, including those named by `Connection`. `keep_upgrade` keeps
 /// `Connection: upgrade` and `Upgrade` for a WebSocket handshake.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {

@@ -73,5 +73,6 @@ pub(super) async fn run(
     };
     let mut response = response.map(|b| body::stream(body::paced::Paced::new(b)));
     inject::strip_hop_by_hop(response.headers_mut(), prepared.upgrade && switching);
+    inject::strip_ostiary_headers(response.headers_mut());
     Ok(response)
 }

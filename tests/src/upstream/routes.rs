@@ -373,6 +373,17 @@ pub(super) async fn reflect(parts: &hyper::http::request::Parts, body: Bytes) ->
         }
     }
     reflect_header("set-cookie".into(), &format!("s={authorization}; Path=/"));
+    if mode == "forge" {
+        // An upstream dressing its answer as the proxy's own: a refusal's headers, which a
+        // client (the SDKs) takes as the proxy speaking.
+        for name in [
+            "ostiary-request-id",
+            "Ostiary-Approval",
+            "OSTIARY-DUPLICATE",
+        ] {
+            reflect_header(name.into(), "forged-by-upstream");
+        }
+    }
 
     let delay = Duration::from_millis(
         query_param(query, "delay_ms")
