@@ -7,9 +7,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub mod approvals;
+pub mod completions;
 pub mod cost;
+pub mod doctor;
+mod evidence;
 pub mod run;
 pub mod sessions;
+pub mod tail;
 
 pub use run::RunArgs;
 
@@ -90,6 +94,15 @@ pub enum Command {
     /// The approval queue: list, show, approve, deny, link.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
+    /// Check a deployment (config, CA and its trust, policies, store, proxy, Vault,
+    /// approvers' channels) and say what to fix; exit 1 if anything is wrong.
+    Doctor,
+    /// Print a shell completion script: `source <(ostiary completions bash)`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     // The sandbox's hidden stages, which `main` runs before any runtime or config
     // (`crate::stages`).
     #[command(flatten)]
@@ -106,15 +119,19 @@ pub enum SessionCommand {
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
+    /// The agent's name: the Cedar principal its requests are decided as.
     #[arg(long)]
     pub agent: String,
+    /// The tenant the agent acts for (default: `default`).
     #[arg(long)]
     pub tenant: Option<String>,
     /// Lifetime, e.g. 30m (default: sessions.default_ttl).
     #[arg(long)]
     pub ttl: Option<String>,
+    /// The most requests the session may make; past it they are refused with 429.
     #[arg(long)]
     pub max_calls: Option<u64>,
+    /// Print the session (id, token, proxy URL, CA) as JSON instead of `export` lines.
     #[arg(long)]
     pub json: bool,
 }
@@ -139,8 +156,9 @@ pub enum StateCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
-    /// Print matching records as JSON lines.
+    /// Print matching records as JSON lines, oldest first.
     Query {
+        /// Only this session's records.
         #[arg(long)]
         session: Option<String>,
         /// allow | deny | error | cancel
@@ -149,12 +167,32 @@ pub enum AuditCommand {
         /// Epoch milliseconds, RFC 3339, or a duration back from now (15m).
         #[arg(long)]
         since: Option<String>,
+        /// The most records to print (default 10000), the oldest matching ones.
         #[arg(long)]
         limit: Option<u32>,
     },
     /// Recompute the chain; exit 1 if anything was altered, inserted or deleted (the newest
-    /// records included: the head checkpoint must match).
-    Verify,
+    /// records included: the head checkpoint must match). With --offline, check an export
+    /// against the signing public key instead, with no access to the proxy or its state.
+    Verify {
+        /// An `audit export` file to check (needs --pubkey; reads nothing else).
+        #[arg(long, value_name = "FILE", requires = "pubkey")]
+        offline: Option<PathBuf>,
+        /// The public key that signed the export's checkpoints (PEM, from `audit pubkey`).
+        #[arg(long, value_name = "KEY", requires = "offline")]
+        pubkey: Option<PathBuf>,
+    },
+    /// Print the public key (PEM) that signs the chain's checkpoints: what an auditor checks
+    /// exports with.
+    Pubkey,
+    /// Write records with the signed checkpoints covering them (JSON lines,
+    /// docs/audit-export.md) to standard output, up to the newest checkpoint.
+    Export {
+        /// From the signed range holding the first record at or after this time (epoch
+        /// milliseconds, RFC 3339, or a duration back from now); default: the whole chain.
+        #[arg(long)]
+        since: Option<String>,
+    },
     /// Acknowledge a chain that no longer matches its checkpoint (which `serve` refuses to
     /// extend): seal a record saying so, with your reason, onto the chain as it stands. Run
     /// `audit verify` first, with the proxy stopped.
@@ -163,11 +201,15 @@ pub enum AuditCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Follow the trail: print new records as JSON lines as they are written (filters as
+    /// for `query`), until interrupted.
+    Tail(tail::TailArgs),
     /// What charged tool calls cost, grouped (default: by tool), most expensive first.
     Cost {
         /// Only this session and the sessions spawned from it, at any depth.
         #[arg(long)]
         session: Option<String>,
+        /// What to group by.
         #[arg(long, value_enum, default_value_t = cost::By::Tool)]
         by: cost::By,
         /// JSON lines (one per group, with exact `cost_micros`) instead of a table.
@@ -202,8 +244,10 @@ pub enum PolicyCommand {
 
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
+    /// The agent (Cedar principal) making the request.
     #[arg(long)]
     pub agent: String,
+    /// The agent's tenant.
     #[arg(long, default_value = "default")]
     pub tenant: String,
     /// Destination host; canonicalised as the proxy does before policies see it.
@@ -272,12 +316,20 @@ pub struct ExplainArgs {
     /// Policy directory (default: the config's `policy.dir`).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Print the explanation as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    // Neither needs a config that loads: a completion script is the same for every
+    // deployment, and doctor reports a broken config as its first finding.
+    match cli.command {
+        Command::Completions { shell } => return completions::run(shell),
+        Command::Doctor => return doctor::run(cli.config.as_deref()).await,
+        _ => {}
+    }
     let config = match &cli.config {
         Some(path) => Config::load(path)?,
         // The defaults, with the environment's overrides (`OSTIARY_STATE_STORE`, …).
@@ -303,6 +355,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         // Off the runtime's threads: the store's calls block (PostgreSQL's client runs a
         // runtime of its own).
+        // On the runtime: it sleeps between polls and ends on Ctrl-C (each poll runs on
+        // the blocking pool).
+        Command::Audit(AuditCommand::Tail(args)) => tail::run(&config, args).await,
         Command::Audit(cmd) => {
             let config = config.clone();
             tokio::task::spawn_blocking(move || audit(&config, cmd))
@@ -325,7 +380,14 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
         Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
-        Command::Approvals(cmd) => approvals::run(control_client(&config)?, cmd).await,
+        Command::Approvals(cmd) => {
+            // Who decides is asked before the token is read: the one a person can fix at once.
+            approvals::check_approver(&cmd)?;
+            approvals::run(control_client(&config)?, cmd).await
+        }
+        Command::Doctor | Command::Completions { .. } => Err(CliError::Usage(
+            "handled before the config is loaded".into(),
+        )),
         Command::Stage(_) => Err(CliError::Usage(
             "a sandbox stage runs only as a process's first command".into(),
         )),
@@ -500,6 +562,9 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
     };
     match cmd {
         AuditCommand::Reanchor { reason } => reanchor(config, &backend, &reason),
+        AuditCommand::Tail(_) => Err(CliError::Usage(
+            "audit tail follows on the runtime, not here".into(),
+        )),
         AuditCommand::Query {
             session,
             decision,
@@ -547,7 +612,22 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        AuditCommand::Verify => {
+        AuditCommand::Verify {
+            offline: Some(file),
+            pubkey: Some(key),
+        } => evidence::verify_offline(&file, &key),
+        AuditCommand::Pubkey => evidence::pubkey(config),
+        AuditCommand::Export { since } => {
+            let since_ms = since
+                .map(|text| {
+                    ostiary::control::parse_since(&text).ok_or_else(|| {
+                        CliError::Usage(format!("--since {text:?}: not a time or duration"))
+                    })
+                })
+                .transpose()?;
+            evidence::export(&*read_only()?, since_ms)
+        }
+        AuditCommand::Verify { .. } => {
             let key = read_audit_key(config)?;
             let report = verify::verify(
                 &*read_only()?,

@@ -9,11 +9,18 @@
 //!   - [`mod@commands::run`] — `run`, with or without `--sandbox`.
 //!   - [`commands::approvals`] — `approvals list|show|approve|deny|link`.
 //!   - [`commands::cost`] — `audit cost`: charged tool calls summed from the audit chain.
+//!   - [`commands::tail`] — `audit tail`: follow the audit trail with `query`'s filters.
+//!   - [`commands::doctor`] — `doctor`: check a deployment, say what to fix.
+//!   - [`commands::completions`] — `completions`: shell completion scripts.
+//! - `help` (tests only) — every subcommand and flag has `--help` text, and none reads like
+//!   a note for the code.
 //! - [`stages`] — the sandbox's hidden stages (`sandbox-enter`, `sandbox-init`,
 //!   `sandbox-exec`): their command line, parsed into the library's stage arguments.
 #![forbid(unsafe_code)]
 
 mod commands;
+#[cfg(test)]
+mod help;
 mod stages;
 
 use std::process::ExitCode;

@@ -4,9 +4,10 @@
 //! - `list` shows the pending approval with its summary and the queue counts line;
 //!   `show ID` shows tool, destination, arguments, policies, deadline and the delivery state
 //!   of its notifications (an SMTP relay that is down, then up again); `--json` parses.
-//! - `approve ID --as alice@example.com` runs it once: the agent's retry with
-//!   `Ostiary-Approval` gets the upstream's answer.
-//! - `deny ID --as bob@example.com --reason ...`: the agent gets 403 `approval_denied`.
+//! - `approve ID` with `OSTIARY_APPROVER=alice@example.com` (no `--as`) runs it once, decided
+//!   by alice: the agent's retry with `Ostiary-Approval` gets the upstream's answer.
+//! - `deny ID --as bob@example.com --reason ...` (with `OSTIARY_APPROVER` naming alice:
+//!   `--as` wins): the agent gets 403 `approval_denied` by bob.
 //! - approving as someone not listed, or as the agent itself, exits non-zero with a clear
 //!   message and decides nothing.
 //! - `link ID --as alice@example.com` prints a review-page URL on the control listener whose
@@ -95,6 +96,19 @@ smtp = {{ url = "{}", from = "ostiary@example.com" }}
         let mut all = vec!["--config", self.config.as_str(), "approvals"];
         all.extend_from_slice(args);
         ostiary(&all).await
+    }
+
+    /// `ostiary --config <config> approvals <args>` with `OSTIARY_APPROVER=<who>`.
+    async fn approvals_as(&self, who: &str, args: &[&str]) -> CmdOutput {
+        let mut all = vec!["--config", self.config.as_str(), "approvals"];
+        all.extend_from_slice(args);
+        ostiary_e2e::clients::run(
+            ostiary_bin(),
+            &all,
+            &[("OSTIARY_LOG", "warn"), ("OSTIARY_APPROVER", who)],
+            CLI_TIMEOUT,
+        )
+        .await
     }
 
     /// `approvals <args> --json`, which must succeed and print JSON.
@@ -255,10 +269,11 @@ async fn list_show_and_approve_from_the_command_line() {
     }
     assert_eq!(fx.smtp.messages_to(APPROVER).len(), 1);
 
-    // Approved from the command line: it runs once and the agent collects the answer.
+    // Approved from the command line, the approver taken from OSTIARY_APPROVER: it runs
+    // once and the agent collects the answer.
     assert_eq!(fx.applied("ch_cli_1"), 0, "nothing ran before the decision");
     let approve = fx
-        .approvals(&["approve", &id, "--as", APPROVER, "--reason", "checked"])
+        .approvals_as(APPROVER, &["approve", &id, "--reason", "checked"])
         .await;
     assert!(approve.success(), "{approve}");
     assert!(
@@ -313,8 +328,12 @@ async fn deny_refusals_and_review_links_from_the_command_line() {
 
     // Denied: the agent's retry is refused, nothing runs.
     let denied = fx.hold("ch_cli_2").await;
+    // `--as` wins over OSTIARY_APPROVER.
     let deny = fx
-        .approvals(&["deny", &denied, "--as", BOB, "--reason", "not a duplicate"])
+        .approvals_as(
+            APPROVER,
+            &["deny", &denied, "--as", BOB, "--reason", "not a duplicate"],
+        )
         .await;
     assert!(deny.success(), "{deny}");
     assert!(deny.stdout.contains(&format!("{denied} denied")), "{deny}");

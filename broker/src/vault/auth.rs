@@ -102,7 +102,11 @@ pub(crate) async fn login(
 /// the process happens to be configured with (possibly Ostiary itself). TLS verification
 /// is always on (`VAULT_SKIP_VERIFY` is ignored); extra roots from `VAULT_CACERT` /
 /// `VAULT_CAPATH` are still trusted, as operators expect.
-fn build_client(addr: &str, token: String, timeout: Duration) -> Result<Inner, VaultError> {
+pub(crate) fn build_client(
+    addr: &str,
+    token: String,
+    timeout: Duration,
+) -> Result<Inner, VaultError> {
     let settings = VaultClientSettingsBuilder::default()
         .address(addr)
         .token(token)

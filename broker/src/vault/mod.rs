@@ -9,6 +9,7 @@
 //! or a secret.
 
 mod auth;
+pub mod health;
 mod http;
 mod jwt;
 mod sources;

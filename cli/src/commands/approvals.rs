@@ -17,13 +17,16 @@ pub enum ApprovalsCommand {
         /// pending | approved | executing | executed | failed | refused | denied | expired | all
         #[arg(long, default_value = "pending")]
         status: String,
+        /// Print the control API's JSON instead of a list.
         #[arg(long)]
         json: bool,
     },
     /// Show one approval: the held request, what the proxy observed, its state, the
     /// stored response, and the delivery state of its notifications.
     Show {
+        /// The approval's id (`approval_id` in the agent's `202 approval_pending`).
         id: String,
+        /// Print the control API's JSON instead of a summary.
         #[arg(long)]
         json: bool,
     },
@@ -33,21 +36,52 @@ pub enum ApprovalsCommand {
     Deny(Decide),
     /// Print a review-page link for an approver (signed, single use, until the deadline).
     Link {
+        /// The approval's id.
         id: String,
-        /// The approver the link is for.
-        #[arg(long = "as", env = "OSTIARY_APPROVER")]
-        approver: String,
+        /// The approver the link is for (default: $OSTIARY_APPROVER).
+        #[arg(long = "as", env = APPROVER_ENV, value_name = "APPROVER")]
+        approver: Option<String>,
     },
 }
 
+/// Who the operator is, when `--as` is not given: set once in a shell profile, so that
+/// `approvals approve ID` needs nothing else.
+pub const APPROVER_ENV: &str = "OSTIARY_APPROVER";
+
 #[derive(Debug, Args)]
 pub struct Decide {
+    /// The approval's id.
     pub id: String,
-    /// Who decides (one of `approvals.approvers` when that list is set).
-    #[arg(long = "as", env = "OSTIARY_APPROVER")]
-    pub approver: String,
+    /// Who decides (one of `approvals.approvers` when that list is set; default:
+    /// $OSTIARY_APPROVER).
+    // Optional to clap so that its absence gets our message, which names the variable.
+    #[arg(long = "as", env = APPROVER_ENV, value_name = "APPROVER")]
+    pub approver: Option<String>,
+    /// Why: recorded with the decision.
     #[arg(long)]
     pub reason: Option<String>,
+}
+
+/// For a decision or a link, that an approver is named (before anything is read or sent).
+pub fn check_approver(cmd: &ApprovalsCommand) -> Result<(), CliError> {
+    match cmd {
+        ApprovalsCommand::Approve(d) | ApprovalsCommand::Deny(d) => {
+            approver(d.approver.clone()).map(drop)
+        }
+        ApprovalsCommand::Link { approver: who, .. } => approver(who.clone()).map(drop),
+        ApprovalsCommand::List { .. } | ApprovalsCommand::Show { .. } => Ok(()),
+    }
+}
+
+/// `--as`, else `OSTIARY_APPROVER` (clap read both), else a usage error saying how to
+/// give one.
+fn approver(given: Option<String>) -> Result<String, CliError> {
+    given.filter(|a| !a.trim().is_empty()).ok_or_else(|| {
+        CliError::Usage(format!(
+            "who is deciding? Give --as NAME (one of approvals.approvers), or set \
+             {APPROVER_ENV}=NAME once in your shell"
+        ))
+    })
 }
 
 pub async fn run(client: ControlClient, cmd: ApprovalsCommand) -> Result<ExitCode, CliError> {
@@ -93,16 +127,18 @@ pub async fn run(client: ControlClient, cmd: ApprovalsCommand) -> Result<ExitCod
         }
         ApprovalsCommand::Approve(d) => decide(client, d, true).await,
         ApprovalsCommand::Deny(d) => decide(client, d, false).await,
-        ApprovalsCommand::Link { id, approver } => {
-            println!("{}", client.approval_link(&id, &approver).await?);
+        ApprovalsCommand::Link { id, approver: who } => {
+            let who = approver(who)?;
+            println!("{}", client.approval_link(&id, &who).await?);
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
 async fn decide(client: ControlClient, d: Decide, approve: bool) -> Result<ExitCode, CliError> {
+    let who = approver(d.approver)?;
     let decided = client
-        .decide(&d.id, approve, &d.approver, d.reason.as_deref())
+        .decide(&d.id, approve, &who, d.reason.as_deref())
         .await?;
     println!(
         "{} {}: {}",

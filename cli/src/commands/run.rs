@@ -46,10 +46,14 @@ The open-files limit does not end a run: calls past it fail with EMFILE.";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// The agent's name: the Cedar principal the command's requests are decided as.
     #[arg(long)]
     pub agent: String,
+    /// The tenant the agent acts for (default: `default`).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// The session's lifetime, e.g. 30m (default: sessions.default_ttl); the session ends
+    /// sooner if the command does.
     #[arg(long)]
     pub ttl: Option<String>,
     /// Run the command in a sandbox whose only way out is the proxy, under PROFILE
@@ -70,8 +74,9 @@ pub struct RunArgs {
     #[arg(long, short)]
     pub verbose: bool,
     /// The command and its arguments, after `--` (so that its own flags are never taken
-    /// for ostiary's). `last` alone says this; clap refuses it combined with
-    /// `trailing_var_arg` and panics at parse time.
+    /// for ostiary's).
+    // `last` alone says this; clap refuses it combined with `trailing_var_arg` and panics
+    // at parse time.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
 }

@@ -18,18 +18,28 @@ pub enum SessionsCommand {
     /// Show one session: who it is, its parent, state (live, paused, ended), usage against
     /// its limits, and why it is paused.
     Show {
+        /// The session's id (`OSTIARY_SESSION_ID` in its environment).
         id: String,
+        /// Print the control API's JSON instead of a summary.
         #[arg(long)]
         json: bool,
     },
     /// Resume a paused session; exit 1 if it is not paused.
-    Resume { id: String },
+    Resume {
+        /// The session's id.
+        id: String,
+    },
     /// End a session now: leases revoked, cached credentials dropped, its token refused.
-    Terminate { id: String },
+    Terminate {
+        /// The session's id.
+        id: String,
+    },
     /// List dead letters: what a paused session was doing when it stopped.
     DeadLetters {
+        /// Only this session's dead letters.
         #[arg(long)]
         session: Option<String>,
+        /// Print the control API's JSON instead of a list.
         #[arg(long)]
         json: bool,
     },

@@ -100,6 +100,25 @@ impl Mailer {
         })
     }
 
+    /// Connects, greets, logs in when configured and quits, sending nothing: whether the
+    /// relay answers as a mail would find it (`ostiary doctor`).
+    pub async fn check(&self) -> Result<(), NotifyError> {
+        match tokio::time::timeout(TIMEOUT, self.transport.test_connection()).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(NotifyError::Config(format!(
+                "the relay at {} did not accept a connection",
+                self.relay
+            ))),
+            Ok(Err(e)) => Err(NotifyError::Smtp(e)),
+            Err(_elapsed) => Err(NotifyError::SmtpTimeout(TIMEOUT)),
+        }
+    }
+
+    /// `scheme://host:port` of the relay, for messages (never a login).
+    pub fn relay(&self) -> &str {
+        &self.relay
+    }
+
     /// Sends one `multipart/alternative` mail to `to`.
     pub async fn send(
         &self,

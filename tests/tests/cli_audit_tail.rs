@@ -1,0 +1,248 @@
+//! `ostiary audit tail` (docs/design.md §7, docs/cli.md) against a running `ostiary serve`:
+//! the real binary following the state directory the proxy writes.
+//!
+//! What it proves:
+//! - started after a request was recorded, tail does not print it; a request made after
+//!   tail said it was following is printed, as the same JSON line `audit query` prints;
+//! - `--session` keeps to that session's records (another session's request is not shown);
+//! - `--since` first prints what matched since then, `--decision` keeps to one decision, and
+//!   the follow goes on after the backlog;
+//! - Ctrl-C (SIGINT) ends it with exit 0.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use ostiary_e2e::raw::{auth_line, exchange, Reply};
+use ostiary_e2e::upstream::Upstream;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+#[path = "support/cli.rs"]
+mod support;
+use support::*;
+
+/// Allows `/status/<code>` on `api.example.test` (the upstream answers with that code), so
+/// that every request of the test has a path of its own to find its record by; anything
+/// else is denied.
+const POLICY: &str = r#"
+@id("allow-status")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
+when { context.path like "/status/*" };
+"#;
+
+/// How long a record may take to reach a tail (committed, then seen by a poll).
+const SEEN_WITHIN: Duration = Duration::from_secs(30);
+
+/// `ostiary audit tail <filters>` on `server`'s state, once it says it is following.
+struct Tail {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Tail {
+    async fn start(server: &Server, filters: &[&str]) -> Self {
+        let config = server.config_arg();
+        let mut cmd = Command::new(ostiary_bin());
+        cmd.args(["--config", &config, "audit", "tail", "--interval", "50ms"])
+            .args(filters)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("OSTIARY_LOG", "warn")
+            .kill_on_drop(true);
+        for name in ostiary_e2e::clients::SCRUBBED_ENV {
+            cmd.env_remove(name);
+        }
+        let mut child = cmd.spawn().expect("starting ostiary audit tail");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut errors = BufReader::new(stderr).lines();
+        // Everything written after this line is printed: the starting point is fixed.
+        let said = tokio::time::timeout(CLI_TIMEOUT, async {
+            let mut seen = Vec::new();
+            while let Ok(Some(line)) = errors.next_line().await {
+                if line.contains("following the audit trail") {
+                    return Ok(line);
+                }
+                seen.push(line);
+            }
+            Err(seen.join("\n"))
+        })
+        .await
+        .expect("tail says it is following in time");
+        if let Err(stderr) = said {
+            panic!("tail ended before following:\n{stderr}");
+        }
+        // Drained in the background so that a chatty stderr can never block it.
+        tokio::spawn(async move { while let Ok(Some(_)) = errors.next_line().await {} });
+        let stdout = child.stdout.take().expect("piped stdout");
+        Self {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// Records printed until one for each path in `wanted` was among them (or the
+    /// deadline passed).
+    async fn until(&mut self, wanted: &[&str]) -> Vec<(String, Value)> {
+        let deadline = tokio::time::Instant::now() + SEEN_WITHIN;
+        let mut printed = Vec::new();
+        loop {
+            let all_seen = wanted.iter().all(|path| {
+                printed
+                    .iter()
+                    .any(|(_, r): &(String, Value)| r["path"] == *path)
+            });
+            if all_seen {
+                return printed;
+            }
+            let line = tokio::time::timeout_at(deadline, self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("tail did not print {wanted:?} in {SEEN_WITHIN:?}; printed {printed:#?}")
+                })
+                .expect("reading tail's stdout")
+                .unwrap_or_else(|| panic!("tail ended; printed {printed:#?}"));
+            let record: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("tail printed a line that is not JSON ({e}): {line}"));
+            printed.push((line, record));
+        }
+    }
+
+    /// Ctrl-C, as a person stops it: exit 0.
+    async fn interrupt(mut self) {
+        let pid = self.child.id().expect("tail is running").to_string();
+        let sent = Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .await
+            .expect("running kill");
+        assert!(sent.success());
+        let status = tokio::time::timeout(CLI_TIMEOUT, self.child.wait())
+            .await
+            .expect("tail ends on SIGINT")
+            .expect("waiting for tail");
+        assert!(status.success(), "tail exited with {status} on SIGINT");
+    }
+}
+
+/// A session's id and token, from `session new --json`.
+async fn session(server: &Server, agent: &str) -> (String, String) {
+    let config = server.config_arg();
+    let out = ostiary(&[
+        "--config", &config, "session", "new", "--agent", agent, "--json",
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    let session: Value = serde_json::from_str(&out.stdout).expect("session JSON");
+    (
+        session["session_id"].as_str().unwrap().to_owned(),
+        session["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A plain-http GET through the proxy with `token`.
+async fn get(server: &Server, token: &str, url: &str) -> Reply {
+    let host = url.split('/').nth(2).unwrap_or_default();
+    let request = format!(
+        "GET {url} HTTP/1.1\r\nHost: {host}\r\n{}Connection: close\r\n\r\n",
+        auth_line(token)
+    );
+    exchange(server.proxy_addr, request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("GET {url} through the proxy: {e}"))
+}
+
+/// The paths of the records printed.
+fn paths(printed: &[(String, Value)]) -> Vec<&str> {
+    printed
+        .iter()
+        .filter_map(|(_, r)| r["path"].as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_tail_sees_a_record_written_after_it_started() {
+    let upstream = Upstream::builder()
+        .tls(false)
+        .names(&["api.example.test"])
+        .start()
+        .await;
+    let server = Server::start(&upstream, &["api.example.test"], POLICY).await;
+    let (mine, my_token) = session(&server, "demo").await;
+    let (_, other_token) = session(&server, "other").await;
+    let (before, elsewhere, after, denied) =
+        ("/status/201", "/status/202", "/status/203", "/denied/1");
+
+    // Recorded (and committed) before tail starts: not printed.
+    let reply = get(&server, &my_token, &upstream.url(before)).await;
+    assert_eq!(reply.status, 201, "{reply}");
+    let committed = audit_query(&server, &["--session", &mine], |r| {
+        r.iter().any(|r| r["path"] == before)
+    })
+    .await;
+    assert!(
+        committed.iter().any(|r| r["path"] == before),
+        "{committed:#?}"
+    );
+
+    let mut tail = Tail::start(&server, &["--session", &mine]).await;
+    let reply = get(&server, &other_token, &upstream.url(elsewhere)).await;
+    assert_eq!(reply.status, 202, "{reply}");
+    let reply = get(&server, &my_token, &upstream.url(after)).await;
+    assert_eq!(reply.status, 203, "{reply}");
+    let reply = get(&server, &my_token, &upstream.url(denied)).await;
+    assert_eq!(reply.status, 403, "{reply}");
+
+    let printed = tail.until(&[after, denied]).await;
+    let seen = paths(&printed);
+    assert!(!seen.contains(&before), "from before tail: {seen:?}");
+    assert!(!seen.contains(&elsewhere), "another session: {seen:?}");
+    assert!(
+        printed.iter().all(|(_, r)| r["session"] == mine),
+        "only --session's records: {printed:#?}"
+    );
+    let (line, record) = printed.iter().find(|(_, r)| r["path"] == after).unwrap();
+    assert_eq!(record["decision"], "allow");
+    assert_eq!(record["status"], 203);
+    let refused = printed.iter().find(|(_, r)| r["path"] == denied).unwrap();
+    assert_eq!(refused.1["decision"], "deny");
+
+    // The same text `audit query` prints for that record.
+    let config = server.config_arg();
+    let queried = ostiary(&["--config", &config, "audit", "query", "--session", &mine]).await;
+    assert!(queried.success(), "{queried}");
+    assert!(
+        queried.stdout.lines().any(|l| l == line),
+        "tail's line is not among query's:\n{line}\n{queried}"
+    );
+    tail.interrupt().await;
+
+    // --since prints the backlog first (here: the one denial), --decision keeps to
+    // denials, and it goes on following after the backlog.
+    let mut denials = Tail::start(
+        &server,
+        &["--session", &mine, "--decision", "deny", "--since", "1h"],
+    )
+    .await;
+    let backlog = denials.until(&[denied]).await;
+    let (later_allowed, later_denied) = ("/status/207", "/denied/2");
+    let reply = get(&server, &my_token, &upstream.url(later_allowed)).await;
+    assert_eq!(reply.status, 207, "{reply}");
+    let reply = get(&server, &my_token, &upstream.url(later_denied)).await;
+    assert_eq!(reply.status, 403, "{reply}");
+    let printed = denials.until(&[later_denied]).await;
+    assert!(
+        backlog
+            .iter()
+            .chain(&printed)
+            .all(|(_, r)| r["decision"] == "deny"),
+        "only denials: {backlog:#?} {printed:#?}"
+    );
+    let seen: Vec<&str> = paths(&backlog).into_iter().chain(paths(&printed)).collect();
+    for allowed in [before, after, later_allowed] {
+        assert!(!seen.contains(&allowed), "{seen:?}");
+    }
+    denials.interrupt().await;
+    server.stop().await;
+}
