@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use ostiary::server::Options;
-use ostiary::store::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Tip};
+use ostiary::store::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
 use ostiary::store::StoreError;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy, ALLOW_ALL};
 use ostiary_e2e::upstream::Upstream;
@@ -82,6 +82,11 @@ impl AuditStore for Discard {
             });
         }
         Ok(())
+    }
+    fn append_after(&self, after: &Tip, seal: &mut Seal<'_>) -> Result<Vec<AuditRow>, AppendError> {
+        let rows = seal(&[]).map_err(AppendError::Refused)?;
+        self.append(after, &rows)?;
+        Ok(rows)
     }
     fn last(&self) -> Result<Option<Tip>, StoreError> {
         Ok(self.0.lock().ok().and_then(|tip| tip.clone()))

@@ -45,3 +45,16 @@ impl BrokerError {
         }
     }
 }
+
+/// An error with its causes ("error sending request …: connection refused"): what an
+/// operator needs to fix it, where `Display` alone says only the outermost part.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

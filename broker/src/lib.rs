@@ -32,7 +32,7 @@ pub mod vault;
 pub use binding::{Binding, BindingError, Injection, PLACEHOLDER_PREFIX};
 pub use broker::{Broker, Held, LeaseJournal, OwedLease, Quarantined, Revoked};
 pub use credential::{ClientIdentity, Credential, Lease, Material, MintFor, Revocation};
-pub use error::BrokerError;
+pub use error::{error_chain, BrokerError};
 pub use file::FileSource;
 pub use secret::Secret;
 pub use source::SourceSpec;

@@ -11,6 +11,7 @@ pub mod completions;
 pub mod cost;
 pub mod doctor;
 mod evidence;
+mod policy;
 pub mod run;
 pub mod sessions;
 pub mod tail;
@@ -364,22 +365,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .await
                 .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
         }
-        Command::Policy(PolicyCommand::Validate) => {
-            let engine = ostiary::server::load_policies(&config)?;
-            println!(
-                "ok: {} policies in {} validate against the schema",
-                engine.len(),
-                config.policy.dir.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Policy(PolicyCommand::Schema { dir }) => {
-            let (engine, _) = policy_engine(&config, dir)?;
-            print!("{}", engine.schema_text());
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Policy(PolicyCommand::Test { dir }) => policy_test(&config, dir),
-        Command::Policy(PolicyCommand::Explain(args)) => policy_explain(&config, *args),
+        Command::Policy(cmd) => policy::run(&config, cmd),
         Command::Approvals(cmd) => {
             // Who decides is asked before the token is read: the one a person can fix at once.
             approvals::check_approver(&cmd)?;
@@ -680,122 +666,6 @@ fn reanchor(
         Err(ReanchorError::NoReason) => Err(CliError::Usage(ReanchorError::NoReason.to_string())),
         Err(e) => Err(CliError::Usage(format!("re-anchoring failed: {e}"))),
     }
-}
-
-/// The policy set `policy test` and `explain` work on, and its directory: `--dir` if given,
-/// else what `serve` would load (the config's dir, or the embedded library in its absence).
-fn policy_engine(
-    config: &Config,
-    dir: Option<PathBuf>,
-) -> Result<(ostiary_policies::PolicyEngine, PathBuf), CliError> {
-    match dir {
-        Some(dir) => Ok((ostiary_policies::PolicyEngine::load_dir(&dir)?, dir)),
-        None => Ok((
-            ostiary::server::load_policies(config)?,
-            config.policy.dir.clone(),
-        )),
-    }
-}
-
-fn policy_test(config: &Config, dir: Option<PathBuf>) -> Result<ExitCode, CliError> {
-    let (engine, dir) = policy_engine(config, dir)?;
-    let report = ostiary_policies::run_dir(&engine, &dir.join("tests"))?;
-    for case in &report.cases {
-        match &case.failure {
-            None => println!("ok   {}: {}", case.file, case.name),
-            Some(difference) => {
-                println!("FAIL {}: {}", case.file, case.name);
-                println!("     {difference}");
-            }
-        }
-    }
-    println!("{} passed, {} failed", report.passed(), report.failed());
-    Ok(if report.failed() == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliError> {
-    use ostiary_policies::{AccessRequest, Action};
-
-    let (engine, _) = policy_engine(config, args.dir)?;
-    // As a policy test case's `session`: defaults are a root session's first request.
-    let session = ostiary_policies::testing::CaseSession {
-        calls: args.session_calls.unwrap_or(0),
-        cost: args.session_cost.unwrap_or(0.0),
-        depth: args.session_depth.unwrap_or(0),
-        parent_agent: args.parent_agent.clone().unwrap_or_default(),
-        profile: String::new(),
-    }
-    .state()
-    .map_err(CliError::Usage)?;
-    let (host, action) = match (args.tool, args.spawn) {
-        (Some(name), _) => {
-            let call_args = match args.args.as_deref() {
-                None => serde_json::Map::new(),
-                Some(text) => serde_json::from_str(text)
-                    .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
-            };
-            ostiary_policies::testing::tool_call(
-                engine.catalog(),
-                &name,
-                call_args,
-                args.approved_by.as_deref(),
-            )
-            .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?
-        }
-        (None, Some(child)) => (String::new(), Action::Spawn { child }),
-        (None, None) => {
-            // clap requires --host unless --tool is given.
-            let raw = args
-                .host
-                .ok_or_else(|| CliError::Usage("explain needs --host or --tool".into()))?;
-            // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
-            // explain a request the proxy never decides.
-            let host = ostiary::egress::address::normalize_host(&raw)
-                .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
-                .to_string();
-            let action = if let Some(method) = args.mcp {
-                Action::Mcp {
-                    method,
-                    server: args.server.unwrap_or_else(|| format!("https://{host}/mcp")),
-                }
-            } else if args.connect {
-                Action::Connect {
-                    port: args.port.unwrap_or(443),
-                    sni: args.sni.unwrap_or_else(|| host.clone()),
-                }
-            } else {
-                let scheme = args.scheme.unwrap_or_else(|| "https".to_owned());
-                let default_port = if scheme == "http" { 80 } else { 443 };
-                Action::Http {
-                    method: args.method.unwrap_or_else(|| "GET".to_owned()),
-                    port: args.port.unwrap_or(default_port),
-                    scheme,
-                    path: args.path.unwrap_or_else(|| "/".to_owned()),
-                    query: args.query.unwrap_or_default(),
-                }
-            };
-            (host, action)
-        }
-    };
-    let explanation = engine.explain(&AccessRequest {
-        agent: args.agent,
-        tenant: args.tenant,
-        host,
-        session,
-        action,
-    });
-    if args.json {
-        let text = serde_json::to_string_pretty(&explanation)
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-        println!("{text}");
-    } else {
-        print!("{explanation}");
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The audit key: from the shared keys (`state.keys_dir`) when set, else the state directory.

@@ -58,8 +58,63 @@ pub enum AppendError {
          at record {found}); restart to have it checked"
     )]
     Moved { expected: i64, found: i64 },
+    /// More rows than [`ADOPT_MAX`] were appended by other writers since `after`: they are
+    /// not read under the write lock; the caller checks them outside it and tries again.
+    #[error("{found} records were appended after record {expected} by other writers")]
+    Behind { expected: i64, found: i64 },
+    /// The rows other writers appended do not check (the seal's verdict): nothing written.
+    #[error("records another writer appended do not check: {0}")]
+    Refused(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Most rows of other writers [`AuditStore::append_after`] reads under its write lock.
+/// A writer that fell further behind than this (it stalled while others wrote) catches up
+/// outside the lock, so that the lock is never held for a long read.
+pub const ADOPT_MAX: i64 = 4_096;
+
+/// What [`AuditStore::append_after`] calls under its write lock: given the rows other
+/// writers appended after the caller's tip (oldest first; empty when there are none), the
+/// rows to append after them — or why those rows do not check.
+pub type Seal<'a> = dyn FnMut(&[AuditRow]) -> Result<Vec<AuditRow>, String> + 'a;
+
+/// How an [`AuditStore::append_after`] transaction ended, inside a backend's connection
+/// closure (whose error type is the driver's).
+pub(crate) enum Adopted {
+    Written(Vec<AuditRow>),
+    Moved(i64),
+    Behind(i64),
+    Refused(String),
+}
+
+impl Adopted {
+    /// Under the lock: the chain ends at `last`; `None` when the caller is to read the rows
+    /// after `after` and seal, else why not.
+    pub(crate) fn check(after: &Tip, last: &Tip) -> Option<Self> {
+        if last.seq <= after.seq && last != after {
+            Some(Self::Moved(last.seq))
+        } else if last.seq - after.seq > ADOPT_MAX {
+            Some(Self::Behind(last.seq))
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn into_result(self, after: &Tip) -> Result<Vec<AuditRow>, AppendError> {
+        match self {
+            Self::Written(rows) => Ok(rows),
+            Self::Moved(found) => Err(AppendError::Moved {
+                expected: after.seq,
+                found,
+            }),
+            Self::Behind(found) => Err(AppendError::Behind {
+                expected: after.seq,
+                found,
+            }),
+            Self::Refused(why) => Err(AppendError::Refused(why)),
+        }
+    }
 }
 
 /// Where the chain is kept.
@@ -67,6 +122,12 @@ pub trait AuditStore: Send + Sync + std::fmt::Debug {
     /// Append `rows` (numbered and sealed by the caller) in one transaction, provided the
     /// chain still ends at `after`; checked and written under one write lock.
     fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError>;
+    /// Append in one transaction what `seal` returns, `seal` being handed, under the same
+    /// write lock, the rows other writers appended after `after` (at most [`ADOPT_MAX`]).
+    /// Writers sharing the store (replicas on PostgreSQL) therefore never lose a race to
+    /// each other: whoever holds the lock writes. The rows written are returned. A chain
+    /// that ends before `after`, or differently at it, is `Moved` and nothing is written.
+    fn append_after(&self, after: &Tip, seal: &mut Seal<'_>) -> Result<Vec<AuditRow>, AppendError>;
     /// The last row of the chain, if any.
     fn last(&self) -> Result<Option<Tip>, StoreError>;
     /// The newest row whose `decision` column is `decision` (the last signed checkpoint).

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use vaultrs::client::Client as _;
 
 use super::VaultError;
+use crate::error_chain as chain;
 
 /// What `sys/health` said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -50,16 +51,4 @@ pub async fn health(addr: &str, timeout: Duration) -> Result<Health, VaultError>
             path: "sys/health".into(),
             reason: chain(&e),
         })
-}
-
-/// An error with its causes ("error sending request …: connection refused").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

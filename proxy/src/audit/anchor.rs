@@ -100,9 +100,7 @@ pub fn reanchor(
     };
     trail.append(&last, &[row]).map_err(|e| match e {
         AppendError::Store(e) => ReanchorError::from(e),
-        moved @ AppendError::Moved { .. } => {
-            ReanchorError::from(StoreError::Backend(moved.to_string()))
-        }
+        other => ReanchorError::from(StoreError::Backend(other.to_string())),
     })?;
     chain::write_head(key, head_path, &Tip { seq, hash }).map_err(ReanchorError::Checkpoint)?;
     Ok(Reanchored {

@@ -15,7 +15,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::store::audit::AuditStore;
+use crate::store::audit::{AuditRow, AuditStore};
 pub use crate::store::audit::{Tip, GENESIS};
 use crate::store::StoreError;
 
@@ -277,6 +277,46 @@ pub fn check_tip(trail: &dyn AuditStore, key: &[u8], head_path: &Path) -> Result
     Ok(last.unwrap_or_else(Tip::genesis))
 }
 
+/// What is wrong with `row` as the record after `tip`, if anything: numbered on from it,
+/// linked to it, carrying a valid seal.
+fn problem_after(key: &[u8], tip: &Tip, row: &AuditRow) -> Option<String> {
+    let seq = row.seq;
+    if seq != tip.seq + 1 {
+        Some(format!(
+            "record {seq} follows record {} (records missing)",
+            tip.seq
+        ))
+    } else if row.prev != tip.hash {
+        Some(format!(
+            "record {seq} does not link to the record before it"
+        ))
+    } else if !bool::from(
+        seal(key, &row.prev, seq, &row.record)
+            .as_bytes()
+            .ct_eq(row.hash.as_bytes()),
+    ) {
+        Some(format!("record {seq} does not match its seal"))
+    } else {
+        None
+    }
+}
+
+/// [`check_tail`] over rows in hand (another writer's, read under the append lock): the
+/// last of them, or why they do not follow `tip`.
+pub(crate) fn check_rows(key: &[u8], tip: &Tip, rows: &[AuditRow]) -> Result<Tip, String> {
+    let mut tip = tip.clone();
+    for row in rows {
+        if let Some(problem) = problem_after(key, &tip, row) {
+            return Err(problem);
+        }
+        tip = Tip {
+            seq: row.seq,
+            hash: row.hash.clone(),
+        };
+    }
+    Ok(tip)
+}
+
 /// The records after `checkpoint` are numbered on from it, link to it and carry valid seals;
 /// the last of them (or `checkpoint` when there are none).
 pub(crate) fn check_tail(
@@ -287,27 +327,9 @@ pub(crate) fn check_tail(
     let mut tip = checkpoint.clone();
     let mut problem = None;
     trail.scan(checkpoint.seq, &mut |row| {
-        let seq = row.seq;
-        problem = if seq != tip.seq + 1 {
-            Some(format!(
-                "record {seq} follows record {} (records missing)",
-                tip.seq
-            ))
-        } else if row.prev != tip.hash {
-            Some(format!(
-                "record {seq} does not link to the record before it"
-            ))
-        } else if !bool::from(
-            seal(key, &row.prev, seq, &row.record)
-                .as_bytes()
-                .ct_eq(row.hash.as_bytes()),
-        ) {
-            Some(format!("record {seq} does not match its seal"))
-        } else {
-            None
-        };
+        problem = problem_after(key, &tip, &row);
         tip = Tip {
-            seq,
+            seq: row.seq,
             hash: row.hash,
         };
         problem.is_none()

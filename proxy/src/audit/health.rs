@@ -11,7 +11,7 @@
 //!   rather than fails), seen by the reader without the writer's help;
 //! - [`Limits::queue`] records are waiting (the writer cannot keep up). This one alone is
 //!   waited out for up to [`Limits::full_wait`] by the request path
-//!   ([`super::writer::AuditSink::writable`]): a commit slowed by the disk for a moment is
+//!   ([`super::sink::AuditSink::writable`]): a commit slowed by the disk for a moment is
 //!   latency, not a burst of 503s, and the bound on records not yet written still holds.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};

@@ -3,6 +3,7 @@
 //! It fails closed: while records cannot be written, nothing is forwarded.
 //!
 //! - [`record`] — what a record holds; names policies and lease ids, never secrets.
+//! - [`sink`] — the request path's handle: queue a record, flush, and the writability check.
 //! - [`writer`] — a dedicated thread appending records to SQLite in batches, sealing each one
 //!   into an HMAC chain, retrying (never dropping) what it could not write.
 //! - [`health`] — whether records can be written: the request path's check, `/readyz`, and
@@ -21,10 +22,12 @@ pub mod export;
 pub mod health;
 pub mod record;
 mod signing;
+mod sink;
 pub mod verify;
 pub mod writer;
 
 pub use chain::ChainError;
 pub use health::{Limits, Status};
 pub use record::{AuditGuard, AuditRecord};
-pub use writer::{AuditSink, AuditWriter};
+pub use sink::AuditSink;
+pub use writer::AuditWriter;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::writer::AuditSink;
+use super::sink::AuditSink;
 use crate::classify::Tunnel;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;

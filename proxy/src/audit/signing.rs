@@ -1,9 +1,10 @@
 //! The writer's side of signed checkpoints ([`super::attest`]): where the next range starts,
 //! the digest kept up as rows are committed, and when a checkpoint is due.
 //!
-//! The digest is taken from the rows as this writer commits them, so signing costs no read
-//! of the chain. When rows of another writer sharing the store came between (a replica on
-//! PostgreSQL), or at start-up, the range is caught up from the store instead, in order.
+//! The digest is taken from the rows as this writer commits them, and from the rows of
+//! other writers sharing the store (replicas on PostgreSQL) as the append lock hands them
+//! over, so signing costs no read of the chain. At start-up, or after more rows than are
+//! read under the lock, the range is caught up from the store instead, in order.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,8 +78,22 @@ impl Signing {
         }
     }
 
-    /// Another writer's rows were taken on: they were not fed.
-    pub(super) fn adopted(&mut self) {
+    /// Another writer's rows, read under the append lock and checked, in order.
+    pub(super) fn adopted(&mut self, rows: &[AuditRow]) {
+        self.written(rows);
+        if let Some(seq) = rows
+            .iter()
+            .rev()
+            .find(|row| row.decision == CHECKPOINT)
+            .map(|row| row.seq)
+        {
+            self.signed_seq = self.signed_seq.max(seq);
+        }
+    }
+
+    /// Rows of other writers were taken on without being read here (too many to read
+    /// under the lock): catch up from the store before signing.
+    pub(super) fn skipped(&mut self) {
         self.stale = true;
     }
 
@@ -92,14 +107,24 @@ impl Signing {
         self.unsigned(tip).then(|| self.last + self.every)
     }
 
-    /// The checkpoint record for the rows up to `tip`.
-    pub(super) fn checkpoint(
-        &mut self,
-        trail: &dyn AuditStore,
-        tip: &Tip,
-    ) -> Result<AuditRecord, StoreError> {
+    /// Make the range end at `tip`, reading the store for rows not fed (at start-up, or
+    /// after [`Self::skipped`]); before [`Self::checkpoint`], outside the append lock.
+    pub(super) fn ready(&mut self, trail: &dyn AuditStore, tip: &Tip) -> Result<(), StoreError> {
         if self.stale || self.range.upto != *tip {
             self.catch_up(trail, Some(tip))?;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint record for the rows up to `tip`, under the append lock (the range
+    /// having been fed what other writers appended since [`Self::ready`]); why not, when
+    /// the range does not end at `tip`.
+    pub(super) fn checkpoint(&self, tip: &Tip) -> Result<AuditRecord, String> {
+        if self.stale || self.range.upto != *tip {
+            return Err(format!(
+                "the signed range ends at record {} where the chain ends at record {}",
+                self.range.upto.seq, tip.seq
+            ));
         }
         let now = crate::store::now_ms();
         let checkpoint = self.signer.sign(&self.range, now);

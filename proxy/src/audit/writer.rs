@@ -35,140 +35,13 @@ use tokio::sync::oneshot;
 use super::attest::Signer;
 use super::chain::{self, ChainError, Tip};
 pub use super::chain::{seal, GENESIS};
-use super::health::{Health, Limits, Status};
+use super::health::{Health, Limits};
 use super::record::AuditRecord;
 use super::signing::Signing;
-use crate::error::ProxyError;
+use super::sink::{log_unwritten, AuditSink, Command, AUDIT_UNAVAILABLE};
 use crate::metrics::Metrics;
 use crate::store::audit::{AppendError, AuditRow, AuditStore};
 use crate::store::StoreError;
-
-enum Command {
-    Record(Box<AuditRecord>),
-    Flush(oneshot::Sender<bool>),
-    Close(oneshot::Sender<usize>),
-}
-
-/// Cheap handle to send records to the writer; never blocks the request path.
-#[derive(Debug, Clone)]
-pub struct AuditSink {
-    tx: mpsc::Sender<Command>,
-    health: Arc<Health>,
-}
-
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Command::Record(r) => f.debug_tuple("Record").field(&r.request_id).finish(),
-            Command::Flush(_) => f.write_str("Flush"),
-            Command::Close(_) => f.write_str("Close"),
-        }
-    }
-}
-
-/// The `error` of a request refused because its record could not be written.
-const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
-
-impl AuditSink {
-    /// Record a session lifecycle event (paused, resumed, ended by a human) in the chain.
-    pub fn session_event(
-        &self,
-        metrics: &Arc<Metrics>,
-        session: &str,
-        agent: &str,
-        tenant: &str,
-        what: &str,
-    ) {
-        let request_id = crate::ids::request_id();
-        let mut audit = super::AuditGuard::start(self, metrics, &request_id, "session");
-        audit.update(|r| {
-            r.session = Some(session.to_owned());
-            r.agent = (!agent.is_empty()).then(|| agent.to_owned());
-            r.tenant = (!tenant.is_empty()).then(|| tenant.to_owned());
-            r.reason = Some(what.to_owned());
-        });
-        audit.allow(0);
-    }
-
-    /// Queue one record. Once the queue is full, the refusal of a request refused for that
-    /// very reason is counted rather than queued (memory stays bounded during an outage);
-    /// every other record is queued. If the writer has stopped, the record is logged.
-    pub fn send(&self, record: AuditRecord) {
-        let foldable = record.error.as_deref() == Some(AUDIT_UNAVAILABLE);
-        if !self.health.admit(foldable) {
-            return;
-        }
-        if let Err(e) = self.tx.send(Command::Record(Box::new(record))) {
-            self.health.unadmit();
-            if let Command::Record(r) = e.0 {
-                log_unwritten(&r, "the audit writer has stopped");
-            }
-        }
-    }
-
-    /// Wait until every record sent before this call is committed and checkpointed: `true`
-    /// then, `false` at once if the trail is unavailable (nobody waits out an outage).
-    pub async fn flush(&self) -> bool {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Command::Flush(tx)).is_err() {
-            return false;
-        }
-        rx.await.unwrap_or(false)
-    }
-
-    /// The request path's check before it decides or forwards anything: `503
-    /// audit_unavailable` unless records can be written. A full queue, and nothing else
-    /// wrong, is waited out for up to [`Limits::full_wait`] (`health.rs`).
-    pub async fn writable(&self) -> Result<(), ProxyError> {
-        if self.health.unavailable().is_none() {
-            return Ok(());
-        }
-        let deadline = tokio::time::Instant::now() + self.health.limits.full_wait;
-        while self.health.only_full() {
-            // Registered before the check below, so that room made in between still wakes.
-            let room = self.health.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            if !self.health.only_full() {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, room).await.is_err() {
-                break;
-            }
-        }
-        self.ensure_writable()
-    }
-
-    /// [`Self::writable`] without waiting: `503 audit_unavailable` at once.
-    fn ensure_writable(&self) -> Result<(), ProxyError> {
-        match self.health.unavailable() {
-            None => Ok(()),
-            Some(reason) => Err(ProxyError::AuditUnavailable { reason }),
-        }
-    }
-
-    /// The trail's state, for `/readyz`.
-    pub fn status(&self) -> Status {
-        self.health.status()
-    }
-
-    /// Write everything queued (retrying for [`Limits::shutdown_grace`] if writes fail),
-    /// then stop the writer. Returns how many records could not be written; each of those
-    /// was logged, as the only trace left of it.
-    pub async fn close(&self) -> usize {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(Command::Close(tx)).is_err() {
-            return 0;
-        }
-        rx.await.unwrap_or(0)
-    }
-}
-
-fn log_unwritten(record: &AuditRecord, why: &str) {
-    // A record holds no secrets (record.rs), so the log may carry it whole.
-    let json = serde_json::to_string(record).unwrap_or_default();
-    tracing::error!(record = %json, why, "audit record not written; this log line is its only trace");
-}
 
 /// The writer thread's handle; dropping every sink (or [`AuditSink::close`]) and joining
 /// drains the queue.
@@ -254,11 +127,11 @@ impl AuditWriter {
     }
 }
 
-/// How long one batch keeps taking on records other writers appended before it gives up
-/// for this attempt (and retries after the backoff). Each round checks what was appended
-/// and tries again; with several busy replicas a batch can lose the race many times in a
-/// row (seen: 16 lost rounds in a few milliseconds with three replicas under load), so the
-/// bound is time, not a count: what it guards against is a store that never settles.
+/// How long one batch keeps catching up, outside the append lock, with more records than
+/// [`crate::store::audit::ADOPT_MAX`] that other writers appended before it gives up for
+/// this attempt (and retries after the backoff). Fewer are taken on under the lock, where
+/// no race can be lost; this bounds only a writer that stalled while the others kept
+/// writing faster than it can read.
 const ADOPT_FOR: Duration = Duration::from_secs(2);
 
 /// Why a batch or a checkpoint could not be written; the text is what `/readyz`, the
@@ -280,6 +153,18 @@ enum WriteError {
         "records another writer appended do not check: {0}; restart to have the chain checked"
     )]
     Foreign(String),
+}
+
+impl From<AppendError> for WriteError {
+    fn from(e: AppendError) -> Self {
+        match e {
+            AppendError::Moved { expected, found } | AppendError::Behind { expected, found } => {
+                WriteError::Changed { expected, found }
+            }
+            AppendError::Refused(why) => WriteError::Foreign(why),
+            AppendError::Store(e) => WriteError::Store(e),
+        }
+    }
 }
 
 impl WriteError {
@@ -604,10 +489,7 @@ impl Writer {
         let mut pending = std::mem::take(&mut self.pending);
         let written = self.append_adopting(&pending.make_contiguous()[..n]);
         self.pending = pending;
-        let rows = written?;
-        if let Some(signing) = &mut self.signing {
-            signing.written(&rows);
-        }
+        written?;
         self.pending.drain(..n);
         // What is left waited as long as the batch just written: due at once.
         self.oldest = (!self.pending.is_empty()).then_some(self.oldest.unwrap_or(started));
@@ -617,32 +499,15 @@ impl Writer {
         Ok(())
     }
 
-    /// Append `records` after the tip, taking on what other writers appended meanwhile;
-    /// the rows written.
+    /// Append `records` after the tip, taking on what other writers appended meanwhile
+    /// (read, checked and sealed after under the store's append lock, so that a writer
+    /// never loses a race to the others however busy they are); the rows written.
     fn append_adopting(&mut self, records: &[AuditRecord]) -> Result<Vec<AuditRow>, WriteError> {
-        let adopting = Instant::now();
-        loop {
-            match append(&*self.trail, &self.key, &self.tip, records) {
-                // Another writer sharing the store (a replica, on PostgreSQL) extended the
-                // chain: its records are checked — numbered on, linked, sealed with the key
-                // only Ostiary holds — and ours are sealed after them. A chain that ends
-                // *before* our tip lost rows, and stays refused.
-                Err(WriteError::Changed { expected, found })
-                    if found > expected && adopting.elapsed() < ADOPT_FOR =>
-                {
-                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
-                        .map_err(|e| WriteError::Foreign(e.problem()))?;
-                    if let Some(signing) = &mut self.signing {
-                        signing.adopted();
-                    }
-                }
-                other => {
-                    let (tip, rows) = other?;
-                    self.tip = tip;
-                    return Ok(rows);
-                }
-            }
-        }
+        let texts = records
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.append_sealing(&mut |_, _| Ok(seal_rows(records, &texts)))
     }
 
     /// Sign the rows since the last signed checkpoint: a checkpoint record, appended like
@@ -651,34 +516,67 @@ impl Writer {
         let Some(signing) = &mut self.signing else {
             return Ok(());
         };
-        let adopting = Instant::now();
+        signing.ready(&*self.trail, &self.tip)?;
+        let mut signed = None;
+        // Built under the lock, after the rows other writers added: a checkpoint's range
+        // always ends at the row right before it, which is what lets a verifier follow the
+        // ranges through an export in one pass.
+        let rows = self.append_sealing(&mut |signing, tip| {
+            let record = signing.ok_or("no signing key")?.checkpoint(tip)?;
+            let text = serde_json::to_string(&record).map_err(|e| e.to_string())?;
+            let rows = seal_rows(std::slice::from_ref(&record), &[text]);
+            signed = record.checkpoint;
+            Ok(rows)
+        })?;
+        if let (Some(signing), Some(checkpoint)) = (&mut self.signing, &signed) {
+            signing.signed(checkpoint, &rows);
+        }
+        Ok(())
+    }
+
+    /// Append the rows `build` makes (given the signing state, fed first with what other
+    /// writers appended, and the tip after their rows), numbered and sealed after the tip,
+    /// under the store's append lock; the rows written.
+    fn append_sealing(
+        &mut self,
+        build: &mut Build<'_>,
+    ) -> Result<Vec<AuditRow>, WriteError> {
+        let started = Instant::now();
         loop {
-            let record = signing.checkpoint(&*self.trail, &self.tip)?;
-            match append(
-                &*self.trail,
-                &self.key,
-                &self.tip,
-                std::slice::from_ref(&record),
-            ) {
-                // Signed again over the rows another writer added: a checkpoint's range
-                // always ends at the row right before it, which is what lets a verifier
-                // follow the ranges through an export in one pass.
-                Err(WriteError::Changed { expected, found })
-                    if found > expected && adopting.elapsed() < ADOPT_FOR =>
-                {
-                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
-                        .map_err(|e| WriteError::Foreign(e.problem()))?;
-                    signing.adopted();
+            let after = self.tip.clone();
+            let (key, tip, signing) = (&self.key, &mut self.tip, &mut self.signing);
+            let written = self.trail.append_after(&after, &mut |foreign| {
+                // Committed by the others whatever becomes of this transaction.
+                *tip = chain::check_rows(key, tip, foreign)?;
+                if let Some(signing) = signing.as_mut() {
+                    signing.adopted(foreign);
                 }
-                other => {
-                    let (tip, rows) = other?;
-                    self.tip = tip;
-                    if let Some(checkpoint) = &record.checkpoint {
-                        signing.signed(checkpoint, &rows);
+                let rows = build(signing.as_ref(), tip)?;
+                Ok(seal_after(key, tip, rows))
+            });
+            match written {
+                Ok(rows) => {
+                    if let Some(last) = rows.last() {
+                        self.tip = Tip {
+                            seq: last.seq,
+                            hash: last.hash.clone(),
+                        };
+                    }
+                    if let Some(signing) = &mut self.signing {
+                        signing.written(&rows);
                     }
                     self.head_dirty = true;
-                    return Ok(());
+                    return Ok(rows);
                 }
+                // So far behind that the others' rows are checked outside the lock.
+                Err(AppendError::Behind { .. }) if started.elapsed() < ADOPT_FOR => {
+                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
+                        .map_err(|e| WriteError::Foreign(e.problem()))?;
+                    if let Some(signing) = &mut self.signing {
+                        signing.skipped();
+                    }
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -781,91 +679,35 @@ impl Writer {
     }
 }
 
-/// Append `records` after `tip` in one transaction; the new tip and the rows written.
-fn append(
-    trail: &dyn AuditStore,
-    key: &[u8],
-    tip: &Tip,
-    records: &[AuditRecord],
-) -> Result<(Tip, Vec<AuditRow>), WriteError> {
-    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
-    let mut rows = Vec::with_capacity(records.len());
-    for record in records {
-        seq += 1;
-        let json = serde_json::to_string(record)?;
-        let hash = seal(key, &prev, seq, &json);
-        rows.push(AuditRow {
-            seq,
+/// What [`Writer::append_sealing`] appends: the rows to seal after the tip it is given, with
+/// the signing state fed up to it; why not, when they cannot be made.
+type Build<'a> = dyn FnMut(Option<&Signing>, &Tip) -> Result<Vec<AuditRow>, String> + 'a;
+
+/// `records` (serialised as `texts`) as rows, to be numbered and sealed by [`seal_after`].
+fn seal_rows(records: &[AuditRecord], texts: &[String]) -> Vec<AuditRow> {
+    records
+        .iter()
+        .zip(texts)
+        .map(|(record, text)| AuditRow {
+            seq: 0,
             ts_ms: record.ts_ms,
             session: record.session.clone(),
             decision: record.decision.clone(),
-            record: json,
-            prev: std::mem::replace(&mut prev, hash.clone()),
-            hash,
-        });
-    }
-    // The chain must still end where this writer left it: a second writer on the same
-    // database, or rows deleted while running, would otherwise fork or gap the chain.
-    trail.append(tip, &rows).map_err(|e| match e {
-        AppendError::Moved { expected, found } => WriteError::Changed { expected, found },
-        AppendError::Store(e) => WriteError::Store(e),
-    })?;
-    Ok((Tip { seq, hash: prev }, rows))
+            record: text.clone(),
+            prev: String::new(),
+            hash: String::new(),
+        })
+        .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sink(queue: usize, full_wait: Duration) -> (AuditSink, mpsc::Receiver<Command>) {
-        let limits = Limits {
-            queue,
-            full_wait,
-            ..Limits::default()
-        };
-        let (tx, rx) = mpsc::channel();
-        let health = Arc::new(Health::new(limits, 0, &Metrics::default()));
-        (AuditSink { tx, health }, rx)
+/// `rows` numbered on from `tip`, each linking to the one before and sealed.
+fn seal_after(key: &[u8], tip: &Tip, mut rows: Vec<AuditRow>) -> Vec<AuditRow> {
+    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
+    for row in &mut rows {
+        seq += 1;
+        row.seq = seq;
+        row.hash = seal(key, &prev, seq, &row.record);
+        row.prev = std::mem::replace(&mut prev, row.hash.clone());
     }
-
-    fn refused(result: Result<(), ProxyError>) -> String {
-        match result {
-            Err(ProxyError::AuditUnavailable { reason }) => reason,
-            other => panic!("expected audit_unavailable, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_is_waited_out_while_records_leave_it() {
-        let (sink, _rx) = sink(2, Duration::from_secs(30));
-        sink.writable().await.unwrap();
-        assert!(sink.health.admit(false) && sink.health.admit(false));
-        assert!(sink.ensure_writable().is_err(), "full: refused at once");
-        let health = sink.health.clone();
-        let drain = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            health.dequeued(1);
-        });
-        sink.writable().await.unwrap();
-        drain.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_queue_that_stays_full_is_refused_after_the_wait() {
-        let (sink, _rx) = sink(1, Duration::from_millis(20));
-        assert!(sink.health.admit(false));
-        let reason = refused(sink.writable().await);
-        assert!(reason.contains("1 records are waiting"), "{reason}");
-    }
-
-    #[tokio::test]
-    async fn a_failing_trail_is_refused_at_once_however_long_the_wait() {
-        let (sink, _rx) = sink(1, Duration::from_secs(3600));
-        assert!(sink.health.admit(false));
-        sink.health.failed("database or disk is full".into());
-        let answer = tokio::time::timeout(Duration::from_secs(10), sink.writable())
-            .await
-            .expect("a failing trail is not waited out");
-        assert_eq!(refused(answer), "database or disk is full");
-    }
+    rows
 }

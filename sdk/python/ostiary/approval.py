@@ -12,17 +12,26 @@ can be collected later.
 
 Re-sending means never sending anything new: a retry is only ever the held request itself,
 so the exactly-once promise holds however often the loop asks.
+
+:class:`Collecting` is that loop's state and decisions, apart from any I/O; :func:`settle` is
+the loop itself for the blocking clients (``httpx`` and ``requests``), given how to send a
+retry and how to read an answer. The ``async`` transport runs the same loop, awaited.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
-from .errors import APPROVAL_HEADER
+from .errors import APPROVAL_HEADER, ApprovalPending, OstiaryError
 
-__all__ = ["ApprovalWait", "MAX_WAIT_SECONDS"]
+__all__ = ["ApprovalWait", "Collecting", "MAX_WAIT_SECONDS", "settle"]
+
+#: An HTTP client's response (``httpx`` or ``requests``).
+R = TypeVar("R")
 
 #: The longest single ``Prefer: wait`` asked for (the proxy's default ``max_wait``).
 MAX_WAIT_SECONDS = 60
@@ -72,3 +81,53 @@ class ApprovalWait:
         if current is None:
             return None
         return max(current, wait_seconds + READ_SLACK_SECONDS)
+
+
+class Collecting:
+    """A held request being collected: its approval, the last word on it, and the wait left.
+
+    Made from the refusal of the first answer, which it raises unless the request is held
+    and to be waited for (a ``wait`` given, an approval id to collect with)."""
+
+    def __init__(self, refusal: OstiaryError, wait: timedelta | None) -> None:
+        if not (isinstance(refusal, ApprovalPending) and wait is not None and refusal.approval_id):
+            raise refusal
+        self.pending = refusal
+        self.approval_id: str = refusal.approval_id
+        self._wait = ApprovalWait(wait)
+
+    def next_wait(self) -> int | None:
+        """Seconds the next retry asks to wait, or ``None``: raise :attr:`pending`."""
+        return self._wait.next_wait()
+
+    def pause_after(self, refusal: OstiaryError) -> float:
+        """After a retry refused with ``refusal``: raises it unless the request is still
+        held, else how long to pause before the next retry."""
+        if not isinstance(refusal, ApprovalPending):
+            raise refusal
+        self.pending = refusal
+        return self._wait.pause()
+
+
+def settle(
+    response: R,
+    refusal: Callable[[R], OstiaryError | None],
+    retry: Callable[[str, int], R],
+    wait: timedelta | None,
+) -> R:
+    """``response`` unless Ostiary refused it (``refusal`` reads that), which is raised —
+    but for a held request with a ``wait``: ``retry(approval_id, seconds)`` re-sends it to
+    collect its outcome until it is known or the wait is over."""
+    error = refusal(response)
+    if error is None:
+        return response
+    held = Collecting(error, wait)
+    while (seconds := held.next_wait()) is not None:
+        response = retry(held.approval_id, seconds)
+        error = refusal(response)
+        if error is None:
+            return response
+        pause = held.pause_after(error)
+        if pause > 0:
+            time.sleep(pause)
+    raise held.pending

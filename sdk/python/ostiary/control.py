@@ -6,23 +6,30 @@ Both are configured from ``OSTIARY_CONTROL_URL`` (default ``http://127.0.0.1:808
 directly: ``trust_env=False``, because the control API is never reachable through the proxy
 and the environment of an Ostiary session points every other client at the proxy.
 
-Each call is described once (:class:`_Call`: method, path, query, body, which token) and
-read once (:func:`_read`); the two clients differ only in how they send it. Failures are
-:mod:`ostiary.errors` exceptions: the control API's JSON refusals by kind (a child past its
-parent's budget is :class:`~ostiary.errors.LimitExceeded`, as on the data plane), a listener
-that cannot be reached :class:`~ostiary.errors.ControlUnavailable`, an answer that cannot be
-read :class:`~ostiary.errors.ProtocolError`. No message ever carries a token.
+Each call is declared once, on the clients' common base: a pure function of the caller's
+arguments to a :class:`_Call` (method, path, query, body, which token) and the reader of its
+answer (:func:`_read`). :class:`_Endpoint` makes it a method of both clients, which differ
+only in how they send it: blocking, or awaited.
+
+Failures are :mod:`ostiary.errors` exceptions: the control API's JSON refusals by kind (a
+child past its parent's budget is :class:`~ostiary.errors.LimitExceeded`, as on the data
+plane), a listener that cannot be reached :class:`~ostiary.errors.ControlUnavailable`, an
+answer that cannot be read :class:`~ostiary.errors.ProtocolError`. No message ever carries a
+token.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import ssl
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, overload
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -48,6 +55,9 @@ CONTROL_URL_ENV = "OSTIARY_CONTROL_URL"
 ADMIN_TOKEN_ENV = "OSTIARY_ADMIN_TOKEN"
 
 T = TypeVar("T")
+P = ParamSpec("P")
+#: The ``httpx`` client a control client sends with: blocking or ``async``.
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 Verify = ssl.SSLContext | str | bool
 
 
@@ -154,19 +164,94 @@ def _read(call: _Call, response: httpx.Response, secrets: tuple[str | None, ...]
         )
 
 
+#: A call and the reader that turns its decoded answer into what the method returns.
+_Spec: TypeAlias = tuple[_Call, Callable[[Any], T]]
+
+
 def _object(call: _Call, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ProtocolError(f"the answer to {call.what()} is not a JSON object")
     return value
 
 
-class _Calls:
-    """The control API's calls, each as a :class:`_Call` and a reader of its answer."""
+F = TypeVar("F", bound=Callable[..., Any])
 
-    def __init__(self, url: str | None, admin_token: str | None) -> None:
+
+def _named_like(describe: Callable[..., Any], method: F, owner: str) -> F:
+    """``method`` of the class ``owner`` with the name, docstring and signature of the
+    function describing it — without its return annotation, a spec rather than what the
+    method answers."""
+    functools.update_wrapper(method, describe)
+    method.__qualname__ = f"{owner}.{describe.__name__}"
+    signature = inspect.signature(describe).replace(return_annotation=inspect.Signature.empty)
+    setattr(method, "__signature__", signature)
+    return method
+
+
+class _Endpoint(Generic[P, T]):
+    """One control API call as a method of both clients, declared once by the function that
+    describes it (its signature and docstring are the method's): ``describe`` turns the
+    arguments into a :data:`_Spec`, which a :class:`ControlClient` sends and answers at once
+    and an :class:`AsyncControlClient` in a coroutine."""
+
+    def __init__(self, describe: Callable[Concatenate[_Calls[Any], P], _Spec[T]]) -> None:
+        def sent(client: ControlClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            return client._send(describe(client, *args, **kwargs))
+
+        async def awaited(client: AsyncControlClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            return await client._send(describe(client, *args, **kwargs))
+
+        self._sent = _named_like(describe, sent, "ControlClient")
+        self._awaited = _named_like(describe, awaited, "AsyncControlClient")
+
+    @overload
+    def __get__(
+        self, client: None, owner: type[AsyncControlClient]
+    ) -> Callable[Concatenate[AsyncControlClient, P], Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __get__(
+        self, client: None, owner: type[ControlClient]
+    ) -> Callable[Concatenate[ControlClient, P], T]: ...
+
+    @overload
+    def __get__(
+        self, client: AsyncControlClient, owner: object = None
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __get__(self, client: ControlClient, owner: object = None) -> Callable[P, T]: ...
+
+    def __get__(self, client: _Calls[Any] | None, owner: object = None) -> Any:
+        kind = type(client) if client is not None else owner
+        method: Callable[..., Any] = (
+            self._awaited
+            if isinstance(kind, type) and issubclass(kind, AsyncControlClient)
+            else self._sent
+        )
+        return method if client is None else types.MethodType(method, client)
+
+
+class _Calls(Generic[H]):
+    """The control API's calls, each described once (an :class:`_Endpoint`), and everything
+    about sending them but the sending itself."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        admin_token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        verify: Verify = True,
+    ) -> None:
         self.url = _control_url(url)
         token = admin_token if admin_token is not None else os.environ.get(ADMIN_TOKEN_ENV)
         self._admin_token = token.strip() if token else None
+        self._http: H = self._connect(timeout=timeout, verify=verify, trust_env=False)
+
+    def _connect(self, **options: Any) -> H:
+        """The ``httpx`` client to send with, made with ``options``."""
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         has = "set" if self._admin_token else "none"
@@ -189,20 +274,54 @@ class _Calls:
             raise ConfigurationError("an id must not be empty")
         return quote(value, safe="")
 
-    def _create(
+    def _request(self, spec: _Spec[Any]) -> httpx.Request:
+        call = spec[0]
+        headers = {"accept": "application/json"}
+        if call.token:
+            headers["authorization"] = f"Bearer {call.token}"
+        return self._http.build_request(
+            call.method,
+            self.url + call.path,
+            params=call.params,
+            json=call.body,
+            headers=headers,
+        )
+
+    def _unreachable(self, spec: _Spec[Any], exc: Exception) -> ControlUnavailable:
+        call = spec[0]
+        detail = redact(str(exc) or type(exc).__name__, self._secrets(call))
+        return ControlUnavailable(
+            f"the control API at {self.url} cannot be reached for {call.what()}: {detail}"
+        )
+
+    def _answer(self, spec: _Spec[T], response: httpx.Response) -> T:
+        """What the method returns for ``response``, or the exception its refusal stands for."""
+        call, convert = spec
+        value = _read(call, response, self._secrets(call))
+        if isinstance(value, OstiaryError):
+            raise value
+        return convert(value)
+
+    # ------------------------------------------------------------------ the calls
+
+    @_Endpoint
+    def create_session(
         self,
-        agent: str | None,
+        agent: str | None = None,
         *,
-        parent: str | CreatedSession | None,
-        tenant: str | None,
-        ttl: str | timedelta | None,
-        max_calls: int | None,
-        max_cost: float | None,
-        max_bytes_sent: int | None,
-        max_bytes_received: int | None,
-        max_pending_approvals: int | None,
-        profile: str | None,
-    ) -> tuple[_Call, Callable[[Any], CreatedSession]]:
+        parent: str | CreatedSession | None = None,
+        tenant: str | None = None,
+        ttl: str | timedelta | None = None,
+        max_calls: int | None = None,
+        max_cost: float | None = None,
+        max_bytes_sent: int | None = None,
+        max_bytes_received: int | None = None,
+        max_pending_approvals: int | None = None,
+        profile: str | None = None,
+    ) -> _Spec[CreatedSession]:
+        """``POST /v1/sessions``. ``parent`` as a :class:`CreatedSession` creates a child
+        with that session's own token (budgets carved out of its remaining ones); as a
+        session id, an operator creates the child on its behalf (admin token)."""
         body: dict[str, Any] = {
             k: v
             for k, v in {
@@ -230,28 +349,35 @@ class _Calls:
         call = _Call("POST", "/v1/sessions", body=body, token=token)
         return call, lambda v: CreatedSession.from_json(_object(call, v))
 
-    def _show(self, session_id: str) -> tuple[_Call, Callable[[Any], SessionStatus]]:
+    @_Endpoint
+    def session(self, session_id: str) -> _Spec[SessionStatus]:
+        """``GET /v1/sessions/{id}``: state, pause reason, usage, limits, children."""
         call = _Call("GET", f"/v1/sessions/{self._seg(session_id)}", token=self._admin())
         return call, lambda v: SessionStatus.from_json(_object(call, v))
 
-    def _teardown(self, session_id: str) -> tuple[_Call, Callable[[Any], None]]:
+    @_Endpoint
+    def teardown(self, session_id: str) -> _Spec[None]:
+        """``DELETE /v1/sessions/{id}``: the session and its descendants are refused from
+        now on, their leases revoked and cached credentials dropped."""
         call = _Call("DELETE", f"/v1/sessions/{self._seg(session_id)}", token=self._admin())
         return call, lambda v: None
 
-    def _terminate(
-        self, session_id: str, reason: str | None
-    ) -> tuple[_Call, Callable[[Any], None]]:
+    @_Endpoint
+    def terminate(self, session_id: str, reason: str | None = None) -> _Spec[None]:
+        """``POST /v1/sessions/{id}/terminate``: a teardown with a reason for the audit."""
         body = {"reason": reason} if reason else {}
         path = f"/v1/sessions/{self._seg(session_id)}/terminate"
         return _Call("POST", path, body=body, token=self._admin()), lambda v: None
 
-    def _resume(self, session_id: str) -> tuple[_Call, Callable[[Any], None]]:
+    @_Endpoint
+    def resume(self, session_id: str) -> _Spec[None]:
+        """``POST /v1/sessions/{id}/resume``: lift a watchdog pause."""
         path = f"/v1/sessions/{self._seg(session_id)}/resume"
         return _Call("POST", path, token=self._admin()), lambda v: None
 
-    def _dead_letters(
-        self, session: str | None
-    ) -> tuple[_Call, Callable[[Any], list[dict[str, Any]]]]:
+    @_Endpoint
+    def dead_letters(self, session: str | None = None) -> _Spec[list[dict[str, Any]]]:
+        """``GET /v1/dead-letters``: what the watchdog recorded when it paused sessions."""
         params = {"session": session} if session else None
         call = _Call("GET", "/v1/dead-letters", params=params, token=self._admin())
 
@@ -263,9 +389,15 @@ class _Calls:
 
         return call, read
 
-    def _approvals(
-        self, status: str | None, session: str | None, limit: int | None
-    ) -> tuple[_Call, Callable[[Any], list[Approval]]]:
+    @_Endpoint
+    def approvals(
+        self,
+        status: str | None = "pending",
+        *,
+        session: str | None = None,
+        limit: int | None = None,
+    ) -> _Spec[list[Approval]]:
+        """``GET /v1/approvals`` (``status="all"`` for every state)."""
         params = {
             k: v
             for k, v in {
@@ -286,13 +418,27 @@ class _Calls:
 
         return call, read
 
-    def _approval(self, approval_id: str) -> tuple[_Call, Callable[[Any], dict[str, Any]]]:
+    @_Endpoint
+    def approval(self, approval_id: str) -> _Spec[dict[str, Any]]:
+        """``GET /v1/approvals/{id}``: everything, including notification delivery."""
         call = _Call("GET", f"/v1/approvals/{self._seg(approval_id)}", token=self._admin())
         return call, lambda v: dict(_object(call, v))
 
+    @_Endpoint
+    def approve(
+        self, approval_id: str, approver: str, reason: str | None = None
+    ) -> _Spec[Approval]:
+        """``POST /v1/approvals/{id}/approve``: the held request then runs exactly once."""
+        return self._decide(approval_id, "approve", approver, reason)
+
+    @_Endpoint
+    def deny(self, approval_id: str, approver: str, reason: str | None = None) -> _Spec[Approval]:
+        """``POST /v1/approvals/{id}/deny``."""
+        return self._decide(approval_id, "deny", approver, reason)
+
     def _decide(
         self, approval_id: str, verdict: str, approver: str, reason: str | None
-    ) -> tuple[_Call, Callable[[Any], Approval]]:
+    ) -> _Spec[Approval]:
         if not approver:
             raise ConfigurationError("deciding an approval needs the approver's name")
         body: dict[str, Any] = {"approver": approver}
@@ -302,13 +448,17 @@ class _Calls:
         call = _Call("POST", path, body=body, token=self._admin())
         return call, lambda v: Approval.from_json(_object(call, v))
 
-    def _audit(
+    @_Endpoint
+    def audit(
         self,
-        session: str | None,
-        since: str | int | datetime | timedelta | None,
-        decision: str | None,
-        limit: int | None,
-    ) -> tuple[_Call, Callable[[Any], list[dict[str, Any]]]]:
+        *,
+        session: str | None = None,
+        since: str | int | datetime | timedelta | None = None,
+        decision: str | None = None,
+        limit: int | None = None,
+    ) -> _Spec[list[dict[str, Any]]]:
+        """``GET /v1/audit``: the audit records, oldest first. ``since`` is epoch ms, an
+        aware ``datetime``, a ``timedelta`` back from now, or the API's own string."""
         params = {
             k: v
             for k, v in {
@@ -326,26 +476,8 @@ class _Calls:
 
         return call, read
 
-    def _request(self, http: httpx.Client | httpx.AsyncClient, call: _Call) -> httpx.Request:
-        headers = {"accept": "application/json"}
-        if call.token:
-            headers["authorization"] = f"Bearer {call.token}"
-        return http.build_request(
-            call.method,
-            self.url + call.path,
-            params=call.params,
-            json=call.body,
-            headers=headers,
-        )
 
-    def _unreachable(self, call: _Call, exc: Exception) -> ControlUnavailable:
-        detail = redact(str(exc) or type(exc).__name__, self._secrets(call))
-        return ControlUnavailable(
-            f"the control API at {self.url} cannot be reached for {call.what()}: {detail}"
-        )
-
-
-class ControlClient(_Calls):
+class ControlClient(_Calls[httpx.Client]):
     """A blocking control API client.
 
     ``url`` defaults to ``$OSTIARY_CONTROL_URL``, then ``http://127.0.0.1:8081``;
@@ -354,16 +486,8 @@ class ControlClient(_Calls):
     Use it as a context manager, or :meth:`close` it, to release its connections.
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        admin_token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        verify: Verify = True,
-    ) -> None:
-        super().__init__(url, admin_token)
-        self._http = httpx.Client(timeout=timeout, verify=verify, trust_env=False)
+    def _connect(self, **options: Any) -> httpx.Client:
+        return httpx.Client(**options)
 
     def __enter__(self) -> ControlClient:
         return self
@@ -374,118 +498,19 @@ class ControlClient(_Calls):
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, spec: tuple[_Call, Callable[[Any], T]]) -> T:
-        call, convert = spec
+    def _send(self, spec: _Spec[T]) -> T:
         try:
-            response = self._http.send(self._request(self._http, call))
+            response = self._http.send(self._request(spec))
         except httpx.TransportError as exc:
-            raise self._unreachable(call, exc) from None
-        value = _read(call, response, self._secrets(call))
-        if isinstance(value, OstiaryError):
-            raise value
-        return convert(value)
-
-    def create_session(
-        self,
-        agent: str | None = None,
-        *,
-        parent: str | CreatedSession | None = None,
-        tenant: str | None = None,
-        ttl: str | timedelta | None = None,
-        max_calls: int | None = None,
-        max_cost: float | None = None,
-        max_bytes_sent: int | None = None,
-        max_bytes_received: int | None = None,
-        max_pending_approvals: int | None = None,
-        profile: str | None = None,
-    ) -> CreatedSession:
-        """``POST /v1/sessions``. ``parent`` as a :class:`CreatedSession` creates a child
-        with that session's own token (budgets carved out of its remaining ones); as a
-        session id, an operator creates the child on its behalf (admin token)."""
-        return self._send(
-            self._create(
-                agent,
-                parent=parent,
-                tenant=tenant,
-                ttl=ttl,
-                max_calls=max_calls,
-                max_cost=max_cost,
-                max_bytes_sent=max_bytes_sent,
-                max_bytes_received=max_bytes_received,
-                max_pending_approvals=max_pending_approvals,
-                profile=profile,
-            )
-        )
-
-    def session(self, session_id: str) -> SessionStatus:
-        """``GET /v1/sessions/{id}``: state, pause reason, usage, limits, children."""
-        return self._send(self._show(session_id))
-
-    def teardown(self, session_id: str) -> None:
-        """``DELETE /v1/sessions/{id}``: the session and its descendants are refused from
-        now on, their leases revoked and cached credentials dropped."""
-        self._send(self._teardown(session_id))
-
-    def terminate(self, session_id: str, reason: str | None = None) -> None:
-        """``POST /v1/sessions/{id}/terminate``: a teardown with a reason for the audit."""
-        self._send(self._terminate(session_id, reason))
-
-    def resume(self, session_id: str) -> None:
-        """``POST /v1/sessions/{id}/resume``: lift a watchdog pause."""
-        self._send(self._resume(session_id))
-
-    def dead_letters(self, session: str | None = None) -> list[dict[str, Any]]:
-        """``GET /v1/dead-letters``: what the watchdog recorded when it paused sessions."""
-        return self._send(self._dead_letters(session))
-
-    def approvals(
-        self,
-        status: str | None = "pending",
-        *,
-        session: str | None = None,
-        limit: int | None = None,
-    ) -> list[Approval]:
-        """``GET /v1/approvals`` (``status="all"`` for every state)."""
-        return self._send(self._approvals(status, session, limit))
-
-    def approval(self, approval_id: str) -> dict[str, Any]:
-        """``GET /v1/approvals/{id}``: everything, including notification delivery."""
-        return self._send(self._approval(approval_id))
-
-    def approve(self, approval_id: str, approver: str, reason: str | None = None) -> Approval:
-        """``POST /v1/approvals/{id}/approve``: the held request then runs exactly once."""
-        return self._send(self._decide(approval_id, "approve", approver, reason))
-
-    def deny(self, approval_id: str, approver: str, reason: str | None = None) -> Approval:
-        """``POST /v1/approvals/{id}/deny``."""
-        return self._send(self._decide(approval_id, "deny", approver, reason))
-
-    def audit(
-        self,
-        *,
-        session: str | None = None,
-        since: str | int | datetime | timedelta | None = None,
-        decision: str | None = None,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """``GET /v1/audit``: the audit records, oldest first. ``since`` is epoch ms, an
-        aware ``datetime``, a ``timedelta`` back from now, or the API's own string."""
-        return self._send(self._audit(session, since, decision, limit))
+            raise self._unreachable(spec, exc) from None
+        return self._answer(spec, response)
 
 
-class AsyncControlClient(_Calls):
+class AsyncControlClient(_Calls[httpx.AsyncClient]):
     """The ``async`` twin of :class:`ControlClient`: the same calls, awaited."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        admin_token: str | None = None,
-        *,
-        timeout: float = 30.0,
-        verify: Verify = True,
-    ) -> None:
-        super().__init__(url, admin_token)
-        self._http = httpx.AsyncClient(timeout=timeout, verify=verify, trust_env=False)
+    def _connect(self, **options: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options)
 
     async def __aenter__(self) -> AsyncControlClient:
         return self
@@ -496,88 +521,9 @@ class AsyncControlClient(_Calls):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, spec: tuple[_Call, Callable[[Any], T]]) -> T:
-        call, convert = spec
+    async def _send(self, spec: _Spec[T]) -> T:
         try:
-            response = await self._http.send(self._request(self._http, call))
+            response = await self._http.send(self._request(spec))
         except httpx.TransportError as exc:
-            raise self._unreachable(call, exc) from None
-        value = _read(call, response, self._secrets(call))
-        if isinstance(value, OstiaryError):
-            raise value
-        return convert(value)
-
-    async def create_session(
-        self,
-        agent: str | None = None,
-        *,
-        parent: str | CreatedSession | None = None,
-        tenant: str | None = None,
-        ttl: str | timedelta | None = None,
-        max_calls: int | None = None,
-        max_cost: float | None = None,
-        max_bytes_sent: int | None = None,
-        max_bytes_received: int | None = None,
-        max_pending_approvals: int | None = None,
-        profile: str | None = None,
-    ) -> CreatedSession:
-        """See :meth:`ControlClient.create_session`."""
-        return await self._send(
-            self._create(
-                agent,
-                parent=parent,
-                tenant=tenant,
-                ttl=ttl,
-                max_calls=max_calls,
-                max_cost=max_cost,
-                max_bytes_sent=max_bytes_sent,
-                max_bytes_received=max_bytes_received,
-                max_pending_approvals=max_pending_approvals,
-                profile=profile,
-            )
-        )
-
-    async def session(self, session_id: str) -> SessionStatus:
-        return await self._send(self._show(session_id))
-
-    async def teardown(self, session_id: str) -> None:
-        await self._send(self._teardown(session_id))
-
-    async def terminate(self, session_id: str, reason: str | None = None) -> None:
-        await self._send(self._terminate(session_id, reason))
-
-    async def resume(self, session_id: str) -> None:
-        await self._send(self._resume(session_id))
-
-    async def dead_letters(self, session: str | None = None) -> list[dict[str, Any]]:
-        return await self._send(self._dead_letters(session))
-
-    async def approvals(
-        self,
-        status: str | None = "pending",
-        *,
-        session: str | None = None,
-        limit: int | None = None,
-    ) -> list[Approval]:
-        return await self._send(self._approvals(status, session, limit))
-
-    async def approval(self, approval_id: str) -> dict[str, Any]:
-        return await self._send(self._approval(approval_id))
-
-    async def approve(
-        self, approval_id: str, approver: str, reason: str | None = None
-    ) -> Approval:
-        return await self._send(self._decide(approval_id, "approve", approver, reason))
-
-    async def deny(self, approval_id: str, approver: str, reason: str | None = None) -> Approval:
-        return await self._send(self._decide(approval_id, "deny", approver, reason))
-
-    async def audit(
-        self,
-        *,
-        session: str | None = None,
-        since: str | int | datetime | timedelta | None = None,
-        decision: str | None = None,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._send(self._audit(session, since, decision, limit))
+            raise self._unreachable(spec, exc) from None
+        return self._answer(spec, response)

@@ -10,7 +10,6 @@ proxy and the CA already set.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -18,8 +17,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from .approval import ApprovalWait
-from .errors import ApprovalPending, OstiaryError, from_response
+from .approval import ApprovalWait, settle
+from .errors import OstiaryError, from_response
 from .transport import tunnel_refusal
 
 __all__ = ["OstiaryAdapter"]
@@ -95,35 +94,10 @@ class OstiaryAdapter(HTTPAdapter):
             "cert": cert,
             "proxies": proxies,
         }
-        response = self._send_once(request, **kwargs)
-        error = self._refusal(response)
-        if error is None:
-            return response
-        if isinstance(error, ApprovalPending) and self._wait is not None and error.approval_id:
-            return self._collect(request, error, ApprovalWait(self._wait), kwargs)
-        raise error
 
-    def _collect(
-        self,
-        request: requests.PreparedRequest,
-        pending: ApprovalPending,
-        wait: ApprovalWait,
-        kwargs: dict[str, Any],
-    ) -> requests.Response:
-        approval_id = pending.approval_id or ""
-        while (seconds := wait.next_wait()) is not None:
-            retry = request.copy()
-            retry.headers.update(ApprovalWait.headers(approval_id, seconds))
-            response = self._send_once(
-                retry, **{**kwargs, "timeout": _longer(kwargs["timeout"], seconds)}
-            )
-            error = self._refusal(response)
-            if error is None:
-                return response
-            if not isinstance(error, ApprovalPending):
-                raise error
-            pending = error
-            pause = wait.pause()
-            if pause > 0:
-                time.sleep(pause)
-        raise pending
+        def retry(approval_id: str, seconds: int) -> requests.Response:
+            again = request.copy()
+            again.headers.update(ApprovalWait.headers(approval_id, seconds))
+            return self._send_once(again, **{**kwargs, "timeout": _longer(timeout, seconds)})
+
+        return settle(self._send_once(request, **kwargs), self._refusal, retry, self._wait)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["Session", "session"]
 
 _UNSET: Any = object()
+
+#: A control client, blocking or ``async``.
+C = TypeVar("C", ControlClient, AsyncControlClient)
 
 
 class Session:
@@ -302,11 +306,26 @@ class Session:
             raise failure
         raised.add_note(f"tearing down the Ostiary session {session_id} failed too: {failure}")
 
-    def __enter__(self) -> Session:
+    def _starting(self, control: Callable[[], C]) -> C:
+        """The control client to create the session with, ``control()``, kept to close on
+        leaving when it was made here rather than given."""
         if self._created is not None:
             raise RuntimeError("this session was already started")
-        control = self._sync_control()
-        self._owned = control if control is not self._control else None
+        client = control()
+        self._owned = client if client is not self._control else None
+        return client
+
+    def _leaving(self, kind: type[C]) -> tuple[str, C | None]:
+        """Ends the session here (environment, CA file): its id, and the control client to
+        tear it down with, ``None`` when this one may not."""
+        created = self.created
+        self._end_locally()
+        control = self._owned or self._control
+        assert isinstance(control, kind)
+        return created.session_id, control if self._may_tear_down(control) else None
+
+    def __enter__(self) -> Session:
+        control = self._starting(self._sync_control)
         try:
             created = control.create_session(self._agent, **self._create_args())
         except BaseException:
@@ -321,23 +340,17 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        created = self.created
-        self._end_locally()
-        control = self._owned or self._control
-        assert isinstance(control, ControlClient)
+        session_id, control = self._leaving(ControlClient)
         try:
-            if self._may_tear_down(control):
-                control.teardown(created.session_id)
+            if control is not None:
+                control.teardown(session_id)
         except OstiaryError as failure:
-            self._report(failure, exc, created.session_id)
+            self._report(failure, exc, session_id)
         finally:
             self._close_owned()
 
     async def __aenter__(self) -> Session:
-        if self._created is not None:
-            raise RuntimeError("this session was already started")
-        control = self._async_control()
-        self._owned = control if control is not self._control else None
+        control = self._starting(self._async_control)
         try:
             created = await control.create_session(self._agent, **self._create_args())
         except BaseException:
@@ -352,15 +365,12 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        created = self.created
-        self._end_locally()
-        control = self._owned or self._control
-        assert isinstance(control, AsyncControlClient)
+        session_id, control = self._leaving(AsyncControlClient)
         try:
-            if self._may_tear_down(control):
-                await control.teardown(created.session_id)
+            if control is not None:
+                await control.teardown(session_id)
         except OstiaryError as failure:
-            self._report(failure, exc, created.session_id)
+            self._report(failure, exc, session_id)
         finally:
             await self._aclose_owned()
 

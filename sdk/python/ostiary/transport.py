@@ -21,16 +21,17 @@ become :class:`~ostiary.errors.Unauthenticated` (``407``) and
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Generic, TypeVar
 
 import anyio
 import httpx
 
-from .approval import ApprovalWait
+from .approval import ApprovalWait, Collecting, settle
 from .errors import (
-    ApprovalPending,
+    REQUEST_ID_HEADER,
     Denied,
     OstiaryError,
     Unauthenticated,
@@ -40,6 +41,9 @@ from .errors import (
 __all__ = ["AsyncRaisingTransport", "RaisingTransport"]
 
 _TUNNEL_STATUS = re.compile(r"^(\d{3})\b")
+
+#: The transport wrapped: blocking or ``async``.
+I = TypeVar("I", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
 def tunnel_refusal(message: str, url: str) -> OstiaryError | None:
@@ -67,6 +71,18 @@ def tunnel_refusal(message: str, url: str) -> OstiaryError | None:
     return None
 
 
+@contextmanager
+def _tunnel_refusals(url: str) -> Iterator[None]:
+    """Raises the :func:`tunnel_refusal` of a ``CONNECT`` the proxy refused to ``url``."""
+    try:
+        yield
+    except httpx.ProxyError as exc:
+        refusal = tunnel_refusal(str(exc), url)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
 def _retry(request: httpx.Request, approval_id: str, wait_seconds: int) -> httpx.Request:
     """The held request again, with the headers that collect its outcome."""
     headers = request.headers.copy()
@@ -84,134 +100,97 @@ def _retry(request: httpx.Request, approval_id: str, wait_seconds: int) -> httpx
     )
 
 
-class RaisingTransport(httpx.BaseTransport):
-    """Raises Ostiary's refusals; optionally waits up to ``wait_for_approval`` for a held
-    request. ``secrets`` are strings never to quote in a message (the session token)."""
+class _Raising(Generic[I]):
+    """What both transports hold, and how they tell Ostiary's refusals from the rest."""
 
     def __init__(
         self,
-        inner: httpx.BaseTransport,
+        inner: I,
         *,
         wait_for_approval: timedelta | None = None,
         secrets: Iterable[str] = (),
     ) -> None:
-        self._inner = inner
+        self._inner: I = inner
         self._wait = wait_for_approval
         self._secrets = tuple(secrets)
 
-    def _refusal(self, response: httpx.Response) -> OstiaryError | None:
-        if "ostiary-request-id" not in response.headers:
-            return None
-        content = response.read()
-        error = from_response(
-            response.status_code, response.headers, content, secrets=self._secrets
+    def _error(self, response: httpx.Response) -> OstiaryError | None:
+        """The refusal ``response`` (read already) stands for, or ``None``."""
+        return from_response(
+            response.status_code, response.headers, response.content, secrets=self._secrets
         )
+
+
+def _ours(response: httpx.Response) -> bool:
+    """Whether Ostiary answered ``response`` itself (an upstream's answer is handed back)."""
+    return REQUEST_ID_HEADER in response.headers
+
+
+class RaisingTransport(_Raising[httpx.BaseTransport], httpx.BaseTransport):
+    """Raises Ostiary's refusals; optionally waits up to ``wait_for_approval`` for a held
+    request. ``secrets`` are strings never to quote in a message (the session token)."""
+
+    def _refusal(self, response: httpx.Response) -> OstiaryError | None:
+        if not _ours(response):
+            return None
+        response.read()
+        error = self._error(response)
         if error is not None:
             response.close()
         return error
 
     def _send(self, request: httpx.Request) -> httpx.Response:
-        try:
+        with _tunnel_refusals(str(request.url)):
             return self._inner.handle_request(request)
-        except httpx.ProxyError as exc:
-            refusal = tunnel_refusal(str(exc), str(request.url))
-            if refusal is None:
-                raise
-            raise refusal from None
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self._wait is not None:
             request.read()  # a held request is re-sent: its body must be at hand
-        response = self._send(request)
-        error = self._refusal(response)
-        if error is None:
-            return response
-        if isinstance(error, ApprovalPending) and self._wait is not None and error.approval_id:
-            return self._collect(request, error, ApprovalWait(self._wait))
-        raise error
-
-    def _collect(
-        self, request: httpx.Request, pending: ApprovalPending, wait: ApprovalWait
-    ) -> httpx.Response:
-        approval_id = pending.approval_id or ""
-        while (seconds := wait.next_wait()) is not None:
-            response = self._send(_retry(request, approval_id, seconds))
-            error = self._refusal(response)
-            if error is None:
-                return response
-            if not isinstance(error, ApprovalPending):
-                raise error
-            pending = error
-            pause = wait.pause()
-            if pause > 0:
-                time.sleep(pause)
-        raise pending
+        return settle(
+            self._send(request),
+            self._refusal,
+            lambda approval_id, seconds: self._send(_retry(request, approval_id, seconds)),
+            self._wait,
+        )
 
     def close(self) -> None:
         self._inner.close()
 
 
-class AsyncRaisingTransport(httpx.AsyncBaseTransport):
+class AsyncRaisingTransport(_Raising[httpx.AsyncBaseTransport], httpx.AsyncBaseTransport):
     """The ``async`` twin of :class:`RaisingTransport` (asyncio or trio, through anyio)."""
 
-    def __init__(
-        self,
-        inner: httpx.AsyncBaseTransport,
-        *,
-        wait_for_approval: timedelta | None = None,
-        secrets: Iterable[str] = (),
-    ) -> None:
-        self._inner = inner
-        self._wait = wait_for_approval
-        self._secrets = tuple(secrets)
-
     async def _refusal(self, response: httpx.Response) -> OstiaryError | None:
-        if "ostiary-request-id" not in response.headers:
+        if not _ours(response):
             return None
-        content = await response.aread()
-        error = from_response(
-            response.status_code, response.headers, content, secrets=self._secrets
-        )
+        await response.aread()
+        error = self._error(response)
         if error is not None:
             await response.aclose()
         return error
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
-        try:
+        with _tunnel_refusals(str(request.url)):
             return await self._inner.handle_async_request(request)
-        except httpx.ProxyError as exc:
-            refusal = tunnel_refusal(str(exc), str(request.url))
-            if refusal is None:
-                raise
-            raise refusal from None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """:func:`~ostiary.approval.settle`, awaited."""
         if self._wait is not None:
             await request.aread()
         response = await self._send(request)
         error = await self._refusal(response)
         if error is None:
             return response
-        if isinstance(error, ApprovalPending) and self._wait is not None and error.approval_id:
-            return await self._collect(request, error, ApprovalWait(self._wait))
-        raise error
-
-    async def _collect(
-        self, request: httpx.Request, pending: ApprovalPending, wait: ApprovalWait
-    ) -> httpx.Response:
-        approval_id = pending.approval_id or ""
-        while (seconds := wait.next_wait()) is not None:
-            response = await self._send(_retry(request, approval_id, seconds))
+        held = Collecting(error, self._wait)
+        while (seconds := held.next_wait()) is not None:
+            response = await self._send(_retry(request, held.approval_id, seconds))
             error = await self._refusal(response)
             if error is None:
                 return response
-            if not isinstance(error, ApprovalPending):
-                raise error
-            pending = error
-            pause = wait.pause()
+            pause = held.pause_after(error)
             if pause > 0:
                 await anyio.sleep(pause)
-        raise pending
+        raise held.pending
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -130,3 +130,17 @@ def gone(session_id: str) -> bool:
         except ostiary.NotFound:
             return True
     return False
+
+
+def executed(session_id: str, tool: str = "files.delete") -> list[str]:
+    """The approvals of ``session_id``'s held ``tool`` calls the proxy has executed, one
+    entry an execution, from its audit trail: the MCP server keeps no record of its own."""
+    with ostiary.ControlClient() as control:
+        records = control.audit(session=session_id)
+    return [
+        str(r.get("approval"))
+        for r in records
+        if r.get("kind") == "approval"
+        and r.get("tool") == tool
+        and str(r.get("reason", "")).startswith("executed")
+    ]

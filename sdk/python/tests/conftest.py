@@ -1,6 +1,6 @@
 """Fixtures: one real ``ostiary serve`` for the whole run, in front of a loopback HTTPS
-upstream and a real MCP server (catalog and policies in ``_rig.py``), and a clean environment
-for each test.
+upstream and a real MCP server (``tests/clients/mcp_server.py``, the Rust MCP tests' own;
+catalog and policies in ``_rig.py``), and a clean environment for each test.
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from _mcp_server import McpUpstream
 from _pki import Certs, make_certs
 from _proxy import SCRUBBED, Proxy
 from _rig import API, APPROVER, MCP, POLICIES, SECURE, tools
-from _upstream import Upstream
+from _upstream import McpUpstream, Upstream
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +28,10 @@ def upstream(certs: Certs) -> Iterator[Upstream]:
 
 
 @pytest.fixture(scope="session")
-def mcp_upstream(certs: Certs) -> Iterator[McpUpstream]:
-    server = McpUpstream(certs)
+def mcp_upstream(
+    tmp_path_factory: pytest.TempPathFactory, certs: Certs
+) -> Iterator[McpUpstream]:
+    server = McpUpstream(certs, tmp_path_factory.mktemp("mcp"))
     yield server
     server.stop()
 

@@ -14,10 +14,9 @@ import pytest
 
 import ostiary
 from _approver import CliApprover
-from _mcp_server import McpUpstream
 from _proxy import Proxy
 from _rig import APPROVER, MCP, SECURE, unique, url
-from _upstream import Upstream
+from _upstream import McpUpstream, Upstream
 
 
 def test_an_allowed_call_is_the_upstreams_answer(control_env: Proxy, upstream: Upstream) -> None:

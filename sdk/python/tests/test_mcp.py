@@ -1,7 +1,7 @@
 """The official MCP Python SDK's client through the proxy, to a real MCP server: the tool
 list is filtered, an allowed call answers, a forbidden one raises ``Denied`` with its policy,
 a held one ``ApprovalPending``, and collecting it on the same connection after the CLI approval
-runs it once."""
+runs it once (the proxy's audit trail counts the executions)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from mcp.shared.exceptions import MCPError
 import ostiary
 import ostiary.mcp
 from _approver import CliApprover
-from _mcp_server import McpUpstream
 from _proxy import Proxy
-from _rig import MCP
+from _rig import MCP, executed
+from _upstream import McpUpstream
 
 
 def test_mcp_calls_through_the_proxy(control_env: Proxy, mcp_upstream: McpUpstream) -> None:
@@ -52,14 +52,14 @@ def test_mcp_calls_through_the_proxy(control_env: Proxy, mcp_upstream: McpUpstre
                 again = await mcp.call_tool("read_file", {"path": "/notes.txt"})
                 assert not again.is_error
 
-                assert mcp_upstream.deleted == []
+                assert executed(s.id) == []
                 with CliApprover(control_env, s.id) as human:
                     result = await mcp.collect(
                         pending, "delete_file", {"path": "/gone.txt"}, timeout=timedelta(seconds=60)
                     )
                 assert human.approval_id == pending.approval_id
-                assert [getattr(c, "text", None) for c in result.content] == ["deleted /gone.txt"]
-                assert mcp_upstream.deleted == ["/gone.txt"], "executed exactly once"
+                assert [getattr(c, "text", None) for c in result.content] == ["deleted"]
+                assert executed(s.id) == [pending.approval_id], "executed exactly once"
                 # The approval header is gone again: a new call is decided afresh.
                 assert "ostiary-approval" not in mcp.http.headers
                 with pytest.raises(ostiary.Denied):
@@ -76,18 +76,18 @@ def test_an_mcp_call_waits_for_the_cli_approval(
     async def main() -> None:
         async with ostiary.session(agent="mcp-waiter", wait_for_approval=timedelta(seconds=60)) as s:
             async with ostiary.mcp.connect(s, endpoint, mode="legacy") as mcp:
-                with CliApprover(control_env, s.id):
+                with CliApprover(control_env, s.id) as human:
                     result = await mcp.call_tool("delete_file", {"path": "/waited.txt"})
-                assert [getattr(c, "text", None) for c in result.content] == ["deleted /waited.txt"]
+                assert [getattr(c, "text", None) for c in result.content] == ["deleted"]
+            assert executed(s.id) == [human.approval_id], "executed exactly once"
 
     asyncio.run(main())
-    assert mcp_upstream.deleted.count("/waited.txt") == 1
 
 
 def test_mcp_collect_gives_up_at_its_deadline(control_env: Proxy, mcp_upstream: McpUpstream) -> None:
     endpoint = mcp_upstream.url(MCP)
 
-    async def main() -> None:
+    async def main() -> str:
         async with ostiary.session(agent="mcp-patient") as s:
             async with ostiary.mcp.connect(s, endpoint, mode="legacy") as mcp:
                 with pytest.raises(ostiary.ApprovalPending) as held:
@@ -100,9 +100,9 @@ def test_mcp_collect_gives_up_at_its_deadline(control_env: Proxy, mcp_upstream: 
                     )
                 assert time.monotonic() - started >= 1
                 assert still.value.approval_id == held.value.approval_id
+                return s.id
 
-    asyncio.run(main())
-    assert "/later.txt" not in mcp_upstream.deleted
+    assert executed(asyncio.run(main())) == []
 
 
 def test_an_mcp_servers_own_error_is_not_a_refusal() -> None:

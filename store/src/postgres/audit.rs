@@ -7,7 +7,7 @@ use std::sync::Arc;
 use postgres::types::ToSql;
 
 use super::Db;
-use crate::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Tip};
+use crate::audit::{Adopted, AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
 use crate::StoreError;
 
 /// The advisory lock appends take (any constant; the same in every replica).
@@ -29,6 +29,40 @@ fn last_row(c: &mut impl postgres::GenericClient) -> Result<Option<Tip>, postgre
     )
 }
 
+fn insert(tx: &mut postgres::Transaction<'_>, rows: &[AuditRow]) -> Result<(), postgres::Error> {
+    let insert = tx.prepare(
+        "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )?;
+    for r in rows {
+        tx.execute(
+            &insert,
+            &[
+                &r.seq,
+                &r.ts_ms,
+                &r.session,
+                &r.decision,
+                &r.record,
+                &r.prev,
+                &r.hash,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn audit_row(row: &postgres::Row) -> AuditRow {
+    AuditRow {
+        seq: row.get(0),
+        ts_ms: row.get(1),
+        session: row.get(2),
+        decision: row.get(3),
+        record: row.get(4),
+        prev: row.get(5),
+        hash: row.get(6),
+    }
+}
+
 impl AuditStore for PgAudit {
     fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError> {
         let moved = self.0.with(|c| {
@@ -38,24 +72,7 @@ impl AuditStore for PgAudit {
             if last != *after {
                 return Ok(Some(last.seq));
             }
-            let insert = tx.prepare(
-                "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            )?;
-            for r in rows {
-                tx.execute(
-                    &insert,
-                    &[
-                        &r.seq,
-                        &r.ts_ms,
-                        &r.session,
-                        &r.decision,
-                        &r.record,
-                        &r.prev,
-                        &r.hash,
-                    ],
-                )?;
-            }
+            insert(&mut tx, rows)?;
             tx.commit()?;
             Ok(None)
         })?;
@@ -66,6 +83,37 @@ impl AuditStore for PgAudit {
                 found,
             }),
         }
+    }
+
+    fn append_after(&self, after: &Tip, seal: &mut Seal<'_>) -> Result<Vec<AuditRow>, AppendError> {
+        let adopted = self.0.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&APPEND_LOCK])?;
+            let last = last_row(&mut tx)?.unwrap_or_else(Tip::genesis);
+            if let Some(refused) = Adopted::check(after, &last) {
+                return Ok(refused);
+            }
+            let foreign = if last == *after {
+                Vec::new()
+            } else {
+                tx.query(
+                    "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
+                     WHERE seq > $1 ORDER BY seq",
+                    &[&after.seq],
+                )?
+                .iter()
+                .map(audit_row)
+                .collect()
+            };
+            let rows = match seal(&foreign) {
+                Ok(rows) => rows,
+                Err(why) => return Ok(Adopted::Refused(why)),
+            };
+            insert(&mut tx, &rows)?;
+            tx.commit()?;
+            Ok(Adopted::Written(rows))
+        })?;
+        adopted.into_result(after)
     }
 
     fn last(&self) -> Result<Option<Tip>, StoreError> {
@@ -79,15 +127,7 @@ impl AuditStore for PgAudit {
                  WHERE decision = $1 ORDER BY seq DESC LIMIT 1",
                 &[&decision],
             )?
-            .map(|row| AuditRow {
-                seq: row.get(0),
-                ts_ms: row.get(1),
-                session: row.get(2),
-                decision: row.get(3),
-                record: row.get(4),
-                prev: row.get(5),
-                hash: row.get(6),
-            }))
+            .map(|row| audit_row(&row)))
         })
     }
 
@@ -113,15 +153,7 @@ impl AuditStore for PgAudit {
             })?;
             let full = rows.len() as i64 == PAGE;
             for row in rows {
-                let row = AuditRow {
-                    seq: row.get(0),
-                    ts_ms: row.get(1),
-                    session: row.get(2),
-                    decision: row.get(3),
-                    record: row.get(4),
-                    prev: row.get(5),
-                    hash: row.get(6),
-                };
+                let row = audit_row(&row);
                 from = row.seq;
                 if !visit(row) {
                     return Ok(());

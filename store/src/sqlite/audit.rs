@@ -4,7 +4,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
 
 use super::Db;
-use crate::audit::{AppendError, AuditQuery, AuditRow, AuditStore, Tip};
+use crate::audit::{Adopted, AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
 use crate::StoreError;
 
 #[derive(Debug)]
@@ -23,6 +23,41 @@ fn last_row(c: &Connection) -> rusqlite::Result<Option<Tip>> {
         .optional()
 }
 
+fn insert(c: &Connection, rows: &[AuditRow]) -> rusqlite::Result<()> {
+    let mut insert = c.prepare_cached(
+        "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for r in rows {
+        insert.execute(params![
+            r.seq, r.ts_ms, r.session, r.decision, r.record, r.prev, r.hash
+        ])?;
+    }
+    Ok(())
+}
+
+fn audit_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        seq: row.get(0)?,
+        ts_ms: row.get(1)?,
+        session: row.get(2)?,
+        decision: row.get(3)?,
+        record: row.get(4)?,
+        prev: row.get(5)?,
+        hash: row.get(6)?,
+    })
+}
+
+/// Every row after `seq`, oldest first (bounded by the caller's [`Adopted::check`]).
+fn rows_after(c: &Connection, seq: i64) -> rusqlite::Result<Vec<AuditRow>> {
+    c.prepare_cached(
+        "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
+         WHERE seq > ?1 ORDER BY seq",
+    )?
+    .query_map([seq], audit_row)?
+    .collect()
+}
+
 impl AuditStore for SqliteAudit {
     fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError> {
         let moved = self.0.with(|c| {
@@ -32,17 +67,7 @@ impl AuditStore for SqliteAudit {
             if last != *after {
                 return Ok(Some(last.seq));
             }
-            {
-                let mut insert = tx.prepare_cached(
-                    "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?;
-                for r in rows {
-                    insert.execute(params![
-                        r.seq, r.ts_ms, r.session, r.decision, r.record, r.prev, r.hash
-                    ])?;
-                }
-            }
+            insert(&tx, rows)?;
             tx.commit()?;
             Ok(None)
         })?;
@@ -55,6 +80,29 @@ impl AuditStore for SqliteAudit {
         }
     }
 
+    fn append_after(&self, after: &Tip, seal: &mut Seal<'_>) -> Result<Vec<AuditRow>, AppendError> {
+        let adopted = self.0.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let last = last_row(&tx)?.unwrap_or_else(Tip::genesis);
+            if let Some(refused) = Adopted::check(after, &last) {
+                return Ok(refused);
+            }
+            let foreign = if last == *after {
+                Vec::new()
+            } else {
+                rows_after(&tx, after.seq)?
+            };
+            let rows = match seal(&foreign) {
+                Ok(rows) => rows,
+                Err(why) => return Ok(Adopted::Refused(why)),
+            };
+            insert(&tx, &rows)?;
+            tx.commit()?;
+            Ok(Adopted::Written(rows))
+        })?;
+        adopted.into_result(after)
+    }
+
     fn last(&self) -> Result<Option<Tip>, StoreError> {
         self.0.with(|c| last_row(c))
     }
@@ -65,17 +113,7 @@ impl AuditStore for SqliteAudit {
                 "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
                  WHERE decision = ?1 ORDER BY seq DESC LIMIT 1",
                 [decision],
-                |row| {
-                    Ok(AuditRow {
-                        seq: row.get(0)?,
-                        ts_ms: row.get(1)?,
-                        session: row.get(2)?,
-                        decision: row.get(3)?,
-                        record: row.get(4)?,
-                        prev: row.get(5)?,
-                        hash: row.get(6)?,
-                    })
-                },
+                audit_row,
             )
             .optional()
         })
@@ -96,16 +134,7 @@ impl AuditStore for SqliteAudit {
             )?;
             let mut rows = stmt.query([after])?;
             while let Some(row) = rows.next()? {
-                let row = AuditRow {
-                    seq: row.get(0)?,
-                    ts_ms: row.get(1)?,
-                    session: row.get(2)?,
-                    decision: row.get(3)?,
-                    record: row.get(4)?,
-                    prev: row.get(5)?,
-                    hash: row.get(6)?,
-                };
-                if !visit(row) {
+                if !visit(audit_row(row)?) {
                     break;
                 }
             }

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use super::Backend;
-use crate::audit::{AppendError, AuditQuery, AuditRow, Tip};
+use crate::audit::{AppendError, AuditQuery, AuditRow, Tip, ADOPT_MAX};
 
 fn audit_row(seq: i64, prev: &str, session: Option<&str>, decision: &str) -> AuditRow {
     AuditRow {
@@ -60,6 +60,89 @@ pub fn audit_appends_only_onto_the_tip_it_was_given(b: &dyn Backend) {
         .unwrap();
     assert_eq!(s.hash_at(2).unwrap().as_deref(), Some("h2"));
     assert_eq!(s.hash_at(9).unwrap(), None);
+}
+
+pub fn audit_an_append_after_takes_on_other_writers_rows_under_its_lock(b: &dyn Backend) {
+    let (mine, theirs) = (b.open().audit, b.open().audit);
+    let genesis = Tip::genesis();
+    // Nothing appended since: the seal sees no rows of others.
+    let rows = mine
+        .append_after(&genesis, &mut |foreign| {
+            assert!(foreign.is_empty(), "{foreign:?}");
+            Ok(vec![audit_row(1, &genesis.hash, Some("a"), "allow")])
+        })
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let one = Tip {
+        seq: 1,
+        hash: "h1".into(),
+    };
+    // Another writer appends two: the next append is handed them, in order, and its
+    // rows go after them.
+    theirs
+        .append(
+            &one,
+            &[
+                audit_row(2, "h1", None, "deny"),
+                audit_row(3, "h2", None, "allow"),
+            ],
+        )
+        .unwrap();
+    let mut seen = Vec::new();
+    mine.append_after(&one, &mut |foreign| {
+        seen = foreign.iter().map(|r| r.seq).collect();
+        Ok(vec![audit_row(4, "h3", None, "allow")])
+    })
+    .unwrap();
+    assert_eq!(seen, [2, 3]);
+    let four = Tip {
+        seq: 4,
+        hash: "h4".into(),
+    };
+    assert_eq!(mine.last().unwrap(), Some(four.clone()));
+    // A seal that refuses the others' rows writes nothing, and says why.
+    let refused = mine.append_after(&one, &mut |_| Err("record 2 does not match".into()));
+    assert!(
+        matches!(&refused, Err(AppendError::Refused(why)) if why == "record 2 does not match"),
+        "{refused:?}"
+    );
+    assert_eq!(mine.last().unwrap(), Some(four.clone()));
+    // A chain that ends before the tip (rows lost) is refused before the seal runs.
+    let ahead = Tip {
+        seq: 9,
+        hash: "h9".into(),
+    };
+    let moved = mine.append_after(&ahead, &mut |_| panic!("sealed over a lost tail"));
+    assert!(
+        matches!(
+            moved,
+            Err(AppendError::Moved {
+                expected: 9,
+                found: 4
+            })
+        ),
+        "{moved:?}"
+    );
+    // As is one that ends differently at the tip (a fork).
+    let forked = Tip {
+        seq: 4,
+        hash: "other".into(),
+    };
+    let moved = mine.append_after(&forked, &mut |_| panic!("sealed over a fork"));
+    assert!(matches!(moved, Err(AppendError::Moved { .. })), "{moved:?}");
+    // Too many rows of others to read under the lock: the caller catches up outside it.
+    let mut tip = four;
+    let rows: Vec<AuditRow> = (5..=5 + ADOPT_MAX)
+        .map(|seq| audit_row(seq, &format!("h{}", seq - 1), None, "allow"))
+        .collect();
+    theirs.append(&tip, &rows).unwrap();
+    let behind = mine.append_after(&tip, &mut |_| panic!("read too many under the lock"));
+    assert!(
+        matches!(behind, Err(AppendError::Behind { expected: 4, .. })),
+        "{behind:?}"
+    );
+    tip = mine.last().unwrap().unwrap();
+    assert_eq!(tip.seq, 5 + ADOPT_MAX);
 }
 
 pub fn audit_queries_filter_and_scans_stop_when_asked(b: &dyn Backend) {
