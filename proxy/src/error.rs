@@ -154,6 +154,9 @@ pub enum ProxyError {
         replies: Vec<McpRefusal>,
         /// Whether the agent sent a batch (the answer is then a JSON array).
         batch: bool,
+        /// The client follows held calls up (MCP 2026-07-28, [`crate::mcp::rounds`]): a
+        /// call held for approval is answered `input_required`, not `-32002`.
+        follow_up: bool,
     },
 }
 

@@ -176,10 +176,15 @@ pub async fn hold_body(
 }
 
 /// What makes two holds the same request: method, URL and body digest — for an MCP call
-/// the call without its JSON-RPC id, since clients number their requests afresh.
+/// the call as asked ([`crate::mcp::rounds::as_asked`]), since clients number their
+/// requests afresh.
 fn fingerprint(method: &str, url: &str, body: &[u8], mcp: bool) -> String {
     let body_digest = match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(message) if mcp => digest(without_id(&message).to_string().as_bytes()),
+        Ok(message) if mcp => digest(
+            crate::mcp::rounds::as_asked(&message)
+                .to_string()
+                .as_bytes(),
+        ),
         _ => digest(body),
     };
     // Length-prefixed, so no choice of URL can make two different triples one text.
@@ -305,6 +310,7 @@ pub async fn redeem(
         .ok()
         .filter(|m| m.get("method").and_then(|v| v.as_str()) == Some("tools/call"))
         .and_then(|m| Some((m.get("id")?.clone(), m)));
+    let follow_up = crate::mcp::rounds::follows_up(req.headers());
     let as_mcp = |err: ProxyError| match &rpc {
         Some((rpc_id, _)) => ProxyError::McpRefused {
             replies: vec![McpRefusal {
@@ -312,6 +318,7 @@ pub async fn redeem(
                 error: err,
             }],
             batch: false,
+            follow_up,
         },
         None => err,
     };
@@ -330,10 +337,12 @@ pub async fn redeem(
         && approval.request.url == url
         && match (&approval.observed.rpc_id, &rpc) {
             // A client numbers its requests afresh: the call is compared without its id.
-            (Some(_), Some((_, message))) => {
-                serde_json::from_slice::<serde_json::Value>(&approval.request.body)
-                    .is_ok_and(|held| without_id(&held) == without_id(message))
-            }
+            (Some(_), Some((_, message))) => serde_json::from_slice::<serde_json::Value>(
+                &approval.request.body,
+            )
+            .is_ok_and(|held| {
+                crate::mcp::rounds::as_asked(&held) == crate::mcp::rounds::as_asked(message)
+            }),
             (Some(_), None) => false,
             (None, _) => approval.request.body_digest == digest(&body),
         };
@@ -360,18 +369,11 @@ pub async fn redeem(
                     error: err,
                 }],
                 batch: false,
+                follow_up,
             }),
         },
         _ => outcome(plane, approval).map(Some),
     }
-}
-
-fn without_id(message: &serde_json::Value) -> serde_json::Value {
-    let mut message = message.clone();
-    if let Some(object) = message.as_object_mut() {
-        object.remove("id");
-    }
-    message
 }
 
 /// The stored JSON-RPC answer, under the id of the retry that collects it.

@@ -27,7 +27,8 @@
 //! pipeline runs each allowed or escalated call's checks ([`plan::Decided::checked`]), and
 //! then what is forwarded is worked out ([`plan::Decided::finish`]). A call policy or a
 //! check escalates is listed in [`plan::Plan::escalated`]; the pipeline holds it in the
-//! approval queue as that one call and its refusal becomes `approval_pending` (`-32002`).
+//! approval queue as that one call and its refusal becomes `approval_pending` (`-32002`),
+//! or for a 2026-07-28 client a result it follows up ([`rounds`]).
 //!
 //! Refused messages are never forwarded. A lone refused request, or a batch whose messages
 //! are all refused, is answered by the proxy ([`ProxyError::McpRefused`], rendered in
@@ -43,6 +44,7 @@
 
 pub mod plan;
 pub mod reply;
+pub mod rounds;
 
 use http::HeaderMap;
 use ostiary_policies::{Action, Catalog, PolicyEngine, SessionState, Tool, ToolMatch};
@@ -181,11 +183,24 @@ pub fn parse(headers: &HeaderMap, bytes: &[u8]) -> Result<Exchange, ProxyError> 
 /// would be decided as one thing and run as another.
 const MCP_METHOD: &str = "mcp-method";
 const MCP_NAME: &str = "mcp-name";
+const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
 
 impl Exchange {
     /// Refuse `Mcp-Method`/`Mcp-Name` headers that disagree with the body (or are given
     /// twice, or with a batch, which they cannot describe).
     fn agrees_with(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
+        // The revision says how a held call is answered (`rounds`) and how the server
+        // reads the body: two of them would be read one way here and maybe another there.
+        if headers
+            .get_all(MCP_PROTOCOL_VERSION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(ProxyError::bad_request(format!(
+                "{MCP_PROTOCOL_VERSION} is given twice"
+            )));
+        }
         for name in [MCP_METHOD, MCP_NAME] {
             let mut values = headers.get_all(name).iter();
             let Some(value) = values.next() else {
@@ -514,6 +529,13 @@ mod tests {
             (headers(&[("Mcp-Name", "file:///etc/passwd")]), read),
             (
                 headers(&[("Mcp-Method", "tools/call"), ("Mcp-Method", "tools/call")]),
+                call,
+            ),
+            (
+                headers(&[
+                    ("MCP-Protocol-Version", "2026-07-28"),
+                    ("mcp-protocol-version", "2025-06-18"),
+                ]),
                 call,
             ),
             (

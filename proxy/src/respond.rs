@@ -20,10 +20,22 @@ pub const APPROVAL: &str = "ostiary-approval";
 
 /// Status and JSON body for a refusal or failure.
 pub fn error(err: &ProxyError, request_id: &str) -> Response<ProxyBody> {
-    if let ProxyError::McpRefused { replies, batch } = err {
-        let errors = replies
-            .iter()
-            .map(|r| jsonrpc_error(&r.id, &r.error, request_id));
+    if let ProxyError::McpRefused {
+        replies,
+        batch,
+        follow_up,
+    } = err
+    {
+        let errors = replies.iter().map(|r| match &r.error {
+            ProxyError::ApprovalPending { approval_id, .. } if *follow_up => {
+                crate::mcp::rounds::input_required(
+                    &r.id,
+                    approval_id,
+                    error_body(&r.error, request_id),
+                )
+            }
+            _ => jsonrpc_error(&r.id, &r.error, request_id),
+        });
         let body = if *batch {
             Value::Array(errors.collect())
         } else {

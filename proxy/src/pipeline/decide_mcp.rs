@@ -280,6 +280,7 @@ fn forward(
         return Err(ProxyError::McpRefused {
             replies: plan.refused,
             batch: plan.batch,
+            follow_up: mcp::rounds::follows_up(req.headers()),
         });
     };
     if !plan.unchanged {

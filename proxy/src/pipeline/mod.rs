@@ -143,8 +143,17 @@ async fn run(
     // escalate (collect) — a retry carrying `Ostiary-Approval` only collects the outcome of
     // a request held earlier: decided when held and again when executed, it is not
     // recognised or evaluated here, and nothing is forwarded for it.
-    if let Some(id) = escalate::approval_header(req.headers()) {
-        let id = id?;
+    let collect = match escalate::approval_header(req.headers()) {
+        Some(id) => Some(id?),
+        // A 2026-07-28 client's retry echoing the state its held call was answered with
+        // (`mcp::rounds`): a collection too, however it is spelled.
+        None if crate::mcp::endpoint(engine.catalog(), &ctx.target)?.is_some() => {
+            let limit = plane.config.proxy.max_tool_body_bytes;
+            crate::mcp::rounds::followed_up(&mut req, limit).await?
+        }
+        None => None,
+    };
+    if let Some(id) = collect {
         let collected = escalate::redeem(plane, &ctx.principal, &ctx.target, &mut req, &id).await?;
         if let Some(collected) = collected {
             ctx.audit.update(|r| r.approval = Some(id));

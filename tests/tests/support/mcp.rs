@@ -117,8 +117,14 @@ impl Rig {
         let mut req = Request::post("/mcp")
             .header("host", format!("{HOST}:{}", self.server.port))
             .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-06-18");
+            .header("accept", "application/json, text/event-stream");
+        // The 2025 revision unless the caller names one (two would be refused).
+        if !headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("mcp-protocol-version"))
+        {
+            req = req.header("mcp-protocol-version", "2025-06-18");
+        }
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
