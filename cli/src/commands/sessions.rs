@@ -98,6 +98,7 @@ fn refusal(e: SdkError, subject: &str) -> Result<String, CliError> {
         SdkError::Api {
             status: 404,
             message,
+            ..
         } => Ok(if message.is_empty() || message == "not_found" {
             // A bare `not_found` says less than naming what was not found.
             format!("{subject}: not found")
@@ -107,6 +108,7 @@ fn refusal(e: SdkError, subject: &str) -> Result<String, CliError> {
         SdkError::Api {
             status: 409,
             message,
+            ..
         } => Ok(if message.is_empty() || message == "conflict" {
             format!("{subject}: refused (conflict)")
         } else {
@@ -341,6 +343,7 @@ mod tests {
         let conflict = SdkError::Api {
             status: 409,
             message: "session s-1 is not paused".into(),
+            refusal: None,
         };
         assert_eq!(
             refusal(conflict, "session s-1").unwrap(),
@@ -349,6 +352,7 @@ mod tests {
         let bare = SdkError::Api {
             status: 404,
             message: "not_found".into(),
+            refusal: None,
         };
         assert_eq!(
             refusal(bare, "session s-9").unwrap(),
@@ -357,6 +361,7 @@ mod tests {
         let explained = SdkError::Api {
             status: 404,
             message: "session s-9 is not active".into(),
+            refusal: None,
         };
         assert_eq!(
             refusal(explained, "session s-9").unwrap(),
@@ -365,6 +370,7 @@ mod tests {
         let unauthorized = SdkError::Api {
             status: 401,
             message: "bad token".into(),
+            refusal: None,
         };
         assert!(refusal(unauthorized, "session s-1").is_err());
     }
