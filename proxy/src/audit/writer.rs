@@ -537,10 +537,7 @@ impl Writer {
     /// Append the rows `build` makes (given the signing state, fed first with what other
     /// writers appended, and the tip after their rows), numbered and sealed after the tip,
     /// under the store's append lock; the rows written.
-    fn append_sealing(
-        &mut self,
-        build: &mut Build<'_>,
-    ) -> Result<Vec<AuditRow>, WriteError> {
+    fn append_sealing(&mut self, build: &mut Build<'_>) -> Result<Vec<AuditRow>, WriteError> {
         let started = Instant::now();
         loop {
             let after = self.tip.clone();
