@@ -170,6 +170,115 @@ fn the_systemd_config_loads_with_the_library_it_installs() {
     load_policies(&config, &root().join("policies/library"));
 }
 
+/// The Dockerfile's instructions, `\`-continued lines joined, comments dropped.
+fn dockerfile() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).expect("Dockerfile");
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (body, more) = match line.strip_suffix('\\') {
+            Some(body) => (body.trim(), true),
+            None => (line, false),
+        };
+        match out.last_mut() {
+            Some(last) if open => {
+                last.push(' ');
+                last.push_str(body);
+            }
+            _ => out.push(body.to_owned()),
+        }
+        open = more;
+    }
+    out
+}
+
+#[test]
+fn the_container_image_builds_the_dist_profile_and_runs_unprivileged_on_its_config() {
+    let steps = dockerfile();
+    let stages: Vec<&String> = steps.iter().filter(|s| s.starts_with("FROM ")).collect();
+    assert_eq!(
+        stages.len(),
+        2,
+        "a build stage and a runtime stage: {stages:?}"
+    );
+    assert!(
+        stages[1].contains("distroless/cc") && stages[1].contains(":nonroot"),
+        "the runtime is distroless, glibc and nothing else: {}",
+        stages[1]
+    );
+    let run = steps
+        .iter()
+        .find(|s| s.starts_with("RUN ") && s.contains("cargo build"))
+        .expect("a cargo build step");
+    for wanted in [
+        "--locked",
+        "--profile dist",
+        "-p ostiary-cli",
+        "target/dist/ostiary",
+    ] {
+        assert!(run.contains(wanted), "{wanted} in {run}");
+    }
+    // The profile the build names exists, and ships one stripped binary.
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let manifest: toml::Value = toml::from_str(&manifest).unwrap();
+    let dist = &manifest["profile"]["dist"];
+    assert_eq!(dist["inherits"].as_str(), Some("release"), "{dist}");
+    assert_eq!(dist["strip"].as_str(), Some("symbols"), "{dist}");
+    // Whatever comes after the runtime stage's FROM runs as the unprivileged user.
+    let runtime = steps
+        .iter()
+        .skip_while(|s| *s != stages[1])
+        .collect::<Vec<_>>();
+    let user = runtime
+        .iter()
+        .rev()
+        .find(|s| s.starts_with("USER "))
+        .expect("a USER in the runtime stage");
+    assert!(
+        !["USER root", "USER 0", "USER 0:0"].contains(&user.as_str()),
+        "{user}"
+    );
+    assert!(
+        runtime.iter().any(|s| s.starts_with("COPY ")
+            && s.contains("--chown=65532:65532")
+            && s.contains("/var/lib/ostiary")),
+        "the state volume belongs to the user: {runtime:?}"
+    );
+    let entry = runtime
+        .iter()
+        .find(|s| s.starts_with("ENTRYPOINT "))
+        .expect("an ENTRYPOINT");
+    assert!(entry.contains("/etc/ostiary/ostiary.toml"), "{entry}");
+    // The config the image carries loads as `serve` reads it, listening beyond the
+    // container's loopback and keeping its state in the volume.
+    let config = load_config(&root().join("deploy/docker/ostiary.toml"));
+    assert!(
+        config.listen.proxy.ip().is_unspecified(),
+        "{:?}",
+        config.listen.proxy
+    );
+    assert!(
+        config.listen.control.ip().is_unspecified(),
+        "{:?}",
+        config.listen.control
+    );
+    assert!(
+        config.state.dir.starts_with("/var/lib/ostiary"),
+        "{}",
+        config.state.dir.display()
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.contains("deploy/docker/ostiary.toml")
+                && s.contains("/etc/ostiary/ostiary.toml")),
+        "the image carries deploy/docker/ostiary.toml"
+    );
+}
+
 /// Copies `deploy/<what>` to a temp dir with `from` replaced by `to` in `file`, runs the
 /// script on the copy, and checks it fails naming `expect`.
 async fn defect_is_refused(what: &str, file: &str, from: &str, to: &str, expect: &str) {
