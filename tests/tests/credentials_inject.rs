@@ -305,6 +305,36 @@ match = {{ mcp = "https://{OTHER}:{port}/mcp", tool = "read_file" }}
     )
 }
 
+/// A REST tool on the bound host (any port), and nothing else reaching it.
+fn rest_tools(_port: u16) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "echo.get"
+tier = "read"
+match = {{ host = "{BOUND}", method = "GET", path = "/reflect" }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_reached_only_through_tools_gets_its_placeholder_and_no_other_does() {
+    // Only tool permits: no `http` permit names any host.
+    let policies = r#"
+@id("read-ok")
+permit (principal, action in Ostiary::Action::"tier:read", resource);
+"#;
+    let rig = Rig::start_with("5m", policies, Some(rest_tools), true).await;
+    let placeholders = &rig.session.placeholders;
+    assert_eq!(
+        placeholders.get("GITHUB_TOKEN").map(String::as_str),
+        Some("ostiary:github"),
+        "{placeholders:?}"
+    );
+    // The other bindings' hosts are reached by neither a permit nor a tool.
+    assert_eq!(placeholders.len(), 1, "{placeholders:?}");
+}
+
 /// What an MCP client sends with a JSON-RPC call.
 const MCP_ACCEPT: [(&str, &str); 1] = [("accept", "application/json, text/event-stream")];
 

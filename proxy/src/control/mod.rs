@@ -220,22 +220,27 @@ async fn reload_policies(shared: &Arc<ControlPlane>) -> Reply {
 }
 
 /// The placeholder variables of the credentials a session may use: every binding with a
-/// host that some policy could permit (docs/design.md §9). Values are worthless by design; a child
+/// host that some policy could permit or that serves catalog tools (docs/design.md §9). Values are worthless by design; a child
 /// session's carry its own id (`ostiary:github@ses_…`), so its parent's do not work in it.
 pub(crate) fn placeholders(
     shared: &ControlPlane,
     child: Option<&str>,
 ) -> serde_json::Map<String, serde_json::Value> {
     let engine = shared.reloader.policies.current();
+    // A host reached only through catalog tools (no `http` permit names it) still needs
+    // its placeholder: an SDK refuses to start without an API key to send. The same
+    // test as the CONNECT that lets the tunnel open.
     shared
         .credentials
         .broker
         .bindings()
         .iter()
         .filter(|b| {
-            b.hosts
-                .iter()
-                .any(|h| h.starts_with("*.") || engine.may_permit_http(h))
+            b.hosts.iter().any(|h| {
+                h.starts_with("*.")
+                    || engine.may_permit_http(h)
+                    || crate::recognise::serves_tools(engine.catalog(), h)
+            })
         })
         .filter_map(|b| {
             let value = match child {
