@@ -28,6 +28,13 @@ use ostiary::{Options, Ostiary};
 
 use crate::stages::Stage;
 
+/// How `audit query` prints records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RecordFormat {
+    Json,
+    Ocsf,
+}
+
 /// Why a command failed; printed as one line by `main`.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -171,6 +178,10 @@ pub enum AuditCommand {
         /// The most records to print (default 10000), the oldest matching ones.
         #[arg(long)]
         limit: Option<u32>,
+        /// `json`: the records as stored; `ocsf`: as OCSF 1.3 events (API Activity for tool
+        /// calls and MCP messages, HTTP Activity for other requests), for a SIEM.
+        #[arg(long, value_enum, default_value_t = RecordFormat::Json)]
+        format: RecordFormat,
     },
     /// Recompute the chain; exit 1 if anything was altered, inserted or deleted (the newest
     /// records included: the head checkpoint must match). With --offline, check an export
@@ -556,6 +567,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
             decision,
             since,
             limit,
+            format,
         } => {
             let since_ms = match since {
                 None => None,
@@ -573,7 +585,11 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
                 },
             )?;
             for r in records {
-                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                let line = match format {
+                    RecordFormat::Json => serde_json::to_string(&r),
+                    RecordFormat::Ocsf => serde_json::to_string(&ostiary::audit::ocsf::event(&r)),
+                };
+                println!("{}", line.unwrap_or_default());
             }
             Ok(ExitCode::SUCCESS)
         }

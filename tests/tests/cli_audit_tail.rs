@@ -246,3 +246,85 @@ async fn audit_tail_sees_a_record_written_after_it_started() {
     denials.interrupt().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_query_prints_ocsf_events_a_siem_reads() {
+    let upstream = Upstream::builder()
+        .tls(false)
+        .names(&["api.example.test"])
+        .start()
+        .await;
+    let server = Server::start(&upstream, &["api.example.test"], POLICY).await;
+    let (session_id, token) = session(&server, "demo").await;
+    let port = upstream.port();
+    let allowed = get(
+        &server,
+        &token,
+        &format!("http://api.example.test:{port}/status/204"),
+    )
+    .await;
+    assert_eq!(allowed.status, 204, "{allowed}");
+    let denied = get(
+        &server,
+        &token,
+        &format!("http://api.example.test:{port}/denied/1"),
+    )
+    .await;
+    assert_eq!(denied.status, 403, "{denied}");
+
+    let config = server.config_arg();
+    let out = ostiary(&[
+        "--config",
+        &config,
+        "audit",
+        "query",
+        "--session",
+        &session_id,
+        "--format",
+        "ocsf",
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    let events: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let of = |path: &str| {
+        events
+            .iter()
+            .find(|e| e["http_request"]["url"]["path"] == path)
+            .unwrap_or_else(|| panic!("no event for {path}: {events:#?}"))
+    };
+    let ok = of("/status/204");
+    assert_eq!(ok["class_uid"], 4002, "{ok:#}");
+    assert_eq!(ok["activity_id"], 3, "GET: {ok:#}");
+    assert_eq!(ok["type_uid"], 400203, "{ok:#}");
+    assert_eq!(ok["action_id"], 1, "{ok:#}");
+    assert_eq!(ok["http_response"]["code"], 204, "{ok:#}");
+    assert_eq!(ok["actor"]["user"]["name"], "demo", "{ok:#}");
+    assert_eq!(ok["actor"]["session"]["uid"], session_id.as_str(), "{ok:#}");
+    assert_eq!(
+        ok["unmapped"]["ostiary"]["policies"][0], "allow-status",
+        "{ok:#}"
+    );
+    let no = of("/denied/1");
+    assert_eq!(no["action_id"], 2, "{no:#}");
+    assert_eq!(no["status_id"], 2, "{no:#}");
+    assert_eq!(no["status_code"], "denied", "{no:#}");
+    assert_eq!(
+        no["metadata"]["uid"],
+        denied.header("ostiary-request-id").unwrap_or_default(),
+        "{no:#}"
+    );
+    // Each event carries the schema version and the product, as OCSF asks.
+    assert!(events
+        .iter()
+        .all(|e| e["metadata"]["product"]["name"] == "Ostiary"
+            && e["metadata"]["version"] == "1.3.0"));
+
+    // An unknown format is refused, naming the ones there are.
+    let bad = ostiary(&["--config", &config, "audit", "query", "--format", "cef"]).await;
+    assert!(!bad.success(), "{bad}");
+    assert!(bad.stderr.contains("ocsf"), "{bad}");
+}

@@ -12,6 +12,7 @@
 //!   chain that no longer matches it.
 //! - [`verify`] — recomputing the chain (`ostiary audit verify`) and queries.
 //! - [`attest`] — Ed25519-signed checkpoints of the chain, checkable without the audit key.
+//! - [`ocsf`] — records as OCSF events (`ostiary audit query --format ocsf`).
 //! - [`export`] — `ostiary audit export` and its offline check (`audit verify --offline`).
 //! - [`anchor`] — `ostiary audit reanchor`, the operator's acknowledged way past a mismatch.
 
@@ -20,6 +21,7 @@ pub mod attest;
 pub mod chain;
 pub mod export;
 pub mod health;
+pub mod ocsf;
 pub mod record;
 mod signing;
 mod sink;
