@@ -381,6 +381,21 @@ check_toolchain() {
   fi
 }
 
+# Every test binary built once, before any test runs, and the `ostiary` binary named for the
+# tests that run it (tests/tests/support/cli.rs): otherwise each of those test processes (one
+# per test under nextest) would ask cargo whether it is fresh, one at a time under cargo's
+# build lock, for the whole workspace.
+build_tests() {
+  cargo test --no-run --workspace --quiet
+  local target
+  target=$(cargo metadata --no-deps --format-version 1 \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') \
+    || die "cargo metadata did not name the target directory"
+  [ -x "$target/debug/ostiary" ] || die "cargo test --no-run did not build $target/debug/ostiary"
+  export OSTIARY_BIN="$target/debug/ostiary"
+  echo "OSTIARY_BIN=$OSTIARY_BIN"
+}
+
 run_tests() {
   if [ "$HAVE_NEXTEST" -eq 1 ]; then
     cargo nextest run --workspace --no-fail-fast --profile "${NEXTEST_PROFILE:-ci}" \
@@ -422,4 +437,5 @@ fi
 step "toolchain" check_toolchain
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+step "build tests" build_tests
 step "tests" run_tests

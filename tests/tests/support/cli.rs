@@ -43,10 +43,17 @@ pub(crate) fn workspace_root() -> PathBuf {
 /// `cli/tests/` has them for this one): a plain `cargo build -p ostiary-cli` resolves
 /// features without the workspace's dev-dependencies and would compile much of the
 /// dependency tree a second time — minutes on a fresh CI machine. After `cargo nextest run
-/// --workspace` this is a freshness check.
+/// --workspace` this is a freshness check. Under scripts/test.sh, which builds everything
+/// first, `OSTIARY_BIN` names it and cargo is not asked at all.
 pub(crate) fn ostiary_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        // scripts/test.sh built everything before the run and names the binary: no test
+        // process then waits on cargo's build lock to hear that it is fresh.
+        if let Some(bin) = std::env::var_os("OSTIARY_BIN").map(PathBuf::from) {
+            assert!(bin.is_file(), "OSTIARY_BIN={} is not a file", bin.display());
+            return bin;
+        }
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let root = workspace_root();
         let mut cmd = std::process::Command::new(cargo);
