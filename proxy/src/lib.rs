@@ -91,6 +91,7 @@ pub mod stores;
 /// Durable state: a trait per aggregate, the row types, migrations and the SQLite backend.
 pub use ostiary_store as store;
 pub mod strict_json;
+pub mod telemetry;
 pub mod tls;
 pub mod tunnel;
 pub mod wire_guard;

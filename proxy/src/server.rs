@@ -64,6 +64,8 @@ pub enum ServeError {
     Vault(#[from] ostiary_broker::vault::VaultError),
     #[error("checks: {0}")]
     Checks(#[from] crate::check::webhook::WebhookError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("approval notifications: {0}")]
     Notify(#[from] crate::approvals::notify::message::NotifyError),
     /// The audit chain no longer matches its checkpoint: serve refuses to extend it.
@@ -378,6 +380,8 @@ fn load_state(
         limits,
         Some(signer),
     )?;
+    // Every record the trail gets is also a span, when a collector is configured.
+    let audit = audit.with_spans(crate::telemetry::Spans::start(&config.telemetry)?);
     let sessions = SessionRegistry::load(keys, stores.sessions.clone(), &config.sessions)?;
     // On a store other replicas may share, a session not known here may be theirs.
     if matches!(backend, crate::stores::Backend::Postgres(_)) {
@@ -672,6 +676,11 @@ impl Ostiary {
         // Everything queued is written (retried for a grace period if the trail is
         // unavailable, then logged), and the writer stops: a restart's writer is the only one.
         plane.audit.close().await;
+        // After the trail closed: its last records are spans too. Blocking (the SDK waits
+        // for its export thread, which exports on this runtime).
+        if let Some(spans) = plane.audit.spans() {
+            let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+        }
         drop((data, plane));
         // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.
         tokio::task::spawn_blocking(move || writer.join());

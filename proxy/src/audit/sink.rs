@@ -24,6 +24,8 @@ pub(super) enum Command {
 pub struct AuditSink {
     pub(super) tx: mpsc::Sender<Command>,
     pub(super) health: Arc<Health>,
+    /// Each record is also a span, when telemetry is on.
+    pub(super) spans: Option<Arc<crate::telemetry::Spans>>,
 }
 
 impl std::fmt::Debug for Command {
@@ -40,6 +42,17 @@ impl std::fmt::Debug for Command {
 pub(super) const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 
 impl AuditSink {
+    /// The span exporter, if telemetry is on.
+    pub fn spans(&self) -> Option<Arc<crate::telemetry::Spans>> {
+        self.spans.clone()
+    }
+
+    /// This sink, making a span of every record it queues.
+    pub fn with_spans(mut self, spans: Option<Arc<crate::telemetry::Spans>>) -> Self {
+        self.spans = spans;
+        self
+    }
+
     /// Record a session lifecycle event (paused, resumed, ended by a human) in the chain.
     pub fn session_event(
         &self,
@@ -64,6 +77,9 @@ impl AuditSink {
     /// very reason is counted rather than queued (memory stays bounded during an outage);
     /// every other record is queued. If the writer has stopped, the record is logged.
     pub fn send(&self, record: AuditRecord) {
+        if let Some(spans) = &self.spans {
+            spans.record(&record);
+        }
         let foldable = record.error.as_deref() == Some(AUDIT_UNAVAILABLE);
         if !self.health.admit(foldable) {
             return;
@@ -154,7 +170,14 @@ mod tests {
         };
         let (tx, rx) = mpsc::channel();
         let health = Arc::new(Health::new(limits, 0, &Metrics::default()));
-        (AuditSink { tx, health }, rx)
+        (
+            AuditSink {
+                tx,
+                health,
+                spans: None,
+            },
+            rx,
+        )
     }
 
     fn refused(result: Result<(), ProxyError>) -> String {

@@ -115,7 +115,11 @@ impl AuditWriter {
             Self {
                 thread: Some(thread),
             },
-            AuditSink { tx, health },
+            AuditSink {
+                tx,
+                health,
+                spans: None,
+            },
         ))
     }
 

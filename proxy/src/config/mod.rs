@@ -64,6 +64,8 @@ pub struct Config {
     pub sandbox: Sandbox,
     /// The audit trail's signed checkpoints.
     pub audit: Audit,
+    /// OpenTelemetry spans of the decisions (`crate::telemetry`).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 /// Where the two listeners bind.
@@ -483,6 +485,7 @@ impl Config {
         self.sessions.validate().map_err(ConfigError::Invalid)?;
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
         self.audit.validate().map_err(ConfigError::Invalid)?;
+        self.telemetry.validate().map_err(ConfigError::Invalid)?;
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),
