@@ -209,18 +209,11 @@ fn attributes(r: &AuditRecord) -> Vec<KeyValue> {
             ),
         ));
     }
-    if let Ok(serde_json::Value::Array(checks)) = serde_json::to_value(&r.checks) {
-        for check in checks {
-            if let (Some(name), Some(us)) = (
-                check.get("name").and_then(|v| v.as_str()),
-                check.get("duration_us").and_then(|v| v.as_i64()),
-            ) {
-                kv.push(KeyValue::new(
-                    format!("ostiary.check.{name}.duration_us"),
-                    us,
-                ));
-            }
-        }
+    for ran in &r.checks {
+        kv.push(KeyValue::new(
+            format!("ostiary.check.{}.duration_us", ran.check),
+            ran.duration_us as i64,
+        ));
     }
     kv
 }

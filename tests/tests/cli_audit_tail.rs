@@ -153,6 +153,17 @@ async fn get(server: &Server, token: &str, url: &str) -> Reply {
         .unwrap_or_else(|e| panic!("GET {url} through the proxy: {e}"))
 }
 
+/// A plain-http upstream for `api.example.test` and an `ostiary serve` under [`POLICY`].
+async fn start() -> (Upstream, Server) {
+    let upstream = Upstream::builder()
+        .tls(false)
+        .names(&["api.example.test"])
+        .start()
+        .await;
+    let server = Server::start(&upstream, &["api.example.test"], POLICY).await;
+    (upstream, server)
+}
+
 /// The paths of the records printed.
 fn paths(printed: &[(String, Value)]) -> Vec<&str> {
     printed
@@ -163,12 +174,7 @@ fn paths(printed: &[(String, Value)]) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_tail_sees_a_record_written_after_it_started() {
-    let upstream = Upstream::builder()
-        .tls(false)
-        .names(&["api.example.test"])
-        .start()
-        .await;
-    let server = Server::start(&upstream, &["api.example.test"], POLICY).await;
+    let (upstream, server) = start().await;
     let (mine, my_token) = session(&server, "demo").await;
     let (_, other_token) = session(&server, "other").await;
     let (before, elsewhere, after, denied) =
@@ -249,12 +255,7 @@ async fn audit_tail_sees_a_record_written_after_it_started() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_query_prints_ocsf_events_a_siem_reads() {
-    let upstream = Upstream::builder()
-        .tls(false)
-        .names(&["api.example.test"])
-        .start()
-        .await;
-    let server = Server::start(&upstream, &["api.example.test"], POLICY).await;
+    let (upstream, server) = start().await;
     let (session_id, token) = session(&server, "demo").await;
     let port = upstream.port();
     let allowed = get(

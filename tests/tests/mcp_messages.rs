@@ -10,21 +10,17 @@ use serde_json::{json, Value};
 use support::{Rig, HOST};
 
 /// What the shipped library permits for its MCP server, for this endpoint.
-const PLUMBING: &str = r#"
-@id("mcp-plumbing")
-permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"mcp.example.test")
-when {
-  ["initialize", "ping", "tools/list", "server/discover"].contains(context.method) ||
-  context.method like "notifications/*"
-};
-
+const PLUMBING: &str = concat!(
+    crate::mcp_plumbing!(),
+    r#"
 @id("read-ok")
 permit (principal, action in Ostiary::Action::"tier:read", resource);
 
 // Would let a POST through if a POST to the endpoint were still decided as http.
 @id("http-anything")
 permit (principal, action == Ostiary::Action::"http", resource);
-"#;
+"#
+);
 
 fn message(id: Option<u64>, method: &str, params: Value) -> Value {
     let mut m = json!({"jsonrpc": "2.0", "method": method, "params": params});

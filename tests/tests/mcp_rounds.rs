@@ -14,14 +14,9 @@ use ostiary_e2e::raw::Reply;
 use serde_json::{json, Value};
 use support::Rig;
 
-const POLICIES: &str = r#"
-@id("mcp-plumbing")
-permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"mcp.example.test")
-when {
-  ["initialize", "ping", "tools/list", "server/discover"].contains(context.method) ||
-  context.method like "notifications/*"
-};
-
+const POLICIES: &str = concat!(
+    crate::mcp_plumbing!(),
+    r#"
 @id("read-ok")
 permit (principal, action in Ostiary::Action::"tier:read", resource);
 
@@ -32,7 +27,8 @@ permit (principal, action in Ostiary::Action::"tier:irreversible", resource);
 @escalate("approval")
 forbid (principal, action in Ostiary::Action::"tier:irreversible", resource)
 unless { context.approval.granted };
-"#;
+"#
+);
 
 const REVISION: &str = "2026-07-28";
 

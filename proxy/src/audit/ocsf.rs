@@ -24,117 +24,15 @@ const API_ACTIVITY: u32 = 6003;
 
 /// `record` as one OCSF event.
 pub fn event(record: &AuditRecord) -> Value {
-    let api = record.tool.is_some()
-        || record.kind == "mcp_call"
-        || record.kind == "mcp_message"
-        || !matches!(
-            record.kind.as_str(),
-            "http" | "connect" | "tunnel" | "tls" | "stream"
-        );
-    let (class_uid, class_name, category_uid, category_name, activity_id) = if api {
-        (
-            API_ACTIVITY,
-            "API Activity",
-            6,
-            "Application Activity",
-            api_activity(record),
-        )
-    } else {
-        (
-            HTTP_ACTIVITY,
-            "HTTP Activity",
-            4,
-            "Network Activity",
-            http_activity(record),
-        )
-    };
-    let allowed = matches!(record.decision.as_str(), "allow");
+    let api = is_api(record);
     let mut event = Map::new();
-    event.insert("class_uid".into(), json!(class_uid));
-    event.insert("class_name".into(), json!(class_name));
-    event.insert("category_uid".into(), json!(category_uid));
-    event.insert("category_name".into(), json!(category_name));
-    event.insert("activity_id".into(), json!(activity_id));
-    event.insert(
-        "type_uid".into(),
-        json!(u64::from(class_uid) * 100 + u64::from(activity_id)),
-    );
-    event.insert("time".into(), json!(record.ts_ms));
-    event.insert("duration".into(), json!(record.duration_us / 1000));
-    event.insert("severity_id".into(), json!(severity(record)));
-    // Allowed (1) or denied (2); a request held for a human was not let through yet.
-    event.insert("action_id".into(), json!(if allowed { 1 } else { 2 }));
-    event.insert(
-        "action".into(),
-        json!(if allowed { "Allowed" } else { "Denied" }),
-    );
-    event.insert("status_id".into(), json!(if allowed { 1 } else { 2 }));
-    event.insert(
-        "status".into(),
-        json!(if allowed { "Success" } else { "Failure" }),
-    );
-    if let Some(error) = &record.error {
-        event.insert("status_code".into(), json!(error));
-    }
-    if let Some(reason) = &record.reason {
-        event.insert("status_detail".into(), json!(reason));
-    }
-    event.insert(
-        "metadata".into(),
-        json!({
-            "version": VERSION,
-            "uid": record.request_id,
-            "correlation_uid": record.session,
-            "product": {
-                "name": "Ostiary",
-                "vendor_name": "Ostiary",
-                "version": env!("CARGO_PKG_VERSION"),
-            },
-            "log_name": "audit",
-        }),
-    );
-    if let Some(agent) = &record.agent {
-        let mut actor =
-            json!({"user": {"name": agent, "uid": agent, "type_id": 99, "type": "Agent"}});
-        if let Some(session) = &record.session {
-            actor["session"] = json!({"uid": session});
-        }
-        if let Some(tenant) = &record.tenant {
-            actor["user"]["org"] = json!({"name": tenant});
-        }
+    event.extend(class(record, api));
+    event.extend(outcome(record));
+    event.insert("metadata".into(), metadata(record));
+    if let Some(actor) = actor(record) {
         event.insert("actor".into(), actor);
     }
-    if let Some(host) = &record.host {
-        let mut endpoint = json!({"hostname": host});
-        if let Some(port) = record.port {
-            endpoint["port"] = json!(port);
-        }
-        if let Some(ip) = record
-            .upstream
-            .as_deref()
-            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
-        {
-            endpoint["ip"] = json!(ip.ip().to_string());
-        }
-        event.insert("dst_endpoint".into(), endpoint);
-    }
-    if record.method.is_some() || record.path.is_some() {
-        event.insert(
-            "http_request".into(),
-            json!({
-                "http_method": record.method,
-                "url": {
-                    "scheme": record.scheme,
-                    "hostname": record.host,
-                    "port": record.port,
-                    "path": record.path,
-                },
-            }),
-        );
-    }
-    if let Some(status) = record.status {
-        event.insert("http_response".into(), json!({"code": status}));
-    }
+    event.extend(network(record));
     if api {
         let operation = record
             .tool
@@ -149,6 +47,135 @@ pub fn event(record: &AuditRecord) -> Value {
     }
     event.insert("unmapped".into(), json!({"ostiary": ostiary_facts(record)}));
     Value::Object(drop_nulls(event))
+}
+
+/// API Activity: a tool call, any MCP message, the proxy's own records; the rest is HTTP.
+fn is_api(record: &AuditRecord) -> bool {
+    record.tool.is_some()
+        || record.kind == "mcp_call"
+        || record.kind == "mcp_message"
+        || !matches!(
+            record.kind.as_str(),
+            "http" | "connect" | "tunnel" | "tls" | "stream"
+        )
+}
+
+/// The class, category and activity, and the type they make.
+fn class(record: &AuditRecord, api: bool) -> Map<String, Value> {
+    let (class_uid, class_name, category_uid, category_name, activity_id) = if api {
+        let activity = api_activity(record);
+        (
+            API_ACTIVITY,
+            "API Activity",
+            6,
+            "Application Activity",
+            activity,
+        )
+    } else {
+        let activity = http_activity(record);
+        (
+            HTTP_ACTIVITY,
+            "HTTP Activity",
+            4,
+            "Network Activity",
+            activity,
+        )
+    };
+    object(json!({
+        "class_uid": class_uid,
+        "class_name": class_name,
+        "category_uid": category_uid,
+        "category_name": category_name,
+        "activity_id": activity_id,
+        "type_uid": u64::from(class_uid) * 100 + u64::from(activity_id),
+    }))
+}
+
+/// When, how long, and what became of it: allowed (1) or denied (2) — a request held for
+/// a human was not let through yet — with the error kind and reason.
+fn outcome(record: &AuditRecord) -> Map<String, Value> {
+    let allowed = record.decision == "allow";
+    object(json!({
+        "time": record.ts_ms,
+        "duration": record.duration_us / 1000,
+        "severity_id": severity(record),
+        "action_id": if allowed { 1 } else { 2 },
+        "action": if allowed { "Allowed" } else { "Denied" },
+        "status_id": if allowed { 1 } else { 2 },
+        "status": if allowed { "Success" } else { "Failure" },
+        "status_code": record.error,
+        "status_detail": record.reason,
+    }))
+}
+
+fn metadata(record: &AuditRecord) -> Value {
+    json!({
+        "version": VERSION,
+        "uid": record.request_id,
+        "correlation_uid": record.session,
+        "product": {
+            "name": "Ostiary",
+            "vendor_name": "Ostiary",
+            "version": env!("CARGO_PKG_VERSION"),
+        },
+        "log_name": "audit",
+    })
+}
+
+/// The agent, its session and tenant.
+fn actor(record: &AuditRecord) -> Option<Value> {
+    let agent = record.agent.as_ref()?;
+    Some(json!({
+        "user": {
+            "name": agent,
+            "uid": agent,
+            "type_id": 99,
+            "type": "Agent",
+            "org": record.tenant.as_ref().map(|t| json!({"name": t})),
+        },
+        "session": record.session.as_ref().map(|s| json!({"uid": s})),
+    }))
+}
+
+/// Where it went: the destination (and the address dialed), the request, the response.
+fn network(record: &AuditRecord) -> Map<String, Value> {
+    let ip = record
+        .upstream
+        .as_deref()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.ip().to_string());
+    let mut parts = Map::new();
+    if let Some(host) = &record.host {
+        parts.insert(
+            "dst_endpoint".into(),
+            json!({"hostname": host, "port": record.port, "ip": ip}),
+        );
+    }
+    if record.method.is_some() || record.path.is_some() {
+        parts.insert(
+            "http_request".into(),
+            json!({
+                "http_method": record.method,
+                "url": {
+                    "scheme": record.scheme,
+                    "hostname": record.host,
+                    "port": record.port,
+                    "path": record.path,
+                },
+            }),
+        );
+    }
+    if let Some(status) = record.status {
+        parts.insert("http_response".into(), json!({"code": status}));
+    }
+    parts
+}
+
+fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
 }
 
 /// HTTP Activity's `activity_id` for the request's method (0 unknown, 99 other).
@@ -226,10 +253,7 @@ fn ostiary_facts(record: &AuditRecord) -> Value {
     if !record.checks.is_empty() {
         facts["checks"] = serde_json::to_value(&record.checks).unwrap_or(Value::Null);
     }
-    match facts {
-        Value::Object(map) => Value::Object(drop_nulls(map)),
-        other => other,
-    }
+    Value::Object(drop_nulls(object(facts)))
 }
 
 /// Absent facts are left out rather than sent as `null` (or an empty list).

@@ -14,6 +14,22 @@ use serde_json::{json, Value};
 
 pub const HOST: &str = "mcp.example.test";
 
+/// What the shipped library permits for its MCP server, for this endpoint: the session
+/// plumbing of both revisions (a literal, for `concat!` with a test's own policies).
+#[macro_export]
+macro_rules! mcp_plumbing {
+    () => {
+        r#"
+@id("mcp-plumbing")
+permit (principal, action == Ostiary::Action::"mcp", resource == Ostiary::Host::"mcp.example.test")
+when {
+  ["initialize", "ping", "tools/list", "server/discover"].contains(context.method) ||
+  context.method like "notifications/*"
+};
+"#
+    };
+}
+
 pub fn tools_toml(port: u16) -> String {
     let url = format!("https://{HOST}:{port}/mcp");
     format!(
