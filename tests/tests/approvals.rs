@@ -5,8 +5,7 @@
 //! a revoked session, another session's id, a different request under the same id.
 //! Channels (email, Slack, the page, the browser) and crashes have their own crates.
 
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
 
 use std::time::Duration;
 

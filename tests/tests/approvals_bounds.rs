@@ -13,10 +13,8 @@
 //! - the watchdog pauses a session that floods holds;
 //! - Slack carries approver-bound links only when `slack_links = "shared"`.
 
-#[path = "support/channels.rs"]
-mod channels;
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
+use crate::support::channels;
 
 use std::time::Duration;
 

@@ -4,8 +4,7 @@
 //! whose form the browser POSTs under the page's own CSP. The agent's retry then gets the
 //! upstream's answer, or the refusal.
 
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
 
 use std::time::Duration;
 

@@ -12,10 +12,8 @@
 //!
 //! Slack, reminders and failing channels are in `approvals_notify.rs`.
 
-#[path = "support/channels.rs"]
-mod channels;
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
+use crate::support::channels;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;

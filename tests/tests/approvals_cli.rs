@@ -13,12 +13,10 @@
 //! - `link ID --as alice@example.com` prints a review-page URL on the control listener whose
 //!   GET shows the tool (and decides nothing).
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 use cli::*;
 
-#[path = "support/approvals.rs"]
-mod approvals_support;
+use crate::support::approvals as approvals_support;
 use approvals_support::{refund_body, APPROVER, POLICIES, TOOLS};
 
 use std::time::Duration;

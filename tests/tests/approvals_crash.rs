@@ -21,12 +21,10 @@
 //! Figures (state at the kill, deliveries vs effects, wall times) are printed, not asserted:
 //! run with `--nocapture` to read them.
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 use cli::*;
 
-#[path = "support/approvals.rs"]
-mod approvals_support;
+use crate::support::approvals as approvals_support;
 use approvals_support::{refund_body, APPROVER, POLICIES, TOOLS};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,10 +8,8 @@
 //! - notification channels down: retried with backoff, visible on `/metrics` and in the API,
 //!   and nothing lost.
 
-#[path = "support/channels.rs"]
-mod channels;
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
+use crate::support::channels;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

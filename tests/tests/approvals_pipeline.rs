@@ -2,8 +2,7 @@
 //! through response DLP and the byte meters exactly like a live one's. Before the pipeline
 //! was written once, the execution had its own copy of the order, which skipped both.
 
-#[path = "support/approvals.rs"]
-mod support;
+use crate::support::approvals as support;
 
 use serde_json::{json, Value};
 use support::{Rig, APPROVER, POLICIES};

@@ -26,11 +26,7 @@ use ostiary_e2e::raw::{
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 
-#[path = "support/cli.rs"]
-mod support;
-
-#[path = "support/audit_trail.rs"]
-mod audit_trail;
+use crate::support::audit_trail;
 use audit_trail::*;
 
 /// A tmpfs mounted on a temporary directory for one test, unmounted on drop.

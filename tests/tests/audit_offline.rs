@@ -13,8 +13,7 @@ use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::raw::{absolute_get, auth_line};
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::ostiary;
 
 /// A proxy on `state` signing at least every `interval`.

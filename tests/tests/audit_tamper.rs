@@ -12,12 +12,10 @@ use std::path::{Path, PathBuf};
 use ostiary_e2e::raw::{absolute_get, auth_line};
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::{spawn_serve, SERVER_DEADLINE};
 
-#[path = "support/audit_trail.rs"]
-mod audit_trail;
+use crate::support::audit_trail;
 use audit_trail::*;
 
 /// Newest rows of the chain, deleted by hand: `DELETE FROM audit WHERE seq > keep`.

@@ -27,8 +27,7 @@ use ostiary_e2e::clients::{self, CmdOutput};
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,14 +12,12 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use ostiary_e2e::raw::{auth_line, exchange, Reply};
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
 /// Allows `/status/<code>` on `api.example.test` (the upstream answers with that code), so
@@ -124,33 +122,6 @@ impl Tail {
             .expect("waiting for tail");
         assert!(status.success(), "tail exited with {status} on SIGINT");
     }
-}
-
-/// A session's id and token, from `session new --json`.
-async fn session(server: &Server, agent: &str) -> (String, String) {
-    let config = server.config_arg();
-    let out = ostiary(&[
-        "--config", &config, "session", "new", "--agent", agent, "--json",
-    ])
-    .await;
-    assert!(out.success(), "{out}");
-    let session: Value = serde_json::from_str(&out.stdout).expect("session JSON");
-    (
-        session["session_id"].as_str().unwrap().to_owned(),
-        session["token"].as_str().unwrap().to_owned(),
-    )
-}
-
-/// A plain-http GET through the proxy with `token`.
-async fn get(server: &Server, token: &str, url: &str) -> Reply {
-    let host = url.split('/').nth(2).unwrap_or_default();
-    let request = format!(
-        "GET {url} HTTP/1.1\r\nHost: {host}\r\n{}Connection: close\r\n\r\n",
-        auth_line(token)
-    );
-    exchange(server.proxy_addr, request.as_bytes())
-        .await
-        .unwrap_or_else(|e| panic!("GET {url} through the proxy: {e}"))
 }
 
 /// A plain-http upstream for `api.example.test` and an `ostiary serve` under [`POLICY`].

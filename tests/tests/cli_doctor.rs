@@ -17,8 +17,7 @@ use ostiary_e2e::raw::refusing_port;
 use ostiary_e2e::smtp::SmtpSink;
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
 /// `ostiary --config <config> doctor` with `env` added (the CA bundle variables and the

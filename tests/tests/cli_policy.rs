@@ -6,8 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

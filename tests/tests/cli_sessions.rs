@@ -11,8 +11,7 @@
 //! - `sessions resume ID` of a live session exits 1 with the server's conflict message.
 //! - `sessions dead-letters` on a fresh proxy lists none.
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 use cli::*;
 
 use std::time::Duration;

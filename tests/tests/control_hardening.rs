@@ -13,8 +13,7 @@ use ostiary_e2e::clients::SCRUBBED_ENV;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::raw::{exchange, Reply};
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
 /// `GET /metrics` on `addr` with `Authorization: <auth>` when given.

@@ -10,12 +10,10 @@
 use ostiary_e2e::proxy::ALLOW_ALL;
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::*;
 
-#[path = "support/credentials.rs"]
-mod credentials_support;
+use crate::support::credentials as credentials_support;
 use credentials_support::{
     broker_toml, leaks_in, secrets_toml, seen_at, ALL_SECRETS, BOUND, CANARY, MISSING_HOST, OTHER,
 };

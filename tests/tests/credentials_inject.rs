@@ -28,8 +28,7 @@ use ostiary_e2e::proxy::{ProxySpec, TestProxy, ALLOW_ALL};
 use ostiary_e2e::raw::{self, Reply};
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/credentials.rs"]
-mod credentials_support;
+use crate::support::credentials as credentials_support;
 use credentials_support::*;
 
 /// The agent's own credentials, which must never reach a bound host.

@@ -22,8 +22,7 @@ use ostiary_e2e::clients::curl;
 use ostiary_e2e::raw::{self, Reply};
 use serde_json::Value;
 
-#[path = "support/credentials.rs"]
-mod credentials_support;
+use crate::support::credentials as credentials_support;
 use credentials_support::*;
 
 fn contains(haystack: &[u8], needle: &str) -> bool {

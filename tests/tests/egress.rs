@@ -15,8 +15,7 @@ use ostiary_e2e::proxy::{ProxySpec, ALLOW_ALL};
 use ostiary_e2e::raw::{assert_refused, auth_line, connect, h1, intercepted, request, send_h1};
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/egress.rs"]
-mod support;
+use crate::support::egress as support;
 use support::*;
 
 /// Host as written in a URL → (`address` in the refusal, `reason`, canonical audit host).

@@ -13,12 +13,9 @@
 //! Failures (a killed executor, Redis or PostgreSQL gone) are `fleet_faults.rs`'s. Timings
 //! are printed, not asserted (bounds are generous deadlines): run with `--nocapture`.
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/fleet.rs"]
-mod fleet;
-#[path = "support/postgres.rs"]
-mod postgres;
+use crate::support::cli;
+use crate::support::fleet;
+use crate::support::postgres;
 
 use std::time::{Duration, Instant};
 

@@ -13,12 +13,9 @@
 //! PostgreSQL puts a TCP relay of its own in front of it, so the machine's servers, which
 //! other tests share, are never touched.
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/fleet.rs"]
-mod fleet;
-#[path = "support/postgres.rs"]
-mod postgres;
+use crate::support::cli;
+use crate::support::fleet;
+use crate::support::postgres;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

@@ -4,8 +4,7 @@
 //! panel target and template variable names must be declared (`# TYPE`) on its `/metrics`,
 //! and every label a selector, a `by (...)` or a legend uses must be on that series there.
 
-#[path = "support/guardrails.rs"]
-mod support;
+use crate::support::guardrails as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

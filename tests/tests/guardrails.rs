@@ -4,8 +4,7 @@
 //! and teardown drains requests in flight within its grace period. The loop watchdog's
 //! tests are in `guardrails_watchdog.rs`.
 
-#[path = "support/guardrails.rs"]
-mod support;
+use crate::support::guardrails as support;
 
 use std::time::{Duration, Instant};
 

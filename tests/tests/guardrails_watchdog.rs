@@ -3,8 +3,7 @@
 //! API, withdrawing the approvers' question) or terminates it; pauses and spent budgets
 //! survive a restart.
 
-#[path = "support/guardrails.rs"]
-mod support;
+use crate::support::guardrails as support;
 
 use std::time::{Duration, Instant};
 

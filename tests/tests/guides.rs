@@ -22,8 +22,7 @@
 //! was not run. A human's approval is given with the real CLI (`ostiary approvals approve
 //! … --as alice@example.com`) while the block waits.
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 use cli::*;
 
 use std::cell::RefCell;

@@ -4,8 +4,7 @@
 //! refused calls come back as JSON-RPC errors (HTTP 200) carrying the docs/design.md §5 body;
 //! `tools/list` answers are filtered to what the session may call.
 
-#[path = "support/mcp.rs"]
-mod support;
+use crate::support::mcp as support;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! `context.server` and `context.session`; only the session plumbing passes the library's
 //! kind of policy, and the body decides (routing headers that disagree are refused).
 
-#[path = "support/mcp.rs"]
-mod support;
+use crate::support::mcp as support;
 
 use serde_json::{json, Value};
 use support::{Rig, HOST};

@@ -4,8 +4,7 @@
 //! pinned to that revision does the waiting on its own; hand-written JSON-RPC shows each
 //! round, and what a forged or mismatched follow-up gets.
 
-#[path = "support/mcp.rs"]
-mod support;
+use crate::support::mcp as support;
 
 use std::time::Duration;
 

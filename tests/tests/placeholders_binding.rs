@@ -28,8 +28,7 @@ use ostiary::audit::AuditRecord;
 use ostiary_e2e::clients::curl;
 use ostiary_e2e::raw::{self, Reply};
 
-#[path = "support/credentials.rs"]
-mod credentials_support;
+use crate::support::credentials as credentials_support;
 use credentials_support::*;
 
 /// The checks every misplaced-placeholder refusal must pass: 403 `denied` with reason

@@ -259,8 +259,7 @@ async fn the_watcher_picks_up_changes() {
     assert_eq!(decisions, ["allow", "error"], "{records:#?}");
 }
 
-#[path = "support/cli.rs"]
-mod support;
+use crate::support::cli as support;
 use support::ostiary_bin;
 
 async fn signal(child: &tokio::process::Child, name: &str) {

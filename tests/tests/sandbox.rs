@@ -6,12 +6,8 @@
 //! directory. The checks themselves are in `support/sandbox_checks.rs` (`sandbox_gvisor.rs`
 //! runs them under `gvisor`); limits, teardown and the clean slate: `sandbox_limits.rs`.
 
-#[path = "support/sandbox_checks.rs"]
-mod checks;
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/sandbox.rs"]
-mod rig;
+use crate::support::sandbox as rig;
+use crate::support::sandbox_checks as checks;
 
 use rig::{line_value, Rig};
 

@@ -6,14 +6,9 @@
 //! nothing, the operator's signals reach the command (docs/sandbox.md). Without Debian's
 //! `runsc` every test fails saying so: it never skips.
 
-#[path = "support/sandbox_checks.rs"]
-mod checks;
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/sandbox_limit_checks.rs"]
-mod limit_checks;
-#[path = "support/sandbox.rs"]
-mod rig;
+use crate::support::sandbox as rig;
+use crate::support::sandbox_checks as checks;
+use crate::support::sandbox_limit_checks as limit_checks;
 
 /// The profile under test, once runsc is known to be there.
 fn gvisor() -> &'static str {

@@ -6,12 +6,8 @@
 //! (docs/sandbox.md). The checks that take a profile are in
 //! `support/sandbox_limit_checks.rs` (`sandbox_gvisor.rs` runs them under `gvisor`).
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/sandbox_limit_checks.rs"]
-mod limit_checks;
-#[path = "support/sandbox.rs"]
-mod rig;
+use crate::support::sandbox as rig;
+use crate::support::sandbox_limit_checks as limit_checks;
 
 use limit_checks::{ended_by, tight};
 use rig::{line_value, said, Rig, LIMITS, PYTHON};

@@ -11,8 +11,7 @@
 //! with pytest, mypy and the clients, see scripts/test.sh). A skipped Python test fails
 //! this one: tests never skip silently.
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 use cli::{ostiary_bin, workspace_root};
 
 use std::time::Duration;

@@ -19,8 +19,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-#[path = "support/sdk.rs"]
-mod support;
+use crate::support::sdk as support;
 use ostiary_e2e::pki::TestCa;
 use ostiary_sdk::{
     AgentClient, ApprovalQuery, ApprovalStatus, AuditQuery, ControlClient, NewSession, Refusal,

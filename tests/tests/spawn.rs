@@ -3,8 +3,7 @@
 //! (depth, parent_agent) on every action, and no number a session asks for can widen what
 //! it or its parent holds.
 
-#[path = "support/guardrails.rs"]
-mod support;
+use crate::support::guardrails as support;
 
 use serde_json::{json, Value};
 use support::{Agent, Rig};

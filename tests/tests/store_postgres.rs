@@ -12,11 +12,9 @@ use ostiary_e2e::clients::curl;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::upstream::Upstream;
 
-#[path = "support/cli.rs"]
-mod cli;
+use crate::support::cli;
 
-#[path = "support/postgres.rs"]
-mod postgres;
+use crate::support::postgres;
 use postgres::{psql, Schema};
 
 const POLICY: &str = r#"

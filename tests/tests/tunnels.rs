@@ -10,8 +10,7 @@ use ostiary_e2e::raw::{
 use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::Session;
 
-#[path = "support/egress.rs"]
-mod support;
+use crate::support::egress as support;
 use support::*;
 
 /// Permits inspected requests only: a tunnel host needs a `connect` permit of its own.

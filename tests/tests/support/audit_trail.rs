@@ -13,7 +13,7 @@ use ostiary_e2e::raw::{absolute_get, assert_ostiary_error, auth_line, Reply};
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 
-use crate::support::ostiary;
+use crate::support::cli::ostiary;
 
 /// How long the proxy may take to notice an outage, or its end (polled, not asserted).
 pub(crate) const NOTICE: Duration = Duration::from_secs(30);

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ostiary_e2e::smtp::{Mail, SmtpSink};
 
-use crate::support::Rig;
+use crate::support::approvals::Rig;
 
 pub(crate) const ALICE: &str = "alice@example.com";
 pub(crate) const BOB: &str = "bob@example.com";

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use ostiary_e2e::clients::{self, CmdOutput};
+use ostiary_e2e::raw::{auth_line, exchange, Reply};
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -379,4 +380,31 @@ pub(crate) async fn audit_query(
 
 pub(crate) fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
     records.iter().filter(|r| r["kind"] == kind).collect()
+}
+
+/// A session's id and token, from `session new --json`.
+pub(crate) async fn session(server: &Server, agent: &str) -> (String, String) {
+    let config = server.config_arg();
+    let out = ostiary(&[
+        "--config", &config, "session", "new", "--agent", agent, "--json",
+    ])
+    .await;
+    assert!(out.success(), "{out}");
+    let session: Value = serde_json::from_str(&out.stdout).expect("session JSON");
+    (
+        session["session_id"].as_str().unwrap().to_owned(),
+        session["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A plain-http GET through the proxy with `token`.
+pub(crate) async fn get(server: &Server, token: &str, url: &str) -> Reply {
+    let host = url.split('/').nth(2).unwrap_or_default();
+    let request = format!(
+        "GET {url} HTTP/1.1\r\nHost: {host}\r\n{}Connection: close\r\n\r\n",
+        auth_line(token)
+    );
+    exchange(server.proxy_addr, request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("GET {url} through the proxy: {e}"))
 }

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::postgres::Schema;
+use crate::support::postgres::Schema;
 use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::{ControlClient, NewSession, SdkError, Session};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::cli;
+use crate::support::cli;
 
 pub(crate) const TOOLS: &str = r#"
 [[tool]]

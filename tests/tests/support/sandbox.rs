@@ -18,7 +18,7 @@ use ostiary_e2e::clients::{CmdOutput, SCRUBBED_ENV};
 use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 
-use crate::cli::{audit_query, ostiary_bin, Server, POLICY};
+use crate::support::cli::{audit_query, ostiary_bin, Server, POLICY};
 
 /// How long one `ostiary run` may take in a test before it is killed.
 pub(crate) const RUN_TIMEOUT: Duration = Duration::from_secs(120);

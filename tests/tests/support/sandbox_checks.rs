@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::rig::{line_value, own_uid, said, Rig, PYTHON, SYSTEM};
+use crate::support::sandbox::{line_value, own_uid, said, Rig, PYTHON, SYSTEM};
 
 /// Makes `dir` enterable and `file` readable by every uid (tempfile makes them `0700` and
 /// `0600`), so that only the sandbox's view can keep them from the command.

@@ -8,7 +8,7 @@
 
 use ostiary_e2e::clients::{curl, CmdOutput};
 
-use crate::rig::{
+use crate::support::sandbox::{
     isolation_of, line_value, own_uid, processes_naming, processes_of, said, Rig, LIMITS, PYTHON,
 };
 
@@ -294,7 +294,7 @@ env = ["PROFILE_VAR"]
 pub(crate) async fn signals_reach_the_command(profile: &str) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let rig = Rig::start(None, "").await;
-    let mut cmd = tokio::process::Command::new(crate::cli::ostiary_bin());
+    let mut cmd = tokio::process::Command::new(crate::support::cli::ostiary_bin());
     cmd.arg("--config")
         .arg(&rig.server.config)
         .args([
@@ -317,10 +317,13 @@ pub(crate) async fn signals_reach_the_command(profile: &str) {
     let mut child = cmd.spawn().unwrap();
     let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    tokio::time::timeout(crate::rig::RUN_TIMEOUT, stdout.read_line(&mut line))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(
+        crate::support::sandbox::RUN_TIMEOUT,
+        stdout.read_line(&mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_eq!(line, "ready\n");
     let pid = child.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
@@ -328,10 +331,13 @@ pub(crate) async fn signals_reach_the_command(profile: &str) {
         .status()
         .unwrap();
     assert!(killed.success());
-    let out = tokio::time::timeout(crate::rig::RUN_TIMEOUT, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = tokio::time::timeout(
+        crate::support::sandbox::RUN_TIMEOUT,
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).await.unwrap();
     let out = CmdOutput {

@@ -1,0 +1,72 @@
+//! The end-to-end suite as one test binary: every file beside this one is a module of it, and
+//! `support/` holds the rigs they share. One binary, not one per file: each of ~60 binaries
+//! linked the whole proxy and its dependencies again (≈ 220 MB apiece, 16 GB for the suite;
+//! a CI run's linker died of a full disk), while nextest still runs every test in a process of
+//! its own, so no test shares state with another.
+
+mod support;
+
+mod ambiguity;
+mod approvals;
+mod approvals_bounds;
+mod approvals_browser;
+mod approvals_channels;
+mod approvals_cli;
+mod approvals_crash;
+mod approvals_notify;
+mod approvals_pipeline;
+mod audit_fail_closed;
+mod audit_offline;
+mod audit_tamper;
+mod broker_vault;
+mod browser_harness;
+mod checks;
+mod cli;
+mod cli_audit_tail;
+mod cli_doctor;
+mod cli_policy;
+mod cli_sessions;
+mod clients;
+mod control_hardening;
+mod counters_redis;
+mod credentials_cli;
+mod credentials_inject;
+mod credentials_scrub;
+mod credentials_vault;
+mod deploy;
+mod egress;
+mod fleet;
+mod fleet_faults;
+mod grafana_dashboard;
+mod guardrails;
+mod guardrails_clients;
+mod guardrails_watchdog;
+mod guides;
+mod h2_floods;
+mod hardening_headers;
+mod harness;
+mod harness_clients;
+mod mcp;
+mod mcp_messages;
+mod mcp_rounds;
+mod notify_harness;
+mod parsing;
+mod placeholders_binding;
+mod profiles;
+mod reload;
+mod sandbox;
+mod sandbox_gvisor;
+mod sandbox_limits;
+mod scrub_encodings;
+mod sdk_python;
+mod sdk_rust;
+mod smoke;
+mod spawn;
+mod store_postgres;
+mod store_versions;
+mod teardown_streams;
+mod telemetry_otlp;
+mod tokens;
+mod tools;
+mod tunnels;
+mod upstream_certificates;
