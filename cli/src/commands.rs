@@ -14,6 +14,7 @@ mod evidence;
 mod policy;
 pub mod run;
 pub mod sessions;
+mod siem;
 pub mod tail;
 
 pub use run::RunArgs;
@@ -216,6 +217,9 @@ pub enum AuditCommand {
     /// Follow the trail: print new records as JSON lines as they are written (filters as
     /// for `query`), until interrupted.
     Tail(tail::TailArgs),
+    /// The trail's stream to a SIEM (`[audit.siem]`): its status, or a replay from a record.
+    #[command(subcommand)]
+    Siem(siem::SiemCommand),
     /// What charged tool calls cost, grouped (default: by tool), most expensive first.
     Cost {
         /// Only this session and the sessions spawned from it, at any depth.
@@ -559,6 +563,7 @@ fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
     };
     match cmd {
         AuditCommand::Reanchor { reason } => reanchor(config, &backend, &reason),
+        AuditCommand::Siem(cmd) => siem::run(config, &backend, cmd),
         AuditCommand::Tail(_) => Err(CliError::Usage(
             "audit tail follows on the runtime, not here".into(),
         )),

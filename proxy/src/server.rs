@@ -18,6 +18,7 @@ use crate::approvals::execute::Answered;
 use crate::approvals::link::LinkSigner;
 use crate::approvals::notify::Notifier;
 use crate::approvals::{ApprovalQueue, Approved, Executor, Runner};
+use crate::audit::stream::SiemStream;
 use crate::audit::{AuditGuard, AuditWriter};
 use crate::body::ProxyBody;
 use crate::check::Checks;
@@ -66,6 +67,8 @@ pub enum ServeError {
     Checks(#[from] crate::check::webhook::WebhookError),
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::TelemetryError),
+    #[error(transparent)]
+    Siem(#[from] crate::audit::stream::StreamError),
     #[error("approval notifications: {0}")]
     Notify(#[from] crate::approvals::notify::message::NotifyError),
     /// The audit chain no longer matches its checkpoint: serve refuses to extend it.
@@ -173,6 +176,8 @@ pub struct Ostiary {
     writer: AuditWriter,
     /// The proxy's Unix socket, when one was bound ([`Ostiary::with_unix`]).
     unix: Option<tokio::net::UnixListener>,
+    /// The trail streamed to a SIEM (`[audit.siem]`).
+    siem: Option<SiemStream>,
 }
 
 /// Bind the proxy's Unix socket at `path`: a socket file left by a proxy that is gone is
@@ -305,6 +310,9 @@ fn shared_counters(
 
 /// This replica's name in teardown news: `OSTIARY_REPLICA_ID` (a pod's name, say), or one
 /// made up at start.
+/// How long the SIEM stream may take at shutdown to deliver the trail's last records.
+const SIEM_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn replica_id() -> String {
     std::env::var("OSTIARY_REPLICA_ID")
         .ok()
@@ -474,6 +482,19 @@ impl Ostiary {
         checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = tunnel_hosts(&config);
+        let siem = match &config.audit.siem {
+            Some(siem) => Some(SiemStream::new(
+                siem,
+                trail_reader.clone(),
+                stores.cursors.clone(),
+                match config.state.store.as_str() {
+                    "sqlite" => "this-state-directory".to_owned(),
+                    _ => replica_id(),
+                },
+                &metrics,
+            )?),
+            None => None,
+        };
         let config = Arc::new(config);
         let policies = Arc::new(policies);
         let sessions = Arc::new(sessions);
@@ -563,6 +584,7 @@ impl Ostiary {
             desk: (desk, trip_queue),
             writer,
             unix: None,
+            siem,
         })
     }
 
@@ -592,6 +614,7 @@ impl Ostiary {
             desk: (desk, trip_queue),
             writer,
             unix,
+            siem,
         } = self;
         let proxy_addr = proxy.local_addr()?;
         let control_addr = control.local_addr()?;
@@ -653,6 +676,7 @@ impl Ostiary {
                 stopped(stop_rx.clone()),
             ))
         });
+        let siem_task = siem.map(|siem| tokio::spawn(siem.run(stopped(stop_rx.clone()))));
         shutdown.await;
         let _ = stop_tx.send(true);
         let _ = tokio::join!(
@@ -680,6 +704,13 @@ impl Ostiary {
         // for its export thread, which exports on this runtime).
         if let Some(spans) = plane.audit.spans() {
             let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+        }
+        // And to the SIEM, within a grace; what is left goes with the next holder of the
+        // stream's cursor (another replica, or this one's restart).
+        if let Some(task) = siem_task {
+            if let Ok(siem) = task.await {
+                siem.finish(SIEM_GRACE).await;
+            }
         }
         drop((data, plane));
         // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.

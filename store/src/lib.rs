@@ -5,7 +5,8 @@
 //!   requests, link nonces, Slack replays, the bounds on holds and the notification
 //!   outbox), [`sessions::SessionStore`], [`guard::GuardStore`] (pauses, dead letters,
 //!   idempotency keys, session accounts), [`audit::AuditStore`] (append, query, read back
-//!   for verification) and [`leases::LeaseStore`] (the broker's lease journal);
+//!   for verification), [`leases::LeaseStore`] (the broker's lease journal) and
+//!   [`cursors::CursorStore`] (how far the audit trail's exports have delivered);
 //! - [`StoreError`]: why a store call failed, with no driver type in it;
 //! - [`Call`]: how async code runs a store call (every trait is blocking; see below);
 //! - [`sqlite`]: the embedded backend — one database file, versioned migrations
@@ -23,6 +24,7 @@ use std::sync::Arc;
 pub mod approvals;
 pub mod audit;
 mod call;
+pub mod cursors;
 mod error;
 pub mod guard;
 pub mod leases;
@@ -43,6 +45,7 @@ pub struct Stores {
     pub guard: Arc<dyn guard::GuardStore>,
     pub audit: Arc<dyn audit::AuditStore>,
     pub leases: Arc<dyn leases::LeaseStore>,
+    pub cursors: Arc<dyn cursors::CursorStore>,
 }
 
 /// Milliseconds since the Unix epoch.

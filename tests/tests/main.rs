@@ -17,6 +17,7 @@ mod approvals_notify;
 mod approvals_pipeline;
 mod audit_fail_closed;
 mod audit_offline;
+mod audit_siem;
 mod audit_tamper;
 mod broker_vault;
 mod browser_harness;

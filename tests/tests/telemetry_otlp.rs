@@ -5,7 +5,9 @@
 //! What it proves: with `[telemetry] otlp_endpoint` set, an allowed and a denied request
 //! each arrive as a span named for the decision, carrying the session, the agent, the
 //! decision, the determining policies, the request and the duration, under the configured
-//! service name; a bad endpoint is refused at start-up.
+//! service name, and how long each phase it reached took; with `propagate`, the upstream
+//! gets a `traceparent` naming the proxy's span, which continues the agent's trace when
+//! the agent sent one (and only then has a parent); a bad endpoint is refused at start-up.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,6 +84,55 @@ fn text(span: &Span, key: &str) -> Option<String> {
     }
 }
 
+/// Every span received, as (service name, content type, span), once the spans of all `ids`
+/// (request ids) are among them.
+async fn collect(received: &Received, ids: &[String]) -> Vec<(String, String, Span)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let spans: Vec<(String, String, Span)> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|(path, kind, req)| {
+                req.resource_spans.iter().flat_map(move |rs| {
+                    let service = rs
+                        .resource
+                        .iter()
+                        .flat_map(|r| r.attributes.iter())
+                        .find(|kv| kv.key == "service.name")
+                        .and_then(|kv| kv.value.clone())
+                        .and_then(|v| v.value)
+                        .map(|v| match v {
+                            AnyValue::StringValue(s) => s,
+                            _ => String::new(),
+                        })
+                        .unwrap_or_default();
+                    assert_eq!(path, "/v1/traces");
+                    assert_eq!(kind, "application/x-protobuf");
+                    rs.scope_spans
+                        .iter()
+                        .flat_map(|ss| ss.spans.iter().cloned())
+                        .map(move |s| (service.clone(), kind.clone(), s))
+                })
+            })
+            .collect();
+        let found = ids.iter().all(|id| {
+            spans
+                .iter()
+                .any(|(_, _, s)| text(s, "ostiary.request_id").as_deref() == Some(id))
+        });
+        if found {
+            return spans;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "spans of {ids:?} not received; got {} spans",
+            spans.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 const POLICY: &str = r#"
 @id("allow-status")
 permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
@@ -133,50 +184,7 @@ async fn each_decision_arrives_as_a_span_over_otlp_http() {
         .collect();
 
     // Batched: within a few export intervals both spans are there.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let spans = loop {
-        let spans: Vec<(String, String, Span)> = received
-            .lock()
-            .unwrap()
-            .iter()
-            .flat_map(|(path, kind, req)| {
-                req.resource_spans.iter().flat_map(move |rs| {
-                    let service = rs
-                        .resource
-                        .iter()
-                        .flat_map(|r| r.attributes.iter())
-                        .find(|kv| kv.key == "service.name")
-                        .and_then(|kv| kv.value.clone())
-                        .and_then(|v| v.value)
-                        .map(|v| match v {
-                            AnyValue::StringValue(s) => s,
-                            _ => String::new(),
-                        })
-                        .unwrap_or_default();
-                    assert_eq!(path, "/v1/traces");
-                    assert_eq!(kind, "application/x-protobuf");
-                    rs.scope_spans
-                        .iter()
-                        .flat_map(|ss| ss.spans.iter().cloned())
-                        .map(move |s| (service.clone(), kind.clone(), s))
-                })
-            })
-            .collect();
-        let found = ids.iter().all(|id| {
-            spans
-                .iter()
-                .any(|(_, _, s)| text(s, "ostiary.request_id").as_deref() == Some(id))
-        });
-        if found {
-            break spans;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "spans of {ids:?} not received; got {} spans",
-            spans.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let spans = collect(&received, &ids).await;
     let of = |id: &str| {
         spans
             .iter()
@@ -245,4 +253,135 @@ async fn an_endpoint_that_is_not_an_http_url_is_refused_at_start_up() {
     }
     let toml = "[telemetry]\nexport_interval = \"0s\"\n";
     assert!(ostiary::config::Config::from_toml(toml, std::path::Path::new("t")).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_context_goes_upstream_and_each_span_times_its_phases() {
+    let (endpoint, received) = collector().await;
+    let upstream = Upstream::builder()
+        .tls(false)
+        .names(&["api.example.test"])
+        .start()
+        .await;
+    let proxy = TestProxy::start(ProxySpec {
+        policies: POLICY.into(),
+        names: vec!["api.example.test".into()],
+        ports: vec![upstream.port()],
+        extra_toml: format!(
+            "[telemetry]\notlp_endpoint = \"{endpoint}\"\nexport_interval = \"100ms\"\npropagate = true\n"
+        ),
+        ..Default::default()
+    })
+    .await;
+    let session = proxy.session("otel-agent").await;
+    let port = upstream.port();
+    let agents_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let agents_span = "00f067aa0ba902b7";
+    for (path, traceparent) in [
+        (
+            "/status/200",
+            Some(format!("00-{agents_trace}-{agents_span}-01")),
+        ),
+        ("/status/201", None),
+        (
+            "/denied",
+            Some(format!("00-{agents_trace}-{agents_span}-01")),
+        ),
+    ] {
+        let extra = traceparent
+            .map(|t| format!("traceparent: {t}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET http://api.example.test:{port}{path} HTTP/1.1\r\nHost: api.example.test:{port}\r\n{extra}{}Connection: close\r\n\r\n",
+            auth_line(&session.token)
+        );
+        exchange(proxy.proxy_addr, request.as_bytes())
+            .await
+            .unwrap();
+    }
+    let records = proxy.audit().await;
+    let id_of = |path: &str| {
+        records
+            .iter()
+            .find(|r| r.path.as_deref() == Some(path))
+            .unwrap_or_else(|| panic!("no record of {path}"))
+            .request_id
+            .clone()
+    };
+    let ids = [id_of("/status/200"), id_of("/status/201"), id_of("/denied")];
+    let spans = collect(&received, &ids).await;
+    let span = |id: &str| {
+        spans
+            .iter()
+            .map(|(_, _, s)| s)
+            .find(|s| text(s, "ostiary.request_id").as_deref() == Some(id))
+            .unwrap()
+    };
+    let sent = |path: &str| {
+        let seen = upstream.seen_path(path);
+        assert_eq!(seen.len(), 1, "{path}: {seen:?}");
+        let value = seen[0]
+            .header("traceparent")
+            .expect("a traceparent upstream")
+            .to_owned();
+        let parts: Vec<String> = value.split('-').map(str::to_owned).collect();
+        assert_eq!(
+            (parts.len(), parts[0].as_str(), parts[3].as_str()),
+            (4, "00", "01"),
+            "{value}"
+        );
+        (parts[1].clone(), parts[2].clone())
+    };
+
+    // Continued: the agent's trace, the proxy's own span, the agent's span its parent.
+    let (trace, span_id) = sent("/status/200");
+    assert_eq!(trace, agents_trace);
+    assert_ne!(span_id, agents_span);
+    let continued = span(&ids[0]);
+    assert_eq!(hex::encode(&continued.trace_id), agents_trace);
+    assert_eq!(hex::encode(&continued.span_id), span_id);
+    assert_eq!(hex::encode(&continued.parent_span_id), agents_span);
+
+    // Started: a trace of its own, a root span, told to the upstream all the same.
+    let (trace, span_id) = sent("/status/201");
+    assert_ne!(trace, agents_trace);
+    let started = span(&ids[1]);
+    assert_eq!(hex::encode(&started.trace_id), trace);
+    assert_eq!(hex::encode(&started.span_id), span_id);
+    assert!(started.parent_span_id.is_empty(), "{started:?}");
+
+    // Every phase a request reached is timed; a denied one never reached inject or forward.
+    let phases = |s: &Span| -> Vec<String> {
+        s.attributes
+            .iter()
+            .filter(|kv| kv.key.starts_with("ostiary.phase."))
+            .map(|kv| {
+                assert!(
+                    matches!(kv.value.as_ref().and_then(|v| v.value.as_ref()), Some(AnyValue::IntValue(us)) if *us >= 0),
+                    "{kv:?}"
+                );
+                kv.key.clone()
+            })
+            .collect()
+    };
+    assert_eq!(
+        phases(continued),
+        [
+            "ostiary.phase.authenticate_us",
+            "ostiary.phase.recognise_us",
+            "ostiary.phase.decide_us",
+            "ostiary.phase.inject_us",
+            "ostiary.phase.forward_us",
+            "ostiary.phase.reply_us"
+        ]
+    );
+    assert_eq!(
+        phases(span(&ids[2])),
+        [
+            "ostiary.phase.authenticate_us",
+            "ostiary.phase.recognise_us",
+            "ostiary.phase.decide_us"
+        ]
+    );
+    assert!(upstream.seen_path("/denied").is_empty());
 }

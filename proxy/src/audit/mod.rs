@@ -14,6 +14,7 @@
 //! - [`attest`] — Ed25519-signed checkpoints of the chain, checkable without the audit key.
 //! - [`ocsf`] — records as OCSF events (`ostiary audit query --format ocsf`).
 //! - [`export`] — `ostiary audit export` and its offline check (`audit verify --offline`).
+//! - [`stream`] — the trail streamed to a SIEM (`[audit.siem]`), from a durable cursor.
 //! - [`anchor`] — `ostiary audit reanchor`, the operator's acknowledged way past a mismatch.
 
 pub mod anchor;
@@ -25,11 +26,12 @@ pub mod ocsf;
 pub mod record;
 mod signing;
 mod sink;
+pub mod stream;
 pub mod verify;
 pub mod writer;
 
 pub use chain::ChainError;
 pub use health::{Limits, Status};
-pub use record::{AuditGuard, AuditRecord};
+pub use record::{AuditGuard, AuditRecord, Phase};
 pub use sink::AuditSink;
 pub use writer::AuditWriter;

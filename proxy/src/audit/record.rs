@@ -112,6 +112,83 @@ pub struct AuditRecord {
     /// [`super::attest`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub checkpoint: Option<super::attest::Checkpoint>,
+    /// How long each phase of the request took: for its span ([`crate::telemetry`]), never
+    /// stored (the trail's format and hashes stay as they are).
+    #[serde(skip)]
+    pub phases: PhaseTimes,
+    /// The trace the request's span belongs to, when its context was propagated upstream
+    /// (`[telemetry] propagate`); never stored.
+    #[serde(skip)]
+    pub trace: Option<crate::telemetry::TraceContext>,
+}
+
+/// The phases of a request ([`crate::pipeline`]) a span times, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Authenticate,
+    Recognise,
+    Decide,
+    Inject,
+    Forward,
+    Reply,
+}
+
+impl Phase {
+    const COUNT: usize = 6;
+
+    /// Its name in span attributes (`ostiary.phase.<name>_us`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Authenticate => "authenticate",
+            Phase::Recognise => "recognise",
+            Phase::Decide => "decide",
+            Phase::Inject => "inject",
+            Phase::Forward => "forward",
+            Phase::Reply => "reply",
+        }
+    }
+
+    const ALL: [Phase; Phase::COUNT] = [
+        Phase::Authenticate,
+        Phase::Recognise,
+        Phase::Decide,
+        Phase::Inject,
+        Phase::Forward,
+        Phase::Reply,
+    ];
+}
+
+/// Microseconds each phase a request reached took (from its start to the next phase's, the
+/// last one's to the record's end).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PhaseTimes([Option<u32>; Phase::COUNT]);
+
+impl PhaseTimes {
+    /// The phases reached, with their durations, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (Phase, u32)> + '_ {
+        Phase::ALL
+            .into_iter()
+            .zip(self.0)
+            .filter_map(|(phase, took)| Some((phase, took?)))
+    }
+
+    /// From the phases' starts (µs since the request began; `None` where a phase was not
+    /// reached) and the record's end.
+    fn from_starts(starts: &[Option<u32>; Phase::COUNT], end: u32) -> Self {
+        let mut times = [None; Phase::COUNT];
+        for (i, start) in starts.iter().enumerate() {
+            if let Some(start) = start {
+                let next = starts[i + 1..]
+                    .iter()
+                    .flatten()
+                    .next()
+                    .copied()
+                    .unwrap_or(end);
+                times[i] = Some(next.saturating_sub(*start));
+            }
+        }
+        Self(times)
+    }
 }
 
 /// A chain that no longer matched its checkpoint, acknowledged by an operator: the record
@@ -166,6 +243,8 @@ pub struct AuditGuard {
     metrics: Arc<Metrics>,
     /// A scratch record ([`AuditGuard::scratch`]) is never written.
     keep: bool,
+    /// When each phase began, in µs since `started` ([`AuditGuard::mark`]).
+    phase_starts: [Option<u32>; Phase::COUNT],
 }
 
 impl AuditGuard {
@@ -182,7 +261,14 @@ impl AuditGuard {
             sink: sink.clone(),
             metrics: metrics.clone(),
             keep: true,
+            phase_starts: [None; Phase::COUNT],
         }
+    }
+
+    /// `phase` begins now (its span attribute times it until the next phase begins).
+    pub fn mark(&mut self, phase: Phase) {
+        let at = u32::try_from(self.started.elapsed().as_micros()).unwrap_or(u32::MAX);
+        self.phase_starts[phase as usize] = Some(at);
     }
 
     /// A record that is filled in like any other but never written: for work that keeps
@@ -265,6 +351,10 @@ impl AuditGuard {
         if let Some(mut record) = self.record.take() {
             f(&mut record);
             record.duration_us = self.started.elapsed().as_micros() as u64;
+            record.phases = PhaseTimes::from_starts(
+                &self.phase_starts,
+                u32::try_from(record.duration_us).unwrap_or(u32::MAX),
+            );
             self.metrics.count(&record.kind, &record.decision);
             self.sink.send(record);
         }
@@ -279,5 +369,41 @@ impl Drop for AuditGuard {
                 r.reason = Some("the request was abandoned before it completed".into());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_lasts_until_the_next_one_reached_begins_and_the_last_until_the_end() {
+        let mut starts = [None; Phase::COUNT];
+        starts[Phase::Authenticate as usize] = Some(0);
+        starts[Phase::Decide as usize] = Some(30);
+        starts[Phase::Forward as usize] = Some(45);
+        let times = PhaseTimes::from_starts(&starts, 100);
+        let named: Vec<(&str, u32)> = times.iter().map(|(p, t)| (p.name(), t)).collect();
+        assert_eq!(
+            named,
+            [("authenticate", 30), ("decide", 15), ("forward", 55)]
+        );
+        assert_eq!(
+            PhaseTimes::from_starts(&[None; Phase::COUNT], 9)
+                .iter()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn phases_and_trace_are_never_stored() {
+        let record = AuditRecord {
+            request_id: "r".into(),
+            phases: PhaseTimes::from_starts(&[Some(1); Phase::COUNT], 9),
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&record).unwrap();
+        assert!(!text.contains("phase") && !text.contains("trace"), "{text}");
     }
 }

@@ -18,7 +18,7 @@ pub mod sandbox;
 mod sessions;
 mod tiers;
 
-pub use audit::Audit;
+pub use audit::{Audit, Siem, SiemFormat};
 pub use control::Control;
 pub use sandbox::{Isolation, Profile, Sandbox};
 pub use sessions::{Sessions, Watchdog, LIMIT_NAMES, PENDING_APPROVALS_CEILING};

@@ -7,7 +7,7 @@ use http::{Method, Request};
 use hyper::body::Incoming;
 
 use super::ctx::Note;
-use crate::audit::AuditGuard;
+use crate::audit::{AuditGuard, Phase};
 use crate::authenticate;
 use crate::classify::Origin;
 use crate::error::ProxyError;
@@ -23,6 +23,7 @@ pub(super) async fn authenticate(
     req: &Request<Incoming>,
     audit: &mut AuditGuard,
 ) -> Result<Arc<Principal>, ProxyError> {
+    audit.mark(Phase::Authenticate);
     let principal = match origin {
         Origin::Plain => authenticate::principal(&plane.sessions, req.headers()).await?,
         Origin::Tunnel(tunnel) => tunnel.principal.clone(),

@@ -22,6 +22,7 @@ use ostiary_policies::{Action, SessionState};
 
 use super::ctx::RequestCtx;
 use super::recognise::Recognised;
+use crate::audit::Phase;
 use crate::body::ProxyBody;
 use crate::check::{self, dlp::Detectors};
 use crate::error::ProxyError;
@@ -51,6 +52,7 @@ pub(super) async fn run(
     req: &mut Request<ProxyBody>,
     recognised: Recognised<'_>,
 ) -> Result<Decided, ProxyError> {
+    ctx.audit.mark(Phase::Decide);
     // `context.session` is read once, so every decision of the request sees the same usage.
     let session = ctx.plane.guardrails.session_state(&ctx.principal);
     // The port rule first (a tunnel's port was decided at CONNECT; an approved execution's

@@ -9,6 +9,7 @@ use super::ctx::RequestCtx;
 use super::decide::Decided;
 use super::inject::Prepared;
 use super::upgrade;
+use crate::audit::Phase;
 use crate::check;
 use crate::connector::DialedAddr;
 use crate::error::ProxyError;
@@ -21,6 +22,7 @@ pub(super) async fn run(
     decided: &Decided,
     agent_body_failed: Option<&std::sync::OnceLock<String>>,
 ) -> Result<Response<Incoming>, ProxyError> {
+    ctx.audit.mark(Phase::Forward);
     if let (Some(approved), Some(cost)) = (ctx.mode.approved(), decided.charge_when_sent) {
         // A limit a human was asked about is granted again (as much as the session started
         // with), and the call is charged whatever the budget says: a human approved it.

@@ -14,6 +14,7 @@ use http::Request;
 use super::ctx::RequestCtx;
 use super::decide::Decided;
 use super::upgrade;
+use crate::audit::Phase;
 use crate::body::{self, ProxyBody};
 use crate::check::dlp::{DlpBody, Finding};
 use crate::error::ProxyError;
@@ -44,6 +45,7 @@ pub(super) async fn run(
     mut req: Request<ProxyBody>,
     decided: &mut Decided,
 ) -> Result<Prepared, ProxyError> {
+    ctx.audit.mark(Phase::Inject);
     let upgrade = ctx.mode.is_live() && upgrade::is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let multiplexed = req.version() == http::Version::HTTP_2;
@@ -70,6 +72,12 @@ pub(super) async fn run(
             r.credentials = injected.names();
             r.leases = injected.leases();
         });
+    }
+    // The trace context (`[telemetry] propagate`): the upstream is told the span this
+    // request's record becomes.
+    if ctx.plane.config.telemetry.propagate {
+        let trace = crate::telemetry::TraceContext::propagate(&mut parts.headers);
+        ctx.audit.update(|r| r.trace = Some(trace));
     }
     if let Some(approved) = ctx.mode.approved() {
         // The exactly-once guard towards the upstream: a crash after this was sent and a

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::Request;
 
 use super::ctx::RequestCtx;
+use crate::audit::Phase;
 use crate::body::ProxyBody;
 use crate::check::Checks;
 use crate::error::ProxyError;
@@ -64,6 +65,7 @@ pub(super) async fn run<'e>(
     ctx: &mut RequestCtx<'e>,
     req: &mut Request<ProxyBody>,
 ) -> Result<Recognised<'e>, ProxyError> {
+    ctx.audit.mark(Phase::Recognise);
     let engine = ctx.engine;
     let limit = ctx.plane.config.proxy.max_tool_body_bytes;
     if let Some(route) = routes::route(engine.catalog(), &ctx.target)? {

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use super::ctx::RequestCtx;
 use super::decide::Decided;
 use super::inject::Prepared;
+use crate::audit::Phase;
 use crate::body::{self, ProxyBody};
 use crate::check;
 use crate::error::ProxyError;
@@ -24,6 +25,7 @@ pub(super) async fn run(
     prepared: &Prepared,
     decided: Decided,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    ctx.audit.mark(Phase::Reply);
     let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     // A body that cannot be decoded to be scrubbed is refused rather than passed on.
     let response = match &prepared.injected.scrubber {

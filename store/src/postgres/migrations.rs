@@ -30,10 +30,24 @@ const MIGRATIONS: &[Migration] = &[
         name: "sessions.profile (the sandbox profile a session runs under)",
         sql: "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS profile TEXT",
     },
+    Migration {
+        version: 3,
+        name: "export_cursors (how far the audit trail's streams to a SIEM have delivered)",
+        sql: "CREATE TABLE IF NOT EXISTS export_cursors (
+            name           TEXT PRIMARY KEY,
+            seq            BIGINT NOT NULL,
+            holder         TEXT NOT NULL,
+            lease_until_ms BIGINT NOT NULL,
+            updated_ms     BIGINT NOT NULL,
+            delivered      BIGINT NOT NULL,
+            last_error     TEXT,
+            failed_ms      BIGINT
+        )",
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 2;
+pub const LATEST: i64 = 3;
 
 /// The advisory lock migrations take (any constant; the same in every replica).
 pub(super) const MIGRATION_LOCK: i64 = 0x6f73_7469_6d69_6701;

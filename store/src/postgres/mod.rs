@@ -27,6 +27,7 @@ use crate::{StoreError, Stores};
 mod approvals;
 mod audit;
 mod bounds;
+mod cursors;
 mod guard;
 mod leases;
 pub mod migrations;
@@ -104,7 +105,8 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
         sessions: Arc::new(sessions::PgSessions(db.clone())),
         guard: Arc::new(guard::PgGuard(db.clone())),
         audit: Arc::new(audit::PgAudit(db.clone())),
-        leases: Arc::new(leases::PgLeases(db)),
+        leases: Arc::new(leases::PgLeases(db.clone())),
+        cursors: Arc::new(cursors::PgCursors(db)),
     })
 }
 

@@ -36,10 +36,28 @@ const MIGRATIONS: &[Migration] = &[
         // without a version).
         apply: |tx| add_column(tx, "sessions", "profile", "TEXT"),
     },
+    Migration {
+        version: 3,
+        name: "export_cursors (how far the audit trail's streams to a SIEM have delivered)",
+        apply: |tx| tx.execute_batch(EXPORT_CURSORS),
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 2;
+pub const LATEST: i64 = 3;
+
+const EXPORT_CURSORS: &str = "
+CREATE TABLE IF NOT EXISTS export_cursors (
+    name           TEXT PRIMARY KEY,
+    seq            INTEGER NOT NULL,
+    holder         TEXT NOT NULL,
+    lease_until_ms INTEGER NOT NULL,
+    updated_ms     INTEGER NOT NULL,
+    delivered      INTEGER NOT NULL,
+    last_error     TEXT,
+    failed_ms      INTEGER
+);
+";
 
 const BASELINE: &str = "
 CREATE TABLE IF NOT EXISTS sessions (

@@ -22,6 +22,7 @@ use crate::{StoreError, Stores};
 mod approvals;
 mod audit;
 mod bounds;
+mod cursors;
 mod guard;
 mod leases;
 pub mod migrations;
@@ -65,6 +66,7 @@ pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
         guard: Arc::new(guard::SqliteGuard(db(options.busy_timeout)?)),
         audit: Arc::new(audit::SqliteAudit(db(options.audit_busy_timeout)?)),
         leases: Arc::new(leases::SqliteLeases(db(options.busy_timeout)?)),
+        cursors: Arc::new(cursors::SqliteCursors(db(options.busy_timeout)?)),
     })
 }
 
@@ -84,6 +86,7 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
         guard: Arc::new(guard::SqliteGuard(db()?)),
         audit: Arc::new(audit::SqliteAudit(db()?)),
         leases: Arc::new(leases::SqliteLeases(db()?)),
+        cursors: Arc::new(cursors::SqliteCursors(db()?)),
     })
 }
 

@@ -17,9 +17,11 @@ use crate::Stores;
 
 mod approvals;
 mod audit;
+mod cursors;
 use approvals::approval;
 pub use approvals::*;
 pub use audit::*;
+pub use cursors::*;
 
 /// One fresh database per test; every [`Backend::open`] opens the same one again (as a
 /// second process, or the same one after a restart, would).
@@ -32,7 +34,7 @@ pub trait Backend {
 #[macro_export]
 macro_rules! store_suite {
     ($backend:expr) => {
-        $crate::store_suite!(@each $backend; approvals_roundtrip_and_decide_once, approvals_a_link_nonce_decides_once_and_a_refusal_does_not_burn_it, approvals_two_stores_claiming_one_approval_exactly_one_wins, approvals_recovery_returns_claimed_executions_to_approved, approvals_deadline_expires_and_reminders_advance, approvals_outbox_retries_until_delivered, approvals_slack_signatures_are_seen_once, approvals_holds_stop_at_the_cap_and_identical_ones_join, approvals_a_tree_counts_against_every_ancestor_and_survives_reopening, approvals_concurrent_holds_never_overshoot_a_cap, approvals_a_closed_recipient_collects_and_is_not_due, guard_an_idempotency_key_runs_once_and_refuses_another_request, guard_a_pause_is_recorded_once_and_resolved_once, sessions_live_rows_come_back_with_their_parent_agent_and_revocation_sticks, leases_owed_leases_survive_until_settled, audit_appends_only_onto_the_tip_it_was_given, audit_an_append_after_takes_on_other_writers_rows_under_its_lock, audit_queries_filter_and_scans_stop_when_asked, audit_a_long_chain_scans_whole_and_in_order, stores_on_one_database_see_each_other);
+        $crate::store_suite!(@each $backend; approvals_roundtrip_and_decide_once, approvals_a_link_nonce_decides_once_and_a_refusal_does_not_burn_it, approvals_two_stores_claiming_one_approval_exactly_one_wins, approvals_recovery_returns_claimed_executions_to_approved, approvals_deadline_expires_and_reminders_advance, approvals_outbox_retries_until_delivered, approvals_slack_signatures_are_seen_once, approvals_holds_stop_at_the_cap_and_identical_ones_join, approvals_a_tree_counts_against_every_ancestor_and_survives_reopening, approvals_concurrent_holds_never_overshoot_a_cap, approvals_a_closed_recipient_collects_and_is_not_due, guard_an_idempotency_key_runs_once_and_refuses_another_request, guard_a_pause_is_recorded_once_and_resolved_once, sessions_live_rows_come_back_with_their_parent_agent_and_revocation_sticks, leases_owed_leases_survive_until_settled, audit_appends_only_onto_the_tip_it_was_given, audit_an_append_after_takes_on_other_writers_rows_under_its_lock, audit_queries_filter_and_scans_stop_when_asked, audit_a_long_chain_scans_whole_and_in_order, cursors_one_holder_at_a_time_and_a_lapsed_lease_passes_on, cursors_move_only_from_where_they_were_read_and_count_what_was_delivered, cursors_a_reset_wins_over_a_delivery_in_flight_and_survives_reopening, stores_on_one_database_see_each_other);
     };
     (@each $backend:expr; $($name:ident),*) => {
         $(
