@@ -1,17 +1,20 @@
 //! The `ostiary` command line (docs/design.md §7): its definition (clap) and the commands
 //! small enough to live here. Every command takes `--config` (or `OSTIARY_CONFIG`); with
 //! none, the built-in defaults apply, so `ostiary serve` works on a fresh machine with no
-//! file at all.
+//! file at all. Every command that prints a result takes the global `--json`
+//! ([`crate::output`]); those that print none refuse it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub mod approvals;
+pub mod audit;
 pub mod completions;
 pub mod cost;
 pub mod doctor;
 mod evidence;
 mod policy;
+pub mod records;
 pub mod run;
 pub mod sessions;
 mod siem;
@@ -22,19 +25,14 @@ pub use run::RunArgs;
 use clap::{Args, Parser, Subcommand};
 use ostiary_sdk::{ControlClient, NewSession, Session};
 
-use ostiary::audit::verify::{self, Query};
 use ostiary::config::Config;
 use ostiary::state::{self, files};
 use ostiary::{Options, Ostiary};
 
+use crate::output::{print_json, print_json_pretty, Output};
 use crate::stages::Stage;
 
-/// How `audit query` prints records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RecordFormat {
-    Json,
-    Ocsf,
-}
+pub use audit::AuditCommand;
 
 /// Why a command failed; printed as one line by `main`.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +71,10 @@ pub struct Cli {
     /// Config file (TOML). Without one, the built-in defaults apply.
     #[arg(long, global = true, env = "OSTIARY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Print the result as JSON (one document; one line per record for record streams)
+    /// instead of text for a person. Never coloured.
+    #[arg(long, global = true)]
+    pub json: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -120,7 +122,8 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
-    /// Create a session and print shell `export` lines (or JSON with --json).
+    /// Create a session and print shell `export` lines (with --json: the session, with its
+    /// id, token, proxy URL and CA).
     New(SessionArgs),
     #[command(flatten)]
     Manage(sessions::SessionsCommand),
@@ -140,9 +143,6 @@ pub struct SessionArgs {
     /// The most requests the session may make; past it they are refused with 429.
     #[arg(long)]
     pub max_calls: Option<u64>,
-    /// Print the session (id, token, proxy URL, CA) as JSON instead of `export` lines.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -160,77 +160,6 @@ pub enum StateCommand {
         /// Where to write them.
         #[arg(long)]
         dir: PathBuf,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum AuditCommand {
-    /// Print matching records as JSON lines, oldest first.
-    Query {
-        /// Only this session's records.
-        #[arg(long)]
-        session: Option<String>,
-        /// allow | deny | error | cancel
-        #[arg(long)]
-        decision: Option<String>,
-        /// Epoch milliseconds, RFC 3339, or a duration back from now (15m).
-        #[arg(long)]
-        since: Option<String>,
-        /// The most records to print (default 10000), the oldest matching ones.
-        #[arg(long)]
-        limit: Option<u32>,
-        /// `json`: the records as stored; `ocsf`: as OCSF 1.3 events (API Activity for tool
-        /// calls and MCP messages, HTTP Activity for other requests), for a SIEM.
-        #[arg(long, value_enum, default_value_t = RecordFormat::Json)]
-        format: RecordFormat,
-    },
-    /// Recompute the chain; exit 1 if anything was altered, inserted or deleted (the newest
-    /// records included: the head checkpoint must match). With --offline, check an export
-    /// against the signing public key instead, with no access to the proxy or its state.
-    Verify {
-        /// An `audit export` file to check (needs --pubkey; reads nothing else).
-        #[arg(long, value_name = "FILE", requires = "pubkey")]
-        offline: Option<PathBuf>,
-        /// The public key that signed the export's checkpoints (PEM, from `audit pubkey`).
-        #[arg(long, value_name = "KEY", requires = "offline")]
-        pubkey: Option<PathBuf>,
-    },
-    /// Print the public key (PEM) that signs the chain's checkpoints: what an auditor checks
-    /// exports with.
-    Pubkey,
-    /// Write records with the signed checkpoints covering them (JSON lines,
-    /// docs/audit-export.md) to standard output, up to the newest checkpoint.
-    Export {
-        /// From the signed range holding the first record at or after this time (epoch
-        /// milliseconds, RFC 3339, or a duration back from now); default: the whole chain.
-        #[arg(long)]
-        since: Option<String>,
-    },
-    /// Acknowledge a chain that no longer matches its checkpoint (which `serve` refuses to
-    /// extend): seal a record saying so, with your reason, onto the chain as it stands. Run
-    /// `audit verify` first, with the proxy stopped.
-    Reanchor {
-        /// Why (who looked, what was found); recorded in the chain.
-        #[arg(long)]
-        reason: String,
-    },
-    /// Follow the trail: print new records as JSON lines as they are written (filters as
-    /// for `query`), until interrupted.
-    Tail(tail::TailArgs),
-    /// The trail's stream to a SIEM (`[audit.siem]`): its status, or a replay from a record.
-    #[command(subcommand)]
-    Siem(siem::SiemCommand),
-    /// What charged tool calls cost, grouped (default: by tool), most expensive first.
-    Cost {
-        /// Only this session and the sessions spawned from it, at any depth.
-        #[arg(long)]
-        session: Option<String>,
-        /// What to group by.
-        #[arg(long, value_enum, default_value_t = cost::By::Tool)]
-        by: cost::By,
-        /// JSON lines (one per group, with exact `cost_micros`) instead of a table.
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -332,18 +261,23 @@ pub struct ExplainArgs {
     /// Policy directory (default: the config's `policy.dir`).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Print the explanation as JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let out = Output { json: cli.json };
+    if out.json {
+        if let Some(name) = prints_no_result(&cli.command) {
+            return Err(CliError::Usage(format!(
+                "--json does not apply to `ostiary {name}`: it prints no result"
+            )));
+        }
+    }
     // Neither needs a config that loads: a completion script is the same for every
     // deployment, and doctor reports a broken config as its first finding.
     match cli.command {
         Command::Completions { shell } => return completions::run(shell),
-        Command::Doctor => return doctor::run(cli.config.as_deref()).await,
+        Command::Doctor => return doctor::run(cli.config.as_deref(), out).await,
         _ => {}
     }
     let config = match &cli.config {
@@ -353,38 +287,49 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     };
     match cli.command {
         Command::Serve => serve(config).await,
-        Command::Session(SessionCommand::New(args)) => session_new(&config, args).await,
+        Command::Session(SessionCommand::New(args)) => session_new(&config, args, out).await,
         Command::Session(SessionCommand::Manage(cmd)) => {
-            sessions::run(control_client(&config)?, cmd).await
+            sessions::run(control_client(&config)?, cmd, out).await
         }
         Command::Run(args) => Ok(run::run(&config, args).await),
         Command::Ca(CaCommand::Export) => {
             let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
-            print!("{}", state::read_ca_cert(dir)?);
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::State(StateCommand::Init { dir }) => {
-            for name in state::StateDir::init_keys(&dir)? {
-                println!("{}", dir.join(name).display());
+            let pem = state::read_ca_cert(dir)?;
+            if out.json {
+                print_json(&serde_json::json!({ "pem": pem }));
+            } else {
+                print!("{pem}");
             }
             Ok(ExitCode::SUCCESS)
         }
-        // Off the runtime's threads: the store's calls block (PostgreSQL's client runs a
-        // runtime of its own).
+        Command::State(StateCommand::Init { dir }) => {
+            let paths: Vec<String> = state::StateDir::init_keys(&dir)?
+                .into_iter()
+                .map(|name| dir.join(name).display().to_string())
+                .collect();
+            if out.json {
+                print_json(&serde_json::json!({ "dir": dir, "paths": paths }));
+            } else {
+                paths.iter().for_each(|path| println!("{path}"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         // On the runtime: it sleeps between polls and ends on Ctrl-C (each poll runs on
         // the blocking pool).
-        Command::Audit(AuditCommand::Tail(args)) => tail::run(&config, args).await,
+        Command::Audit(AuditCommand::Tail(args)) => tail::run(&config, args, out).await,
+        // Off the runtime's threads: the store's calls block (PostgreSQL's client runs a
+        // runtime of its own).
         Command::Audit(cmd) => {
             let config = config.clone();
-            tokio::task::spawn_blocking(move || audit(&config, cmd))
+            tokio::task::spawn_blocking(move || audit::run(&config, cmd, out))
                 .await
                 .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
         }
-        Command::Policy(cmd) => policy::run(&config, cmd),
+        Command::Policy(cmd) => policy::run(&config, cmd, out),
         Command::Approvals(cmd) => {
             // Who decides is asked before the token is read: the one a person can fix at once.
             approvals::check_approver(&cmd)?;
-            approvals::run(control_client(&config)?, cmd).await
+            approvals::run(control_client(&config)?, cmd, out).await
         }
         Command::Doctor | Command::Completions { .. } => Err(CliError::Usage(
             "handled before the config is loaded".into(),
@@ -392,6 +337,18 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Stage(_) => Err(CliError::Usage(
             "a sandbox stage runs only as a process's first command".into(),
         )),
+    }
+}
+
+/// The commands whose output is not a result a script could take as JSON: a server's log,
+/// a child's own output, a shell script. `--json` on them is a mistake to say, not ignore.
+fn prints_no_result(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Serve => Some("serve"),
+        Command::Run(_) => Some("run"),
+        Command::Completions { .. } => Some("completions"),
+        Command::Stage(_) => Some("sandbox stage"),
+        _ => None,
     }
 }
 
@@ -510,7 +467,11 @@ fn ca_path(config: &Config, session: &Session) -> Result<PathBuf, CliError> {
     })
 }
 
-async fn session_new(config: &Config, args: SessionArgs) -> Result<ExitCode, CliError> {
+async fn session_new(
+    config: &Config,
+    args: SessionArgs,
+    out: Output,
+) -> Result<ExitCode, CliError> {
     let client = control_client(config)?;
     let session = client
         .create_session(&NewSession {
@@ -521,10 +482,8 @@ async fn session_new(config: &Config, args: SessionArgs) -> Result<ExitCode, Cli
             ..Default::default()
         })
         .await?;
-    if args.json {
-        let text =
-            serde_json::to_string_pretty(&session).map_err(|e| CliError::Usage(e.to_string()))?;
-        println!("{text}");
+    if out.json {
+        print_json_pretty(&session)?;
         return Ok(ExitCode::SUCCESS);
     }
     let ca = ca_path(config, &session)?;
@@ -552,155 +511,6 @@ fn exit_code_of(status: std::process::ExitStatus) -> ExitCode {
     }
 }
 
-fn audit(config: &Config, cmd: AuditCommand) -> Result<ExitCode, CliError> {
-    let backend = ostiary::stores::Backend::of(&config.state).map_err(CliError::Usage)?;
-    // Read-only for all but `reanchor`, which writes.
-    let read_only = || {
-        backend.audit_reader().map_err(|e| match e {
-            ostiary_store::StoreError::Unavailable(why) => CliError::Usage(why),
-            other => CliError::Store(other),
-        })
-    };
-    match cmd {
-        AuditCommand::Reanchor { reason } => reanchor(config, &backend, &reason),
-        AuditCommand::Siem(cmd) => siem::run(config, &backend, cmd),
-        AuditCommand::Tail(_) => Err(CliError::Usage(
-            "audit tail follows on the runtime, not here".into(),
-        )),
-        AuditCommand::Query {
-            session,
-            decision,
-            since,
-            limit,
-            format,
-        } => {
-            let since_ms = match since {
-                None => None,
-                Some(text) => Some(ostiary::control::parse_since(&text).ok_or_else(|| {
-                    CliError::Usage(format!("--since {text:?}: not a time or duration"))
-                })?),
-            };
-            let records = verify::query(
-                &*read_only()?,
-                &Query {
-                    session,
-                    decision,
-                    since_ms,
-                    limit,
-                },
-            )?;
-            for r in records {
-                let line = match format {
-                    RecordFormat::Json => serde_json::to_string(&r),
-                    RecordFormat::Ocsf => serde_json::to_string(&ostiary::audit::ocsf::event(&r)),
-                };
-                println!("{}", line.unwrap_or_default());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        AuditCommand::Cost { session, by, json } => {
-            // Everything: a session's descendants are found only through the records of
-            // the whole chain, so no SQL filter can narrow this down first.
-            let all = verify::query(
-                &*read_only()?,
-                &Query {
-                    limit: Some(u32::MAX),
-                    ..Default::default()
-                },
-            )?;
-            let rows = match session {
-                None => cost::cost_report(&all, by),
-                Some(id) => cost::cost_report(cost::of_session_tree(&all, &id), by),
-            };
-            if json {
-                print!("{}", cost::render_json(&rows));
-            } else {
-                print!("{}", cost::render_table(&rows, by));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        AuditCommand::Verify {
-            offline: Some(file),
-            pubkey: Some(key),
-        } => evidence::verify_offline(&file, &key),
-        AuditCommand::Pubkey => evidence::pubkey(config),
-        AuditCommand::Export { since } => {
-            let since_ms = since
-                .map(|text| {
-                    ostiary::control::parse_since(&text).ok_or_else(|| {
-                        CliError::Usage(format!("--since {text:?}: not a time or duration"))
-                    })
-                })
-                .transpose()?;
-            evidence::export(&*read_only()?, since_ms)
-        }
-        AuditCommand::Verify { .. } => {
-            let key = read_audit_key(config)?;
-            let report = verify::verify(
-                &*read_only()?,
-                &key,
-                &config.state.dir.join(files::AUDIT_HEAD),
-            )?;
-            if report.ok() {
-                println!("ok: {} records, chain intact", report.records);
-            } else {
-                println!("FAILED: {} records checked", report.records);
-                for p in &report.problems {
-                    println!("  {p}");
-                }
-            }
-            for note in &report.notes {
-                println!("  note: {note}");
-            }
-            Ok(if report.ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-    }
-}
-
-/// `audit reanchor`: exit 0 once the acknowledgement is sealed onto the chain; 1 when the
-/// chain matches its checkpoint (nothing to acknowledge).
-fn reanchor(
-    config: &Config,
-    backend: &ostiary::stores::Backend<'_>,
-    reason: &str,
-) -> Result<ExitCode, CliError> {
-    use ostiary::audit::anchor::{self, ReanchorError};
-    let key = read_audit_key(config)?;
-    let trail = backend.open()?.audit;
-    let head = config.state.dir.join(files::AUDIT_HEAD);
-    match anchor::reanchor(&*trail, &key, &head, reason) {
-        Ok(done) => {
-            println!(
-                "re-anchored: record {} acknowledges: {}",
-                done.seq, done.problem
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e @ ReanchorError::Intact { .. }) => {
-            println!("{e}");
-            Ok(ExitCode::FAILURE)
-        }
-        Err(ReanchorError::NoReason) => Err(CliError::Usage(ReanchorError::NoReason.to_string())),
-        Err(e) => Err(CliError::Usage(format!("re-anchoring failed: {e}"))),
-    }
-}
-
-/// The audit key: from the shared keys (`state.keys_dir`) when set, else the state directory.
-fn read_audit_key(config: &Config) -> Result<Vec<u8>, CliError> {
-    let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
-    let path = dir.join(files::AUDIT_KEY);
-    std::fs::read_to_string(&path)
-        .map(|k| k.trim().as_bytes().to_vec())
-        .map_err(|source| CliError::Io {
-            what: format!("reading {}", path.display()),
-            source,
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -724,5 +534,68 @@ mod tests {
         };
         assert_eq!(args.command, ["sh", "-c", "exit 7"]);
         assert!(Cli::try_parse_from(["ostiary", "run", "--agent", "a"]).is_err());
+    }
+
+    #[test]
+    fn json_is_one_global_flag_before_or_after_the_subcommand() {
+        for args in [
+            &["ostiary", "--json", "session", "new", "--agent", "a"][..],
+            &["ostiary", "session", "new", "--agent", "a", "--json"],
+            &["ostiary", "audit", "--json", "verify"],
+            &[
+                "ostiary", "policy", "explain", "--agent", "a", "--host", "h", "--json",
+            ],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(cli.json, "{args:?}");
+        }
+        let cli = Cli::try_parse_from(["ostiary", "doctor"]).expect("parses");
+        assert!(!cli.json);
+        // After `--` it belongs to the command being run, not to ostiary.
+        let cli = Cli::try_parse_from(["ostiary", "run", "--agent", "a", "--", "jq", "--json"])
+            .expect("parses");
+        assert!(!cli.json);
+        assert!(Cli::try_parse_from(["ostiary", "--json=yes", "doctor"]).is_err());
+    }
+
+    #[test]
+    fn commands_that_print_no_result_refuse_json() {
+        let refused =
+            |args: &[&str]| prints_no_result(&Cli::try_parse_from(args).expect("parses").command);
+        assert_eq!(refused(&["ostiary", "--json", "serve"]), Some("serve"));
+        assert_eq!(
+            refused(&["ostiary", "run", "--agent", "a", "--json", "--", "true"]),
+            Some("run")
+        );
+        assert_eq!(
+            refused(&["ostiary", "completions", "bash", "--json"]),
+            Some("completions")
+        );
+        assert_eq!(refused(&["ostiary", "doctor", "--json"]), None);
+        assert_eq!(refused(&["ostiary", "audit", "export", "--json"]), None);
+    }
+
+    #[test]
+    fn record_formats_are_named_and_nothing_else_is() {
+        use records::RecordFormat;
+        let format = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Audit(AuditCommand::Query(q))) => Ok(q.format),
+            Ok(Command::Audit(AuditCommand::Tail(t))) => Ok(t.format),
+            Ok(other) => panic!("{args:?}: {other:?}"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(format(&["ostiary", "audit", "query"]), Ok(None));
+        assert_eq!(
+            format(&["ostiary", "audit", "query", "--format", "table"]),
+            Ok(Some(RecordFormat::Table))
+        );
+        assert_eq!(
+            format(&["ostiary", "audit", "tail", "--format", "ocsf"]),
+            Ok(Some(RecordFormat::Ocsf))
+        );
+        assert_eq!(
+            format(&["ostiary", "audit", "query", "--format", "nonsense"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
     }
 }

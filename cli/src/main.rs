@@ -5,6 +5,9 @@
 //! # Layout
 //! - [`commands`] — the command line (clap) and what each command does: `serve`, `session
 //!   new`, `ca export`, `audit`, `policy`; with one module per larger command:
+//!   - [`commands::audit`] — `audit query|verify|pubkey|export|reanchor|siem|cost`.
+//!   - [`commands::records`] — how `audit query` and `tail` print records: the table, the
+//!     JSON lines, and which of them by default.
 //!   - [`commands::sessions`] — `session(s) show|resume|terminate|dead-letters`.
 //!   - [`mod@commands::run`] — `run`, with or without `--sandbox`.
 //!   - [`commands::approvals`] — `approvals list|show|approve|deny|link`.
@@ -12,6 +15,7 @@
 //!   - [`commands::tail`] — `audit tail`: follow the audit trail with `query`'s filters.
 //!   - [`commands::doctor`] — `doctor`: check a deployment, say what to fix.
 //!   - [`commands::completions`] — `completions`: shell completion scripts.
+//! - [`output`] — the global `--json`, and colour only where a person sees it.
 //! - `help` (tests only) — every subcommand and flag has `--help` text, and none reads like
 //!   a note for the code.
 //! - [`stages`] — the sandbox's hidden stages (`sandbox-enter`, `sandbox-init`,
@@ -21,6 +25,7 @@
 mod commands;
 #[cfg(test)]
 mod help;
+mod output;
 mod stages;
 
 use std::process::ExitCode;
@@ -34,7 +39,27 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `ostiary audit query | head`: Rust ignores SIGPIPE, so a reader that went away makes
+/// `println!` panic. The shell's convention instead (exit 128 + SIGPIPE, nothing printed);
+/// every other panic is reported as before. Restoring SIGPIPE's default would need `unsafe`.
+fn quiet_on_broken_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let mut filter =
         EnvFilter::try_from_env("OSTIARY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // The Vault client's libraries log requests and responses at debug/trace, which may

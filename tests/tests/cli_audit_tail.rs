@@ -243,6 +243,11 @@ async fn audit_query_prints_ocsf_events_a_siem_reads() {
     )
     .await;
     assert_eq!(denied.status, 403, "{denied}");
+    // Records are committed a moment after the answer: both are in before they are read.
+    audit_query(&server, &["--session", &session_id], |records| {
+        records.iter().filter(|r| r["path"].is_string()).count() >= 2
+    })
+    .await;
 
     let config = server.config_arg();
     let out = ostiary(&[

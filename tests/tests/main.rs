@@ -25,6 +25,7 @@ mod checks;
 mod cli;
 mod cli_audit_tail;
 mod cli_doctor;
+mod cli_output;
 mod cli_policy;
 mod cli_sessions;
 mod clients;

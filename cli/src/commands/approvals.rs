@@ -1,14 +1,16 @@
 //! `ostiary approvals list|show|approve|deny|link`: the approval queue from a terminal,
 //! through the control API with the admin token (so the server's own rules — listed
-//! approvers, never the agent, single decisions — apply to the CLI too).
+//! approvers, never the agent, single decisions — apply to the CLI too). With `--json`,
+//! each prints the control API's answer as it came (`link`: `{"link": …}`).
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use ostiary_sdk::ControlClient;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::CliError;
+use crate::output::{approval_style, paint, print_json, Output};
 
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
@@ -17,18 +19,12 @@ pub enum ApprovalsCommand {
         /// pending | approved | executing | executed | failed | refused | denied | expired | all
         #[arg(long, default_value = "pending")]
         status: String,
-        /// Print the control API's JSON instead of a list.
-        #[arg(long)]
-        json: bool,
     },
     /// Show one approval: the held request, what the proxy observed, its state, the
     /// stored response, and the delivery state of its notifications.
     Show {
         /// The approval's id (`approval_id` in the agent's `202 approval_pending`).
         id: String,
-        /// Print the control API's JSON instead of a summary.
-        #[arg(long)]
-        json: bool,
     },
     /// Approve: the request runs once, now.
     Approve(Decide),
@@ -84,76 +80,96 @@ fn approver(given: Option<String>) -> Result<String, CliError> {
     })
 }
 
-pub async fn run(client: ControlClient, cmd: ApprovalsCommand) -> Result<ExitCode, CliError> {
+pub async fn run(
+    client: ControlClient,
+    cmd: ApprovalsCommand,
+    out: Output,
+) -> Result<ExitCode, CliError> {
     match cmd {
-        ApprovalsCommand::List { status, json } => {
+        ApprovalsCommand::List { status } => {
             let status = (status != "all").then_some(status);
             let listed = client.approvals(status.as_deref()).await?;
-            if json {
-                println!("{listed}");
-                return Ok(ExitCode::SUCCESS);
+            if out.json {
+                print_json(&listed);
+            } else {
+                print_list(&listed);
             }
-            let rows = listed["approvals"].as_array().cloned().unwrap_or_default();
-            if rows.is_empty() {
-                println!("no approvals");
-            }
-            for a in &rows {
-                println!(
-                    "{}  {:<9}  {}  (deadline {})",
-                    text(&a["approval_id"]),
-                    text(&a["status"]),
-                    text(&a["summary"]),
-                    when(&a["deadline_ms"]),
-                );
-            }
-            let counts = &listed["counts"];
-            println!(
-                "queue: {} pending, {} approved, {} executing; {} notifications failing (retrying)",
-                counts["pending"],
-                counts["approved"],
-                counts["executing"],
-                counts["failing_notifications"],
-            );
-            Ok(ExitCode::SUCCESS)
         }
-        ApprovalsCommand::Show { id, json } => {
+        ApprovalsCommand::Show { id } => {
             let a = client.approval(&id).await?;
-            if json {
-                println!("{a}");
-                return Ok(ExitCode::SUCCESS);
+            if out.json {
+                print_json(&a);
+            } else {
+                print_approval(&a);
             }
-            print_approval(&a);
-            Ok(ExitCode::SUCCESS)
         }
-        ApprovalsCommand::Approve(d) => decide(client, d, true).await,
-        ApprovalsCommand::Deny(d) => decide(client, d, false).await,
+        ApprovalsCommand::Approve(d) => decide(client, d, true, out).await?,
+        ApprovalsCommand::Deny(d) => decide(client, d, false, out).await?,
         ApprovalsCommand::Link { id, approver: who } => {
             let who = approver(who)?;
-            println!("{}", client.approval_link(&id, &who).await?);
-            Ok(ExitCode::SUCCESS)
+            let link = client.approval_link(&id, &who).await?;
+            if out.json {
+                print_json(&json!({ "approval_id": id, "approver": who, "link": link }));
+            } else {
+                println!("{link}");
+            }
         }
     }
+    Ok(ExitCode::SUCCESS)
 }
 
-async fn decide(client: ControlClient, d: Decide, approve: bool) -> Result<ExitCode, CliError> {
+fn print_list(listed: &Value) {
+    let rows = listed["approvals"].as_array().cloned().unwrap_or_default();
+    if rows.is_empty() {
+        println!("no approvals");
+    }
+    for a in &rows {
+        let status = text(&a["status"]);
+        anstream::println!(
+            "{}  {}  {}  (deadline {})",
+            text(&a["approval_id"]),
+            paint(approval_style(&status), &format!("{status:<9}")),
+            text(&a["summary"]),
+            when(&a["deadline_ms"]),
+        );
+    }
+    let counts = &listed["counts"];
+    println!(
+        "queue: {} pending, {} approved, {} executing; {} notifications failing (retrying)",
+        counts["pending"], counts["approved"], counts["executing"], counts["failing_notifications"],
+    );
+}
+
+async fn decide(
+    client: ControlClient,
+    d: Decide,
+    approve: bool,
+    out: Output,
+) -> Result<(), CliError> {
     let who = approver(d.approver)?;
     let decided = client
         .decide(&d.id, approve, &who, d.reason.as_deref())
         .await?;
-    println!(
+    if out.json {
+        print_json(&decided);
+        return Ok(());
+    }
+    let status = text(&decided["status"]);
+    anstream::println!(
         "{} {}: {}",
         text(&decided["approval_id"]),
-        text(&decided["status"]),
+        paint(approval_style(&status), &status),
         text(&decided["summary"])
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn print_approval(a: &Value) {
     let observed = &a["observed"];
     let request = &a["request"];
     println!("approval     {}", text(&a["approval_id"]));
-    println!("status       {}", text(&a["status"]));
+    let status = text(&a["status"]);
+    anstream::println!("status       {}", paint(approval_style(&status), &status));
     println!(
         "tool         {} (tier {})",
         text(&observed["tool"]),

@@ -1,7 +1,9 @@
 //! `ostiary doctor`: check a deployment from the operator's shell and say what to fix.
 //!
-//! Each check prints one line — `ok`, `warn` or `FAIL`, what was checked, what was found —
-//! and, when something is wrong, a `fix:` line saying what to do. The exit status is 1 when
+//! Each check prints one line — `ok`, `warn` or `FAIL` (green, yellow, red at a terminal),
+//! what was checked, what was found — and, when something is wrong, a `fix:` line saying
+//! what to do. With `--json` it prints one document once every check has run: `ok`, the
+//! counts, and each check's `name`, `status` (`ok`, `warn`, `fail`), `detail` and `fix`. The exit status is 1 when
 //! any check failed (0 with warnings only), so a deploy script can run it; 2 is left for
 //! doctor itself failing, as with every command.
 //!
@@ -31,6 +33,7 @@ use ostiary_sdk::SdkError;
 use serde_json::Value;
 
 use super::CliError;
+use crate::output::{paint, print_json, Output, BAD, GOOD, NOTICE};
 
 mod local;
 use local::{state_dir, trust};
@@ -48,33 +51,50 @@ enum Verdict {
     Fail,
 }
 
-/// What was found, printed as each check ends (the network checks can take seconds).
+/// What was found: printed as each check ends (the network checks can take seconds), or
+/// kept for one JSON document at the end.
 #[derive(Debug, Default)]
 struct Report {
     failures: usize,
     warnings: usize,
+    /// Kept only with `--json`.
+    checks: Option<Vec<Value>>,
 }
 
 impl Report {
+    fn new(out: Output) -> Self {
+        Report {
+            checks: out.json.then(Vec::new),
+            ..Default::default()
+        }
+    }
+
     fn say(&mut self, verdict: Verdict, what: &str, found: impl Display, fix: Option<String>) {
-        let tag = match verdict {
-            Verdict::Ok => "ok",
+        let (tag, style) = match verdict {
+            Verdict::Ok => ("ok", GOOD),
             Verdict::Warn => {
                 self.warnings += 1;
-                "warn"
+                ("warn", NOTICE)
             }
             Verdict::Fail => {
                 self.failures += 1;
-                "FAIL"
+                ("FAIL", BAD)
             }
         };
+        let found = found.to_string();
+        if let Some(checks) = &mut self.checks {
+            checks.push(serde_json::json!({
+                "name": what,
+                "status": tag.to_lowercase(),
+                "detail": found.trim_end(),
+                "fix": fix,
+            }));
+            return;
+        }
         // A finding of several lines (a TOML or Cedar error with its excerpt) stays indented
         // under its check, so that the first word of every line is a verdict or nothing.
-        let found = found
-            .to_string()
-            .trim_end()
-            .replace('\n', &format!("\n{:16}", ""));
-        println!("{tag:<5} {what:<9} {found}");
+        let found = found.trim_end().replace('\n', &format!("\n{:16}", ""));
+        anstream::println!("{} {what:<9} {found}", paint(style, &format!("{tag:<5}")));
         if let Some(fix) = fix {
             println!("{:16}fix: {fix}", "");
         }
@@ -92,28 +112,39 @@ impl Report {
         self.say(Verdict::Fail, what, found, Some(fix.into()));
     }
 
-    fn finish(&self) -> ExitCode {
-        if self.failures > 0 {
+    fn finish(self) -> ExitCode {
+        let code = if self.failures > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+        if let Some(checks) = self.checks {
+            print_json(&serde_json::json!({
+                "ok": self.failures == 0,
+                "failures": self.failures,
+                "warnings": self.warnings,
+                "checks": checks,
+            }));
+        } else if self.failures > 0 {
             println!(
                 "{} problem{} found; fix {} and run `ostiary doctor` again",
                 self.failures,
                 if self.failures == 1 { "" } else { "s" },
                 if self.failures == 1 { "it" } else { "them" },
             );
-            ExitCode::FAILURE
         } else {
             match self.warnings {
                 0 => println!("everything checked is ok"),
                 n => println!("no problems; {n} warning{}", if n == 1 { "" } else { "s" }),
             }
-            ExitCode::SUCCESS
         }
+        code
     }
 }
 
 /// Run every check against the config at `path` (or the built-in defaults).
-pub async fn run(path: Option<&Path>) -> Result<ExitCode, CliError> {
-    let mut report = Report::default();
+pub async fn run(path: Option<&Path>, out: Output) -> Result<ExitCode, CliError> {
+    let mut report = Report::new(out);
     let Some(config) = config(&mut report, path) else {
         return Ok(report.finish());
     };

@@ -12,15 +12,23 @@ use ostiary::config::Config;
 use ostiary::state::files;
 use ostiary_store::audit::AuditStore;
 
-use super::CliError;
+use serde_json::json;
 
-/// `audit pubkey`: the public half of the checkpoint signing key, as PEM.
-pub fn pubkey(config: &Config) -> Result<ExitCode, CliError> {
+use super::CliError;
+use crate::output::{paint, print_json, Output, BAD, GOOD};
+
+/// `audit pubkey`: the public half of the checkpoint signing key, as PEM (its id on stderr,
+/// so stdout is the key file as it is); with `--json`, `{"pem", "key_id"}`.
+pub fn pubkey(config: &Config, out: Output) -> Result<ExitCode, CliError> {
     let dir = config.state.keys_dir.as_ref().unwrap_or(&config.state.dir);
     let path = dir.join(files::AUDIT_VERIFY_KEY);
     let key = PublicKey::read(&path).map_err(|e| CliError::Usage(e.to_string()))?;
-    print!("{}", key.to_pem());
-    eprintln!("key id {}", key.id());
+    if out.json {
+        print_json(&json!({ "pem": key.to_pem(), "key_id": key.id().to_string() }));
+    } else {
+        print!("{}", key.to_pem());
+        eprintln!("key id {}", key.id());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -59,35 +67,63 @@ pub fn export(trail: &dyn AuditStore, since_ms: Option<i64>) -> Result<ExitCode,
 }
 
 /// `audit verify --offline FILE --pubkey KEY`: exit 0 if the export is intact, 1 if not.
-pub fn verify_offline(file: &Path, key: &Path) -> Result<ExitCode, CliError> {
+pub fn verify_offline(file: &Path, key: &Path, out: Output) -> Result<ExitCode, CliError> {
     let key = PublicKey::read(key).map_err(|e| CliError::Usage(e.to_string()))?;
     let reader = std::fs::File::open(file).map_err(|source| CliError::Io {
         what: format!("opening {}", file.display()),
         source,
     })?;
-    match export::verify_offline(std::io::BufReader::new(reader), &key) {
+    // A malformed export is one problem said on the verdict's line, as before; broken
+    // records are listed under it.
+    let (problems, one_line) = match export::verify_offline(std::io::BufReader::new(reader), &key) {
         Ok(v) => {
-            println!(
-                "ok: records {}–{} intact, {} signed checkpoints verified with key {}; the \
-                 newest signed at {} ms",
-                v.first, v.last, v.checkpoints, v.key, v.signed_ms
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(OfflineError::Failed(problems)) => {
-            println!("FAILED: {}", file.display());
-            for p in problems {
-                println!("  {p}");
+            if out.json {
+                print_json(&json!({
+                    "ok": true,
+                    "file": file,
+                    "first": v.first,
+                    "last": v.last,
+                    "checkpoints": v.checkpoints,
+                    "key_id": v.key,
+                    "signed_ms": v.signed_ms,
+                }));
+            } else {
+                anstream::println!(
+                    "{}: records {}–{} intact, {} signed checkpoints verified with key {}; the \
+                     newest signed at {} ms",
+                    paint(GOOD, "ok"),
+                    v.first,
+                    v.last,
+                    v.checkpoints,
+                    v.key,
+                    v.signed_ms
+                );
             }
-            Ok(ExitCode::FAILURE)
+            return Ok(ExitCode::SUCCESS);
         }
-        Err(e @ OfflineError::Format { .. }) => {
-            println!("FAILED: {}: {e}", file.display());
-            Ok(ExitCode::FAILURE)
+        Err(OfflineError::Failed(problems)) => (problems, false),
+        Err(e @ OfflineError::Format { .. }) => (vec![e.to_string()], true),
+        Err(OfflineError::Read(source)) => {
+            return Err(CliError::Io {
+                what: format!("reading {}", file.display()),
+                source,
+            })
         }
-        Err(OfflineError::Read(source)) => Err(CliError::Io {
-            what: format!("reading {}", file.display()),
-            source,
-        }),
+    };
+    if out.json {
+        print_json(&json!({ "ok": false, "file": file, "problems": problems }));
+    } else if one_line {
+        anstream::println!(
+            "{}: {}: {}",
+            paint(BAD, "FAILED"),
+            file.display(),
+            problems.join("; ")
+        );
+    } else {
+        anstream::println!("{}: {}", paint(BAD, "FAILED"), file.display());
+        for p in &problems {
+            println!("  {p}");
+        }
     }
+    Ok(ExitCode::FAILURE)
 }

@@ -1,33 +1,48 @@
 //! `ostiary policy validate|schema|test|explain`: the policy set as `serve` would load it
 //! (or `--dir`), checked, printed, tested against its cases, or asked why it decides a
-//! request the way it does — all without a running proxy.
+//! request the way it does — all without a running proxy. With `--json` each prints one
+//! JSON document: the count and directory, the schema text, every case with a summary, or
+//! the explanation.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ostiary::config::Config;
 
+use serde_json::json;
+
 use super::{CliError, ExplainArgs, PolicyCommand};
+use crate::output::{paint, print_json, print_json_pretty, Output, BAD, GOOD};
 
 /// Run one `policy` subcommand; exit 1 when a test case fails.
-pub fn run(config: &Config, cmd: PolicyCommand) -> Result<ExitCode, CliError> {
+pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode, CliError> {
     match cmd {
         PolicyCommand::Validate => {
             let engine = ostiary::server::load_policies(config)?;
-            println!(
-                "ok: {} policies in {} validate against the schema",
-                engine.len(),
-                config.policy.dir.display()
-            );
+            let dir = &config.policy.dir;
+            if out.json {
+                print_json(&json!({ "ok": true, "policies": engine.len(), "dir": dir }));
+            } else {
+                anstream::println!(
+                    "{}: {} policies in {} validate against the schema",
+                    paint(GOOD, "ok"),
+                    engine.len(),
+                    dir.display()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Schema { dir } => {
-            let (engine, _) = policy_engine(config, dir)?;
-            print!("{}", engine.schema_text());
+            let (engine, dir) = policy_engine(config, dir)?;
+            if out.json {
+                print_json(&json!({ "dir": dir, "schema": engine.schema_text() }));
+            } else {
+                print!("{}", engine.schema_text());
+            }
             Ok(ExitCode::SUCCESS)
         }
-        PolicyCommand::Test { dir } => policy_test(config, dir),
-        PolicyCommand::Explain(args) => policy_explain(config, *args),
+        PolicyCommand::Test { dir } => policy_test(config, dir, out),
+        PolicyCommand::Explain(args) => policy_explain(config, *args, out),
     }
 }
 
@@ -46,19 +61,23 @@ fn policy_engine(
     }
 }
 
-fn policy_test(config: &Config, dir: Option<PathBuf>) -> Result<ExitCode, CliError> {
+fn policy_test(config: &Config, dir: Option<PathBuf>, out: Output) -> Result<ExitCode, CliError> {
     let (engine, dir) = policy_engine(config, dir)?;
     let report = ostiary_policies::run_dir(&engine, &dir.join("tests"))?;
-    for case in &report.cases {
-        match &case.failure {
-            None => println!("ok   {}: {}", case.file, case.name),
-            Some(difference) => {
-                println!("FAIL {}: {}", case.file, case.name);
-                println!("     {difference}");
+    if out.json {
+        print_json(&test_report_json(&report));
+    } else {
+        for case in &report.cases {
+            match &case.failure {
+                None => anstream::println!("{}   {}: {}", paint(GOOD, "ok"), case.file, case.name),
+                Some(difference) => {
+                    anstream::println!("{} {}: {}", paint(BAD, "FAIL"), case.file, case.name);
+                    println!("     {difference}");
+                }
             }
         }
+        println!("{} passed, {} failed", report.passed(), report.failed());
     }
-    println!("{} passed, {} failed", report.passed(), report.failed());
     Ok(if report.failed() == 0 {
         ExitCode::SUCCESS
     } else {
@@ -66,7 +85,37 @@ fn policy_test(config: &Config, dir: Option<PathBuf>) -> Result<ExitCode, CliErr
     })
 }
 
-fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliError> {
+/// `policy test --json`: every case, what was decided, and the counts.
+fn test_report_json(report: &ostiary_policies::TestReport) -> serde_json::Value {
+    use ostiary_policies::Decision;
+    let cases: Vec<_> = report
+        .cases
+        .iter()
+        .map(|case| {
+            let decision = match &case.decision {
+                Decision::Allow { .. } => "allow",
+                Decision::Escalate { .. } => "escalate",
+                Decision::Deny { .. } => "deny",
+            };
+            json!({
+                "file": case.file,
+                "name": case.name,
+                "passed": case.failure.is_none(),
+                "decision": decision,
+                "policies": case.decision.policies(),
+                "failure": case.failure,
+            })
+        })
+        .collect();
+    json!({
+        "ok": report.failed() == 0,
+        "passed": report.passed(),
+        "failed": report.failed(),
+        "cases": cases,
+    })
+}
+
+fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<ExitCode, CliError> {
     use ostiary_policies::{AccessRequest, Action};
 
     let (engine, _) = policy_engine(config, args.dir)?;
@@ -137,10 +186,8 @@ fn policy_explain(config: &Config, args: ExplainArgs) -> Result<ExitCode, CliErr
         session,
         action,
     });
-    if args.json {
-        let text = serde_json::to_string_pretty(&explanation)
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-        println!("{text}");
+    if out.json {
+        print_json_pretty(&explanation)?;
     } else {
         print!("{explanation}");
     }

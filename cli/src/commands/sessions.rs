@@ -3,15 +3,18 @@
 //! does), so the server's own rules — what may be resumed, what teardown revokes — apply to
 //! the CLI too. A refusal by the server (unknown session, resuming one that is not paused)
 //! is an answer, not a failure of the tool: it prints the server's message and exits 1,
-//! while a proxy that cannot be reached exits 2 like every other command.
+//! while a proxy that cannot be reached exits 2 like every other command. With `--json`,
+//! `show` and `dead-letters` print the control API's JSON, `resume` and `terminate` what was
+//! done (`{"session_id": …, "resumed": true}`), and a refusal its message as `error` too.
 
 use std::process::ExitCode;
 
 use clap::Subcommand;
 use ostiary_sdk::{ControlClient, SdkError};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::CliError;
+use crate::output::{print_json, Output};
 
 #[derive(Debug, Subcommand)]
 pub enum SessionsCommand {
@@ -20,9 +23,6 @@ pub enum SessionsCommand {
     Show {
         /// The session's id (`OSTIARY_SESSION_ID` in its environment).
         id: String,
-        /// Print the control API's JSON instead of a summary.
-        #[arg(long)]
-        json: bool,
     },
     /// Resume a paused session; exit 1 if it is not paused.
     Resume {
@@ -39,54 +39,79 @@ pub enum SessionsCommand {
         /// Only this session's dead letters.
         #[arg(long)]
         session: Option<String>,
-        /// Print the control API's JSON instead of a list.
-        #[arg(long)]
-        json: bool,
     },
 }
 
-pub async fn run(client: ControlClient, cmd: SessionsCommand) -> Result<ExitCode, CliError> {
-    let subject = match &cmd {
-        SessionsCommand::Show { id, .. }
-        | SessionsCommand::Resume { id }
-        | SessionsCommand::Terminate { id } => format!("session {id}"),
-        SessionsCommand::DeadLetters { session, .. } => match session {
-            Some(id) => format!("session {id}"),
-            None => "dead letters".to_owned(),
+pub async fn run(
+    client: ControlClient,
+    cmd: SessionsCommand,
+    out: Output,
+) -> Result<ExitCode, CliError> {
+    let (subject, done) = match &cmd {
+        SessionsCommand::Show { id } => (format!("session {id}"), None),
+        SessionsCommand::Resume { id } => (format!("session {id}"), Some((id.clone(), "resumed"))),
+        SessionsCommand::Terminate { id } => {
+            (format!("session {id}"), Some((id.clone(), "terminated")))
+        }
+        SessionsCommand::DeadLetters { session } => match session {
+            Some(id) => (format!("session {id}"), None),
+            None => ("dead letters".to_owned(), None),
         },
     };
     let outcome = match cmd {
-        SessionsCommand::Show { id, json } => client.session(&id).await.map(|s| {
-            if json {
-                println!("{s}");
+        SessionsCommand::Show { id } => client.session(&id).await.map(|s| {
+            if out.json {
+                print_json(&s);
             } else {
                 print!("{}", render_session(&s));
             }
         }),
-        SessionsCommand::Resume { id } => client
-            .resume_session(&id)
-            .await
-            .map(|()| println!("session {id} resumed")),
-        SessionsCommand::Terminate { id } => client
-            .terminate_session(&id)
-            .await
-            .map(|()| println!("session {id} terminated")),
-        SessionsCommand::DeadLetters { session, json } => {
+        SessionsCommand::Resume { id } => client.resume_session(&id).await,
+        SessionsCommand::Terminate { id } => client.terminate_session(&id).await,
+        SessionsCommand::DeadLetters { session } => {
             client.dead_letters(session.as_deref()).await.map(|listed| {
-                if json {
-                    println!("{listed}");
+                if out.json {
+                    print_json(&listed);
                 } else {
                     print!("{}", render_dead_letters(&listed));
                 }
             })
         }
     };
-    match outcome {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) => refusal(e, &subject).map(|message| {
+    let refused = match outcome {
+        Ok(()) => None,
+        Err(e) => Some(refusal(e, &subject)?),
+    };
+    print_outcome(done, refused.as_deref(), out);
+    match refused {
+        None => Ok(ExitCode::SUCCESS),
+        Some(message) => {
             eprintln!("ostiary: {message}");
-            ExitCode::FAILURE
-        }),
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// What a script reads on stdout with `--json`: for `resume` and `terminate`, the action and
+/// whether it was done; for a refusal, its message. A person reads one line on success
+/// (the refusal goes to stderr).
+fn print_outcome(done: Option<(String, &str)>, refused: Option<&str>, out: Output) {
+    match (done, out.json) {
+        (Some((id, verb)), true) => {
+            let mut doc = json!({ "session_id": id });
+            doc[verb] = json!(refused.is_none());
+            if let Some(message) = refused {
+                doc["error"] = json!(message);
+            }
+            print_json(&doc);
+        }
+        (Some((id, verb)), false) if refused.is_none() => println!("session {id} {verb}"),
+        (None, true) => {
+            if let Some(message) = refused {
+                print_json(&json!({ "error": message }));
+            }
+        }
+        _ => {}
     }
 }
 
@@ -326,12 +351,16 @@ mod tests {
         ));
         assert!(matches!(
             manage(&["ostiary", "session", "show", "s-1", "--json"]),
-            SessionsCommand::Show { id, json: true } if id == "s-1"
+            SessionsCommand::Show { id } if id == "s-1"
         ));
         assert!(matches!(
             manage(&["ostiary", "sessions", "dead-letters", "--session", "s-2"]),
-            SessionsCommand::DeadLetters { session: Some(s), json: false } if s == "s-2"
+            SessionsCommand::DeadLetters { session: Some(s) } if s == "s-2"
         ));
+        let json = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.json).unwrap();
+        assert!(json(&["ostiary", "session", "show", "s-1", "--json"]));
+        assert!(json(&["ostiary", "--json", "sessions", "dead-letters"]));
+        assert!(!json(&["ostiary", "sessions", "dead-letters"]));
         assert!(matches!(
             Cli::try_parse_from(["ostiary", "sessions", "new", "--agent", "a"]).map(|c| c.command),
             Ok(Command::Session(SessionCommand::New(_)))

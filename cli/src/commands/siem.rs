@@ -13,16 +13,13 @@ use ostiary::stores::Backend;
 use ostiary_store::cursors::Cursor;
 
 use super::CliError;
+use crate::output::{print_json, Output};
 
 #[derive(Debug, Subcommand)]
 pub enum SiemCommand {
     /// How far the stream has delivered, how far behind the trail it is, who sends it and
     /// why the last delivery failed, if it did.
-    Status {
-        /// Print it as one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
+    Status,
     /// Send record SEQ and everything after it next: again (a receiver that lost data) or,
     /// for a SEQ past what was delivered, skipping the records between.
     Replay {
@@ -32,7 +29,12 @@ pub enum SiemCommand {
     },
 }
 
-pub fn run(config: &Config, backend: &Backend<'_>, cmd: SiemCommand) -> Result<ExitCode, CliError> {
+pub fn run(
+    config: &Config,
+    backend: &Backend<'_>,
+    cmd: SiemCommand,
+    out: Output,
+) -> Result<ExitCode, CliError> {
     let name = config
         .audit
         .siem
@@ -56,14 +58,18 @@ pub fn run(config: &Config, backend: &Backend<'_>, cmd: SiemCommand) -> Result<E
                 )));
             }
             ostiary::audit::stream::replay(&*stores.cursors, &name, from)?;
-            println!("the stream {name} sends record {from} and what follows next");
+            if out.json {
+                print_json(&json!({ "cursor": name, "from": from }));
+            } else {
+                println!("the stream {name} sends record {from} and what follows next");
+            }
             Ok(ExitCode::SUCCESS)
         }
-        SiemCommand::Status { json } => {
+        SiemCommand::Status => {
             let head = stores.audit.last()?.map_or(0, |t| t.seq);
             let cursor = stores.cursors.get(&name)?;
-            if json {
-                println!("{}", status_json(&name, cursor.as_ref(), head));
+            if out.json {
+                print_json(&status_json(&name, cursor.as_ref(), head));
             } else {
                 print!("{}", status_text(&name, cursor.as_ref(), head, now_ms()));
             }

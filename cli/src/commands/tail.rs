@@ -2,8 +2,9 @@
 //! `audit query` (`--session`, `--decision`, `--since`), until interrupted.
 //!
 //! It reads the store the way `audit query` does (a read-only connection beside the
-//! running writer, or a pool of its own on PostgreSQL) and prints the same JSON lines, so
-//! what `tail` shows and what `query` later finds are the same text. It polls: the store has
+//! running writer, or a pool of its own on PostgreSQL) and prints what `query` prints in the
+//! same `--format` (a table's rows without its header, as they come; JSON lines by default
+//! off a terminal), so what `tail` shows and what `query` later finds are the same text. It polls: the store has
 //! no change feed on SQLite, and a poll every `--interval` (250 ms) costs one indexed read
 //! (`seq > cursor`). Without `--since` it starts at the chain's end, like `tail -f` on a log
 //! that is already long; with `--since` it first prints what matched since then.
@@ -19,7 +20,9 @@ use ostiary::config::Config;
 use ostiary_store::audit::{AuditRow, AuditStore};
 use ostiary_store::StoreError;
 
+use super::records::RecordFormat;
 use super::CliError;
+use crate::output::Output;
 
 /// The most rows one poll hands over, so that a `--since` far back, or a burst, is printed
 /// in bounded pieces rather than read into memory whole.
@@ -30,7 +33,7 @@ pub struct TailArgs {
     /// Only this session's records.
     #[arg(long)]
     pub session: Option<String>,
-    /// allow | deny | error | cancel
+    /// allow | deny | error | cancel | escalate
     #[arg(long)]
     pub decision: Option<String>,
     /// First print what matched since then (epoch milliseconds, RFC 3339, or a duration
@@ -40,6 +43,10 @@ pub struct TailArgs {
     /// How often to look for new records.
     #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
     pub interval: Duration,
+    /// `table` (default at a terminal without --json), `json` (the records as stored, one
+    /// per line: the default otherwise) or `ocsf`.
+    #[arg(long, value_enum)]
+    pub format: Option<RecordFormat>,
 }
 
 /// Which rows are printed: the same tests `audit query`'s SQL makes, on the same columns.
@@ -71,8 +78,13 @@ struct Found {
     more: bool,
 }
 
-/// Rows after `cursor`, at most [`BATCH`], filtered.
-fn poll(trail: &dyn AuditStore, cursor: i64, filter: &Filter) -> Result<Found, StoreError> {
+/// Rows after `cursor`, at most [`BATCH`], filtered, rendered in `format`.
+fn poll(
+    trail: &dyn AuditStore,
+    cursor: i64,
+    filter: &Filter,
+    format: RecordFormat,
+) -> Result<Found, StoreError> {
     let mut found = Found {
         lines: Vec::new(),
         cursor,
@@ -84,7 +96,7 @@ fn poll(trail: &dyn AuditStore, cursor: i64, filter: &Filter) -> Result<Found, S
         found.cursor = row.seq;
         seen += 1;
         if filter.matches(&row) {
-            match render(&row.record) {
+            match render(&row.record, format) {
                 Ok(line) => found.lines.push(line),
                 Err(e) => {
                     bad = Some(e);
@@ -103,11 +115,26 @@ fn poll(trail: &dyn AuditStore, cursor: i64, filter: &Filter) -> Result<Found, S
 
 /// A stored record as `audit query` prints it: parsed and written again, so both commands
 /// print the same text for the same record.
-fn render(json: &str) -> Result<String, StoreError> {
+fn render(json: &str, format: RecordFormat) -> Result<String, StoreError> {
     let record: AuditRecord = serde_json::from_str(json)
         .map_err(|e| StoreError::Corrupt(format!("audit record does not parse: {e}")))?;
-    serde_json::to_string(&record)
+    format
+        .line(&record)
         .map_err(|e| StoreError::Corrupt(format!("audit record does not serialise: {e}")))
+}
+
+/// Write `lines` and flush: a table through the stream that strips colour off a terminal,
+/// JSON straight to stdout.
+fn write_lines(lines: &[String], format: RecordFormat) -> std::io::Result<()> {
+    fn all(out: &mut impl Write, lines: &[String]) -> std::io::Result<()> {
+        lines.iter().try_for_each(|line| writeln!(out, "{line}"))?;
+        out.flush()
+    }
+    if format == RecordFormat::Table {
+        all(&mut anstream::stdout().lock(), lines)
+    } else {
+        all(&mut std::io::stdout().lock(), lines)
+    }
 }
 
 /// Run `f` on the blocking pool: the store's calls block (PostgreSQL's client runs a
@@ -122,7 +149,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Follow the trail until Ctrl-C (exit 0) or until stdout is closed (`| head`: exit 0).
-pub async fn run(config: &Config, args: TailArgs) -> Result<ExitCode, CliError> {
+pub async fn run(config: &Config, args: TailArgs, out: Output) -> Result<ExitCode, CliError> {
+    let format = RecordFormat::choose(args.format, out.json)?;
     let since_ms =
         match &args.since {
             None => None,
@@ -155,7 +183,7 @@ pub async fn run(config: &Config, args: TailArgs) -> Result<ExitCode, CliError> 
     })
     .await
     .map_err(|e| CliError::Store(StoreError::Task(e.to_string())))??;
-    // On stderr, so that stdout stays JSON lines; scripts (and the tests) wait for it to
+    // On stderr, so that stdout stays records alone; scripts (and the tests) wait for it to
     // know that nothing written from now on can be missed.
     eprintln!("ostiary: following the audit trail after record {start} (Ctrl-C to stop)");
 
@@ -164,7 +192,7 @@ pub async fn run(config: &Config, args: TailArgs) -> Result<ExitCode, CliError> 
     tokio::pin!(interrupted);
     loop {
         let (reader, wanted) = (trail.clone(), filter.clone());
-        let found = blocking(move || poll(&*reader, cursor, &wanted)).await?;
+        let found = blocking(move || poll(&*reader, cursor, &wanted, format)).await?;
         if found.cursor == cursor {
             // Nothing new: the chain may also have been cut below what was already looked
             // at (rows deleted, the database replaced); say so and follow the new end.
@@ -180,14 +208,7 @@ pub async fn run(config: &Config, args: TailArgs) -> Result<ExitCode, CliError> 
         } else {
             cursor = found.cursor;
         }
-        let mut out = std::io::stdout().lock();
-        let written = found
-            .lines
-            .iter()
-            .try_for_each(|line| writeln!(out, "{line}"))
-            .and_then(|()| out.flush());
-        drop(out);
-        match written {
+        match write_lines(&found.lines, format) {
             Ok(()) => {}
             // The reader went away (`| head -1`): done, as `tail -f` is.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
