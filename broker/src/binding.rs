@@ -22,7 +22,11 @@ pub struct Binding {
     pub source: SourceSpec,
     /// Hosts the credential may be sent to: exact names, or `*.example.com` for any name
     /// under `example.com` (anchored at the dot; `example.com` itself is not included).
+    /// Empty (with no `inject`): Ostiary's own secret, never sent anywhere (a webhook's
+    /// signing secret, an API trigger's token).
+    #[serde(default)]
     pub hosts: Vec<String>,
+    #[serde(default)]
     pub inject: Injection,
     /// The environment variable carrying the placeholder in a session's environment;
     /// `<NAME>_TOKEN` by default. Empty: no placeholder is exported.
@@ -43,7 +47,7 @@ fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error
 }
 
 /// How a credential goes into the request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "InjectionTable")]
 pub enum Injection {
     /// `{ header = "Authorization", value = "Bearer {secret}" }`. `{secret}` is the token;
@@ -56,6 +60,9 @@ pub enum Injection {
     Query(String),
     /// `{ mtls = true }`: the credential is a client certificate for the upstream connection.
     Mtls,
+    /// No `inject` (and no `hosts`): never injected; read only by Ostiary itself.
+    #[default]
+    Nowhere,
 }
 
 impl Injection {
@@ -64,7 +71,7 @@ impl Injection {
         match self {
             Injection::Header { name, .. } => Some(name),
             Injection::Basic { .. } => Some("authorization"),
-            Injection::Query(_) | Injection::Mtls => None,
+            Injection::Query(_) | Injection::Mtls | Injection::Nowhere => None,
         }
     }
 }
@@ -180,10 +187,21 @@ impl Binding {
         {
             return Err(fail("names are letters, digits, '-', '_' and '.'".into()));
         }
-        if self.hosts.is_empty() {
-            return Err(fail(
-                "hosts is empty: the credential could go nowhere".into(),
-            ));
+        match (self.hosts.is_empty(), &self.inject) {
+            // Ostiary's own secret: read by triggers, never sent.
+            (true, Injection::Nowhere) => return Ok(()),
+            (true, _) => {
+                return Err(fail(
+                    "hosts is empty: the credential could go nowhere (leave out inject too for a secret only Ostiary reads)"
+                        .into(),
+                ))
+            }
+            (false, Injection::Nowhere) => {
+                return Err(fail(
+                    "inject is missing: how would the credential go to its hosts?".into(),
+                ))
+            }
+            (false, _) => {}
         }
         for host in &self.hosts {
             let bare = host.strip_prefix("*.").unwrap_or(host);
@@ -309,6 +327,12 @@ mod tests {
         let no_hosts =
             "name = \"x\"\nsource = { file = \"x\" }\nhosts = []\ninject = { query = \"k\" }";
         assert!(parse(no_hosts).is_err());
+        // Neither hosts nor inject: a secret only Ostiary reads (a webhook's signing key).
+        let own = parse("name = \"x\"\nsource = { file = \"x\" }").unwrap();
+        assert_eq!(own.inject, Injection::Nowhere);
+        assert!(own.hosts.is_empty());
+        let no_inject = "name = \"x\"\nsource = { file = \"x\" }\nhosts = [\"x.com\"]";
+        assert!(parse(no_inject).is_err());
         let upper = "name = \"x\"\nsource = { file = \"x\" }\nhosts = [\"API.x.com\"]\ninject = { query = \"k\" }";
         assert!(parse(upper).is_err());
         let port = "name = \"x\"\nsource = { file = \"x\" }\nhosts = [\"x.com:443\"]\ninject = { query = \"k\" }";

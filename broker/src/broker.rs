@@ -248,6 +248,35 @@ impl Broker {
         self.vault.get()
     }
 
+    /// The value of credential `name` for Ostiary's own use — a webhook's signing secret, an
+    /// API trigger's token — read from its source now (the file backend or a Vault KV
+    /// field), never cached, never tied to a session. Other sources mint per session and
+    /// are refused.
+    pub async fn static_secret(&self, name: &str) -> Result<Secret, BrokerError> {
+        let binding = self
+            .binding(name)
+            .ok_or_else(|| BrokerError::UnknownCredential(name.to_owned()))?;
+        match &binding.source {
+            SourceSpec::File(entry) => {
+                let path = self.file.as_ref().ok_or(BrokerError::NoFile)?;
+                FileSource::load(path)?.get(entry)
+            }
+            SourceSpec::VaultKv(kv) => {
+                let vault = self.vault.get().ok_or(BrokerError::VaultNotConnected)?;
+                let credential = vault.read_kv(kv).await?;
+                credential
+                    .secret_values()
+                    .first()
+                    .map(|s| (*s).clone())
+                    .ok_or_else(|| BrokerError::UnknownCredential(name.to_owned()))
+            }
+            other => Err(BrokerError::NotStatic {
+                name: name.to_owned(),
+                kind: other.kind(),
+            }),
+        }
+    }
+
     /// The credential of `binding` for `who`: cached, or fetched once for all concurrent
     /// askers of the session. The second value says whether this call fetched it.
     pub async fn credential(

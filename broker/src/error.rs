@@ -28,6 +28,10 @@ pub enum BrokerError {
     SessionEnded,
     #[error("credential {credential:?} arrived already at the end of its lease")]
     Expired { credential: String },
+    #[error("no [[credential]] is named {0:?}")]
+    UnknownCredential(String),
+    #[error("credential {name:?} is minted per session ({kind}): it cannot be a static secret such as a webhook's signing key")]
+    NotStatic { name: String, kind: &'static str },
 }
 
 impl BrokerError {
@@ -42,6 +46,8 @@ impl BrokerError {
             BrokerError::VaultNotConnected => "vault_not_connected",
             BrokerError::SessionEnded => "session_ended",
             BrokerError::Expired { .. } => "expired",
+            BrokerError::UnknownCredential(_) => "unknown_credential",
+            BrokerError::NotStatic { .. } => "not_static",
         }
     }
 }

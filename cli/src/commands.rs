@@ -16,6 +16,7 @@ mod evidence;
 mod policy;
 pub mod records;
 pub mod run;
+pub mod runs;
 pub mod sessions;
 mod siem;
 pub mod tail;
@@ -105,6 +106,9 @@ pub enum Command {
     /// The approval queue: list, show, approve, deny, link.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
+    /// Runs that triggers started: list, show, start, cancel, retry.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
     /// Check a deployment (config, CA and its trust, policies, store, proxy, Vault,
     /// approvers' channels) and say what to fix; exit 1 if anything is wrong.
     Doctor,
@@ -326,6 +330,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
         }
         Command::Policy(cmd) => policy::run(&config, cmd, out),
+        Command::Runs(cmd) => runs::run(control_client(&config)?, cmd, out).await,
         Command::Approvals(cmd) => {
             // Who decides is asked before the token is read: the one a person can fix at once.
             approvals::check_approver(&cmd)?;
@@ -376,7 +381,11 @@ async fn serve(config: Config) -> Result<ExitCode, CliError> {
             what: format!("binding {}", unix_path.display()),
             source,
         })?;
-    let ostiary = ostiary.with_unix(unix);
+    let mut ostiary = ostiary.with_unix(unix);
+    // Webhook deliveries apart from the control API, when asked.
+    if let Some(addr) = ostiary.control_plane().config.listen.triggers {
+        ostiary = ostiary.with_triggers(bind(addr).await?);
+    }
     eprintln!(
         "ostiary: proxy on http://{}, control API on http://{}",
         proxy.local_addr().map_err(|source| CliError::Io {

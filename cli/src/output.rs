@@ -60,6 +60,25 @@ pub fn approval_style(status: &str) -> Style {
     }
 }
 
+/// A JSON value as a person reads it in a summary: strings bare, null as `-`.
+pub fn text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Epoch milliseconds as RFC 3339 (to the second); `-` when absent.
+pub fn when(v: &serde_json::Value) -> String {
+    v.as_i64()
+        .map(|ms| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+            humantime::format_rfc3339_seconds(t).to_string()
+        })
+        .unwrap_or_else(|| "-".to_owned())
+}
+
 /// Print `doc` as one line of JSON, never coloured.
 pub fn print_json(doc: &serde_json::Value) {
     println!("{doc}");

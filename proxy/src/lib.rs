@@ -82,6 +82,7 @@ pub mod policy_store;
 pub mod recognise;
 pub mod reset_guard;
 pub mod respond;
+pub mod runs;
 pub mod sandbox;
 pub mod scrub;
 pub mod server;

@@ -144,6 +144,8 @@ pub struct ControlPlane {
     /// The database file (what an operator inspects; tests look through it for leaks).
     pub db_path: PathBuf,
     pub proxy_addr: ProxyAddr,
+    /// Runs started by triggers, when any trigger is configured.
+    pub runs: Option<crate::control::runs::RunsControl>,
 }
 
 impl ControlPlane {

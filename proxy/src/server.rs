@@ -69,6 +69,9 @@ pub enum ServeError {
     Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error(transparent)]
     Siem(#[from] crate::audit::stream::StreamError),
+    /// Triggers and runs that cannot start as configured.
+    #[error("runs: {0}")]
+    Runs(String),
     #[error("approval notifications: {0}")]
     Notify(#[from] crate::approvals::notify::message::NotifyError),
     /// The audit chain no longer matches its checkpoint: serve refuses to extend it.
@@ -178,6 +181,10 @@ pub struct Ostiary {
     unix: Option<tokio::net::UnixListener>,
     /// The trail streamed to a SIEM (`[audit.siem]`).
     siem: Option<SiemStream>,
+    /// The schedules of `[[trigger]] kind = "schedule"`, ticking once served.
+    scheduler: Option<crate::runs::schedule::Scheduler>,
+    /// `listen.triggers`, when one was bound ([`Ostiary::with_triggers`]).
+    triggers: Option<TcpListener>,
 }
 
 /// Bind the proxy's Unix socket at `path`: a socket file left by a proxy that is gone is
@@ -560,23 +567,97 @@ impl Ostiary {
             audit: audit.clone(),
             metrics: metrics.clone(),
         };
-        let control = Arc::new(ControlPlane {
-            config,
-            sessions,
-            approvals,
-            guardrails,
-            credentials,
-            teardown,
-            executor,
-            desk: desk.clone(),
-            reloader,
-            audit,
-            metrics,
-            ca_pem: state.ca_cert_pem.clone(),
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let intake = match config.trigger.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                crate::runs::intake::Intake::new(
+                    &config.trigger,
+                    stores.runs.clone(),
+                    credentials.broker.clone(),
+                    audit.clone(),
+                    metrics.clone(),
+                    wake.clone(),
+                )
+                .map_err(ServeError::Runs)?,
+            )),
+        };
+        let holder = match config.state.store.as_str() {
+            // One process serves a state directory: each run of it is the same holder,
+            // so a restart after a crash recovers what the crash left.
+            "sqlite" => "this-state-directory".to_owned(),
+            _ => replica_id(),
+        };
+        let scheduler = match &intake {
+            Some(intake) => Some(
+                crate::runs::schedule::Scheduler::new(
+                    &config.trigger,
+                    intake.clone(),
+                    stores.cursors.clone(),
+                    stores.runs.clone(),
+                    audit.clone(),
+                    metrics.clone(),
+                    holder.clone(),
+                )
+                .map_err(ServeError::Runs)?,
+            ),
+            None => None,
+        };
+        let settings = crate::runs::runner::RunnerSettings {
+            binary: std::env::current_exe().map_err(|e| {
+                ServeError::Runs(format!("the ostiary binary, which runs start: {e}"))
+            })?,
+            config: config.source.clone(),
+            dir: config.runs.dir(),
+            concurrency: config.runs.concurrency,
+            stop_grace: config.runs.stop_grace,
             admin_token: state.admin_token.clone(),
-            trail: trail_reader,
-            db_path,
-            proxy_addr,
+            serial: config
+                .trigger
+                .iter()
+                .filter(|t| {
+                    t.kind == crate::config::triggers::Kind::Schedule
+                        && t.concurrency != crate::config::triggers::Concurrency::Replace
+                })
+                .map(|t| t.name.clone())
+                .collect(),
+        };
+        let run_store = stores.runs.clone();
+        let run_trail = trail_reader.clone();
+        let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
+            let runs = intake.map(|intake| crate::control::runs::RunsControl {
+                intake,
+                store: run_store.clone(),
+                runner: Arc::new(crate::runs::runner::Runner::new(
+                    run_store,
+                    Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
+                    run_trail,
+                    audit.clone(),
+                    metrics.clone(),
+                    settings,
+                    holder,
+                    wake,
+                )),
+            });
+            ControlPlane {
+                config,
+                sessions,
+                approvals,
+                guardrails,
+                credentials,
+                teardown,
+                executor,
+                desk: desk.clone(),
+                reloader,
+                audit,
+                metrics,
+                ca_pem: state.ca_cert_pem.clone(),
+                admin_token: state.admin_token.clone(),
+                trail: trail_reader,
+                db_path,
+                proxy_addr,
+                runs,
+            }
         });
         Ok(Self {
             data,
@@ -585,6 +666,8 @@ impl Ostiary {
             writer,
             unix: None,
             siem,
+            scheduler,
+            triggers: None,
         })
     }
 
@@ -592,6 +675,13 @@ impl Ostiary {
     /// the state directory's), the CA, the database path, the reloader.
     pub fn control_plane(&self) -> &Arc<ControlPlane> {
         &self.control
+    }
+
+    /// Take webhook deliveries on `listener` too (`listen.triggers`), apart from the
+    /// control API.
+    pub fn with_triggers(mut self, listener: TcpListener) -> Self {
+        self.triggers = Some(listener);
+        self
     }
 
     /// Serve the proxy on `listener` too, a Unix socket (`listen.proxy_unix`, see
@@ -615,6 +705,8 @@ impl Ostiary {
             writer,
             unix,
             siem,
+            scheduler,
+            triggers,
         } = self;
         let proxy_addr = proxy.local_addr()?;
         let control_addr = control.local_addr()?;
@@ -677,6 +769,31 @@ impl Ostiary {
             ))
         });
         let siem_task = siem.map(|siem| tokio::spawn(siem.run(stopped(stop_rx.clone()))));
+        // Runs: what a crash left first, then the queue; the schedules tick.
+        let runs_task = plane.runs.as_ref().map(|runs| {
+            let (runner, stop) = (runs.runner.clone(), stopped(stop_rx.clone()));
+            tokio::spawn(async move {
+                match runner.recover().await {
+                    Ok(killed) if !killed.is_empty() => {
+                        tracing::warn!(runs = killed.len(), "runs left running by a crash were ended as killed")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "runs left running by a crash could not be recovered"),
+                }
+                runner.serve(stop).await;
+            })
+        });
+        let schedule_task = scheduler.map(|scheduler| {
+            let rx = stop_rx.clone();
+            tokio::spawn(scheduler.run(move || stopped(rx.clone())))
+        });
+        let triggers_task = triggers.map(|listener| {
+            tokio::spawn(control::serve_triggers(
+                listener,
+                plane.clone(),
+                stopped(stop_rx.clone()),
+            ))
+        });
         shutdown.await;
         let _ = stop_tx.send(true);
         let _ = tokio::join!(
@@ -690,6 +807,13 @@ impl Ostiary {
             bytes_task
         );
         if let Some(task) = vault_task {
+            let _ = task.await;
+        }
+        // Runs going are stopped and recorded before the trail closes.
+        for task in [runs_task, schedule_task, triggers_task]
+            .into_iter()
+            .flatten()
+        {
             let _ = task.await;
         }
         // Executions still running are given back, not left to lapse (before the audit

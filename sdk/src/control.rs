@@ -298,6 +298,52 @@ impl ControlClient {
         self.call(call).await?.json()
     }
 
+    /// Start a run of an `api` trigger with `payload`: `{"run_id", "trigger", "status",
+    /// "duplicate", "status_url"}` (a duplicate of an earlier call, by the trigger's
+    /// deduplication key, answers the first run's id).
+    pub async fn start_run(&self, trigger: &str, payload: Value) -> Result<Value, SdkError> {
+        let call = Call::new(Method::POST, "/v1/runs".to_owned())
+            .body(serde_json::json!({"trigger": trigger, "payload": payload}));
+        self.call(call).await?.json()
+    }
+
+    /// Runs, newest first: `{"runs": [...]}`, filtered by status, trigger, dead letters.
+    pub async fn runs(
+        &self,
+        status: Option<&str>,
+        trigger: Option<&str>,
+        dead_letters: bool,
+        limit: Option<u32>,
+    ) -> Result<Value, SdkError> {
+        let call = Call::new(Method::GET, "/v1/runs".to_owned())
+            .query("status", status.map(str::to_owned))
+            .query("trigger", trigger.map(str::to_owned))
+            .query("dead_letters", dead_letters.then(|| "1".to_owned()))
+            .query("limit", limit.map(|n| n.to_string()));
+        self.call(call).await?.json()
+    }
+
+    /// One run: its trigger, status, attempts, session, exit, limit, cost, dead letter.
+    pub async fn run(&self, run_id: &str) -> Result<Value, SdkError> {
+        let path = format!("/v1/runs/{}", segment(run_id, "a run id")?);
+        self.call(Call::new(Method::GET, path)).await?.json()
+    }
+
+    /// Cancel a run: at once if it has not started, else it is stopped and ends
+    /// `cancelled`. One that has ended is a 409.
+    pub async fn cancel_run(&self, run_id: &str) -> Result<Value, SdkError> {
+        let path = format!("/v1/runs/{}/cancel", segment(run_id, "a run id")?);
+        let call = Call::new(Method::POST, path).body(serde_json::json!({}));
+        self.call(call).await?.json()
+    }
+
+    /// Queue a run that ended (failed, dead-lettered, cancelled) again.
+    pub async fn retry_run(&self, run_id: &str) -> Result<Value, SdkError> {
+        let path = format!("/v1/runs/{}/retry", segment(run_id, "a run id")?);
+        let call = Call::new(Method::POST, path).body(serde_json::json!({}));
+        self.call(call).await?.json()
+    }
+
     /// A POST with nothing to say. The body is an empty object rather than empty, so a
     /// server that parses every POST body still accepts it.
     async fn post_empty(&self, path: String) -> Result<(), SdkError> {

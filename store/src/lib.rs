@@ -5,14 +5,18 @@
 //!   requests, link nonces, Slack replays, the bounds on holds and the notification
 //!   outbox), [`sessions::SessionStore`], [`guard::GuardStore`] (pauses, dead letters,
 //!   idempotency keys, session accounts), [`audit::AuditStore`] (append, query, read back
-//!   for verification), [`leases::LeaseStore`] (the broker's lease journal) and
-//!   [`cursors::CursorStore`] (how far the audit trail's exports have delivered);
+//!   for verification), [`leases::LeaseStore`] (the broker's lease journal),
+//!   [`cursors::CursorStore`] (how far the audit trail's exports have delivered) and
+//!   [`runs::RunStore`] (runs that triggers started: their queue, deliveries' dedup keys,
+//!   checkpoints);
 //! - [`StoreError`]: why a store call failed, with no driver type in it;
 //! - [`Call`]: how async code runs a store call (every trait is blocking; see below);
 //! - [`sqlite`]: the embedded backend — one database file, versioned migrations
 //!   ([`sqlite::migrations`]), one way of opening and using connections;
+//! - [`postgres`]: the shared backend — one database (or schema) for several replicas, the
+//!   same migrations in its dialect ([`postgres::migrations`]);
 //! - [`suite`]: the store test suite, written against the traits only, so that every
-//!   backend runs the same assertions (`tests/sqlite.rs` runs it on SQLite).
+//!   backend runs the same assertions (`tests/sqlite.rs` and `tests/postgres.rs` run it).
 //!
 //! The traits are synchronous: the embedded backend is SQLite, whose calls block, and
 //! callers already run them on tokio's blocking pool ([`Call::call`]). A networked backend
@@ -29,6 +33,7 @@ mod error;
 pub mod guard;
 pub mod leases;
 pub mod postgres;
+pub mod runs;
 pub mod sessions;
 pub mod sqlite;
 pub mod suite;
@@ -46,6 +51,7 @@ pub struct Stores {
     pub audit: Arc<dyn audit::AuditStore>,
     pub leases: Arc<dyn leases::LeaseStore>,
     pub cursors: Arc<dyn cursors::CursorStore>,
+    pub runs: Arc<dyn runs::RunStore>,
 }
 
 /// Milliseconds since the Unix epoch.

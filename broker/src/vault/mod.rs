@@ -205,6 +205,11 @@ impl VaultClient {
         }
     }
 
+    /// One field of a KV v2 secret, read now (a static secret of Ostiary's own).
+    pub async fn read_kv(&self, spec: &crate::source::KvSpec) -> Result<Credential, VaultError> {
+        sources::kv(self, spec).await
+    }
+
     /// Revoke a lease; revoking one that is already gone succeeds.
     pub async fn revoke(&self, lease: &Lease) -> Result<(), VaultError> {
         match &lease.revocation {

@@ -10,7 +10,7 @@ use ostiary_sdk::ControlClient;
 use serde_json::{json, Value};
 
 use super::CliError;
-use crate::output::{approval_style, paint, print_json, Output};
+use crate::output::{approval_style, paint, print_json, text, when, Output};
 
 #[derive(Debug, Subcommand)]
 pub enum ApprovalsCommand {
@@ -246,21 +246,4 @@ fn print_approval(a: &Value) {
             n["round"],
         );
     }
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_owned(),
-        other => other.to_string(),
-    }
-}
-
-fn when(v: &Value) -> String {
-    v.as_i64()
-        .map(|ms| {
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-            humantime::format_rfc3339_seconds(t).to_string()
-        })
-        .unwrap_or_else(|| "-".to_owned())
 }

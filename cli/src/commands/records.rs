@@ -104,6 +104,16 @@ fn what(r: &AuditRecord) -> String {
     if let Some(method) = &r.rpc_method {
         return method.clone();
     }
+    // A trigger's delivery or a run: which trigger, which run.
+    if let Some(run) = &r.run {
+        let named: Vec<&str> = ["trigger", "run_id"]
+            .iter()
+            .filter_map(|k| run.get(*k).and_then(|v| v.as_str()))
+            .collect();
+        if !named.is_empty() {
+            return named.join(" ");
+        }
+    }
     let parts: Vec<&str> = [&r.method, &r.host, &r.path]
         .into_iter()
         .filter_map(|p| p.as_deref())

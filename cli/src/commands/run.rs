@@ -79,6 +79,24 @@ pub struct RunArgs {
     // at parse time.
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
+    /// For the proxy's runner (runs started by triggers): use the session in FILE (the
+    /// answer of `POST /v1/sessions`; deleted once read) instead of creating one.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub session_file: Option<PathBuf>,
+    /// For the proxy's runner: the command's working directory (copied into the sandbox).
+    #[arg(long, hide = true, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+    /// For the proxy's runner: the run's id, given to the command as `OSTIARY_RUN_ID`, and
+    /// its payload's path (`payload.json` in --workdir) as `OSTIARY_TRIGGER_PAYLOAD`.
+    #[arg(long, hide = true, requires = "workdir")]
+    pub run_id: Option<String>,
+    /// For the proxy's runner: end at once if process PID (the proxy) ends, and do not
+    /// start if it already has.
+    #[arg(long, hide = true, value_name = "PID")]
+    pub die_with_parent: Option<u32>,
+    /// For the proxy's runner: the wall-clock limit, over the profile's.
+    #[arg(long, hide = true, value_parser = humantime::parse_duration)]
+    pub wall_clock: Option<Duration>,
 }
 
 /// Why `ostiary run` did not run the command.
@@ -96,6 +114,12 @@ enum RunError {
 
 /// Run `ostiary run`; a failure before the command runs exits with [`exit::SETUP`].
 pub async fn run(config: &Config, args: RunArgs) -> ExitCode {
+    if let Some(parent) = args.die_with_parent {
+        if let Err(e) = die_with(parent) {
+            eprintln!("ostiary: {e}");
+            return ExitCode::from(exit::SETUP);
+        }
+    }
     let result = match args.sandbox.clone() {
         Some(profile) => sandboxed(config, &args, profile).await,
         None => unsandboxed(config, &args).await,
@@ -104,6 +128,59 @@ pub async fn run(config: &Config, args: RunArgs) -> ExitCode {
         eprintln!("ostiary: {e}");
         ExitCode::from(exit::SETUP)
     })
+}
+
+/// Be killed when process `parent` ends (the proxy whose runner started this run), so that
+/// no run outlives the proxy tracking it; refuse to start if it already ended.
+fn die_with(parent: u32) -> Result<(), RunError> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| RunError::Refused(format!("--die-with-parent: {e}")))?;
+    // Set after the parent may have died already: then this process was reparented.
+    if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(-1) {
+        return Err(RunError::Refused(format!(
+            "--die-with-parent {parent}: that process has already ended"
+        )));
+    }
+    Ok(())
+}
+
+/// The run's session: the one the proxy's runner made (`--session-file`, read once and
+/// deleted: it holds the session token), or a new one.
+async fn session_for(
+    client: &ControlClient,
+    args: &RunArgs,
+    new: &NewSession,
+) -> Result<ostiary_sdk::Session, RunError> {
+    let Some(path) = &args.session_file else {
+        return Ok(client.create_session(new).await?);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| RunError::Refused(format!("--session-file {}: {e}", path.display())))?;
+    let _ = std::fs::remove_file(path);
+    serde_json::from_str(&text)
+        .map_err(|e| RunError::Refused(format!("--session-file {}: {e}", path.display())))
+}
+
+/// What a run a trigger started tells its command: its id and its payload's path.
+fn run_env(args: &RunArgs, workdir: &Path) -> Vec<(String, String)> {
+    match &args.run_id {
+        Some(id) => vec![
+            ("OSTIARY_RUN_ID".into(), id.clone()),
+            (
+                "OSTIARY_TRIGGER_PAYLOAD".into(),
+                workdir.join("payload.json").display().to_string(),
+            ),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The command's working directory: `--workdir`, or this one.
+fn workdir(args: &RunArgs) -> std::io::Result<PathBuf> {
+    match &args.workdir {
+        Some(dir) => dir.canonicalize(),
+        None => std::env::current_dir().and_then(|d| d.canonicalize()),
+    }
 }
 
 async fn unsandboxed(config: &Config, args: &RunArgs) -> Result<ExitCode, RunError> {
@@ -120,14 +197,17 @@ async fn unsandboxed(config: &Config, args: &RunArgs) -> Result<ExitCode, RunErr
         }
     }
     let client = super::control_client(config)?;
-    let session = client
-        .create_session(&NewSession {
-            agent: args.agent.clone(),
-            tenant: args.tenant.clone(),
-            ttl: args.ttl.clone(),
-            ..Default::default()
-        })
-        .await?;
+    let new = NewSession {
+        agent: args.agent.clone(),
+        tenant: args.tenant.clone(),
+        ttl: args.ttl.clone(),
+        ..Default::default()
+    };
+    let session = session_for(&client, args, &new).await?;
+    let cwd = workdir(args).map_err(|source| CliError::Io {
+        what: "the working directory".into(),
+        source,
+    })?;
     let ca = super::ca_path(config, &session)?;
     let (program, rest) = args
         .command
@@ -138,7 +218,12 @@ async fn unsandboxed(config: &Config, args: &RunArgs) -> Result<ExitCode, RunErr
     for name in env::unsandboxed_removals(config, std::env::vars_os()) {
         command.env_remove(name);
     }
-    let status = command.envs(session.env(&ca)).status().await;
+    let status = command
+        .envs(session.env(&ca))
+        .envs(run_env(args, &cwd))
+        .current_dir(&cwd)
+        .status()
+        .await;
     // Teardown whatever happened to the child.
     let teardown = client.delete_session(&session.session_id).await;
     let status = status.map_err(|source| CliError::Io {
@@ -204,9 +289,7 @@ async fn sandboxed(
     })?;
     // Everything this host may lack is found out before a session exists.
     let runner = sandbox::runner_for(config, profile.isolation)?;
-    let cwd = std::env::current_dir()
-        .and_then(|d| d.canonicalize())
-        .map_err(SandboxError::io("the working directory"))?;
+    let cwd = workdir(args).map_err(SandboxError::io("the working directory"))?;
     let socket = std::path::absolute(config.proxy_unix_path())
         .map_err(SandboxError::io("the proxy's Unix socket"))?;
     if !socket.exists() {
@@ -239,11 +322,11 @@ async fn sandboxed(
         profile: Some(name.clone()),
         ..Default::default()
     };
-    let session = match client.create_session(&new).await {
+    let session = match session_for(&client, args, &new).await {
         Ok(session) => session,
         Err(e) => {
             let _ = control.remove();
-            return Err(e.into());
+            return Err(e);
         }
     };
     let setup = Setup {
@@ -360,7 +443,8 @@ impl Setup<'_> {
         })?;
         let port = config.listen.proxy.port();
         let operator: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-        let env = env::sandbox_env(config, profile, session, port, home, operator);
+        let mut env = env::sandbox_env(config, profile, session, port, home, operator);
+        env.extend(run_env(self.args, self.cwd));
         Ok(Plan {
             profile_name: self.name.to_owned(),
             profile: profile.clone(),
@@ -371,8 +455,10 @@ impl Setup<'_> {
             identity: self.identity,
             view,
             limits: control.limits,
-            wall_clock: profile
+            wall_clock: self
+                .args
                 .wall_clock
+                .or(profile.wall_clock)
                 .unwrap_or_else(|| until(session.expires_at)),
             proxy_port: port,
             staging: staging.dir.clone(),

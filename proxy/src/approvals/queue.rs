@@ -383,7 +383,9 @@ impl ApprovalQueue {
         self.signer.verify(token, now_ms())
     }
 
-    fn link_base(&self) -> &str {
+    /// Where the control API is reached from outside: `approvals.public_url`, or the
+    /// control listener as bound (run status URLs use it too).
+    pub fn link_base(&self) -> &str {
         self.link_base
             .get()
             .map(String::as_str)

@@ -17,6 +17,7 @@ mod control;
 pub mod sandbox;
 mod sessions;
 mod tiers;
+pub mod triggers;
 
 pub use audit::{Audit, Siem, SiemFormat};
 pub use control::Control;
@@ -66,6 +67,48 @@ pub struct Config {
     pub audit: Audit,
     /// OpenTelemetry spans of the decisions (`crate::telemetry`).
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// What starts runs (`[[trigger]]`, docs/runs.md).
+    pub trigger: Vec<triggers::Trigger>,
+    /// How this process runs what triggers start.
+    pub runs: Runs,
+    /// The file this config was read from (`None`: the built-in defaults): the runs a
+    /// trigger starts are `ostiary run` processes reading the same file.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+/// `[runs]`: how the runs triggers start are run here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Runs {
+    /// Runs at once in this process (more wait, queued).
+    pub concurrency: usize,
+    /// Where each run's working directory (with its payload) is made, outside the state
+    /// directory, which a sandbox never sees. Default: `ostiary-runs` in the system's
+    /// temporary directory.
+    pub dir: Option<PathBuf>,
+    /// How long a run asked to stop (cancelled, replaced) has before it is killed.
+    #[serde(deserialize_with = "duration")]
+    pub stop_grace: std::time::Duration,
+}
+
+impl Default for Runs {
+    fn default() -> Self {
+        Self {
+            concurrency: 4,
+            dir: None,
+            stop_grace: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+impl Runs {
+    /// Where run directories are made.
+    pub fn dir(&self) -> PathBuf {
+        self.dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("ostiary-runs"))
+    }
 }
 
 /// Where the two listeners bind.
@@ -80,6 +123,9 @@ pub struct Listen {
     /// (`ostiary run --sandbox` binds it into the sandbox). Default: `proxy.sock` in the
     /// state directory, whose `0700` keeps every other local user from reaching it.
     pub proxy_unix: Option<PathBuf>,
+    /// A listener for webhook deliveries alone (`POST /v1/triggers/{name}`), so that what
+    /// faces the senders is not the control API; unset: they arrive on `control`.
+    pub triggers: Option<SocketAddr>,
     /// On shutdown (SIGTERM), how long connections in flight may finish after the
     /// listeners stopped accepting; then they are cut and the audit trail is flushed.
     #[serde(deserialize_with = "duration")]
@@ -92,6 +138,7 @@ impl Default for Listen {
             proxy: SocketAddr::from(([127, 0, 0, 1], 8080)),
             control: SocketAddr::from(([127, 0, 0, 1], 8081)),
             proxy_unix: None,
+            triggers: None,
             drain: std::time::Duration::from_secs(5),
         }
     }
@@ -473,7 +520,9 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml(&text, path)
+        let mut config = Self::from_toml(&text, path)?;
+        config.source = Some(path.to_owned());
+        Ok(config)
     }
 
     /// Checks that serde cannot express.
@@ -486,6 +535,13 @@ impl Config {
         self.sandbox.validate().map_err(ConfigError::Invalid)?;
         self.audit.validate().map_err(ConfigError::Invalid)?;
         self.telemetry.validate().map_err(ConfigError::Invalid)?;
+        triggers::validate(&self.trigger, &self.sandbox.profile_names())
+            .map_err(ConfigError::Invalid)?;
+        if self.runs.concurrency == 0 {
+            return Err(ConfigError::Invalid(
+                "runs.concurrency must be at least 1".into(),
+            ));
+        }
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),

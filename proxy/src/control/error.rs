@@ -52,6 +52,9 @@ pub(crate) enum ControlError {
     /// data plane answers it.
     #[error(transparent)]
     Proxy(#[from] ProxyError),
+    /// A trigger's delivery or an API call that started no run.
+    #[error(transparent)]
+    Intake(#[from] crate::runs::intake::IntakeError),
     #[error("{0}")]
     Internal(String),
 }
@@ -69,6 +72,7 @@ impl ControlError {
             Self::PolicyInvalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::LimitExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Proxy(e) => crate::respond::status(e),
+            Self::Intake(e) => intake_status(e),
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -87,6 +91,7 @@ impl ControlError {
             Self::PolicyInvalid(_) => "policy_invalid",
             Self::LimitExceeded { .. } => "limit_exceeded",
             Self::Proxy(e) => e.kind(),
+            Self::Intake(e) => e.kind(),
             Self::Internal(_) => "internal_error",
         }
     }
@@ -103,9 +108,52 @@ impl ControlError {
                 "retry_after": null,
             }),
             Self::Proxy(e) => crate::respond::error_body(e, ""),
+            Self::Intake(e) => intake_body(e),
             _ => json!({ "error": self.kind(), "message": self.to_string() }),
         }
     }
+}
+
+fn intake_status(e: &crate::runs::intake::IntakeError) -> StatusCode {
+    use crate::runs::intake::IntakeError as E;
+    match e {
+        E::UnknownTrigger(_) | E::WrongKind { .. } => StatusCode::NOT_FOUND,
+        E::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        E::BadSignature(_) | E::Unauthenticated => StatusCode::UNAUTHORIZED,
+        E::SecretUnavailable { .. } | E::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        E::BadPayload(_) => StatusCode::BAD_REQUEST,
+        E::SchemaMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        E::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+/// The details each refusal carries (docs/design.md §5's shapes where one fits).
+fn intake_body(e: &crate::runs::intake::IntakeError) -> Value {
+    use crate::runs::intake::IntakeError as E;
+    let mut body = json!({ "error": e.kind(), "message": e.to_string() });
+    match e {
+        E::TooLarge { limit } => body["max"] = json!(limit),
+        E::BadSignature(reason) => body["reason"] = json!(reason),
+        E::SecretUnavailable { credential, .. } => body["credential"] = json!(credential),
+        E::SchemaMismatch(detail) => {
+            body["check"] = json!("schema");
+            body["detail"] = json!(detail);
+        }
+        E::RateLimited {
+            name,
+            count,
+            retry_after,
+            ..
+        } => {
+            body["limit"] = json!(format!("trigger_rate:{name}"));
+            body["max"] = json!(count);
+            body["used"] = json!(count);
+            body["retry_after"] = json!(retry_after.as_secs().max(1));
+        }
+        E::Store(_) => body["component"] = json!("store"),
+        _ => {}
+    }
+    body
 }
 
 impl From<ControlError> for Reply {

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 
 mod approvals;
 mod error;
+pub mod runs;
 mod sessions;
 
 use error::ControlError;
@@ -44,6 +45,31 @@ pub async fn serve(
     shared: Arc<ControlPlane>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_routes(listener, shared, shutdown, route).await
+}
+
+/// Serve `listen.triggers` until `shutdown` resolves: webhook deliveries only (`POST
+/// /v1/triggers/{name}`) and `/healthz`, so that what faces the senders is not the
+/// control API.
+pub async fn serve_triggers(
+    listener: TcpListener,
+    shared: Arc<ControlPlane>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_routes(listener, shared, shutdown, route_triggers).await
+}
+
+/// Accept connections on `listener`, each request answered by `router`, until `shutdown`;
+/// then let the connections in flight finish (for up to five seconds).
+async fn serve_routes<R, F>(
+    listener: TcpListener,
+    shared: Arc<ControlPlane>,
+    shutdown: impl Future<Output = ()>,
+    router: R,
+) where
+    R: Fn(Arc<ControlPlane>, Request<Incoming>) -> F + Copy + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
     let tracker = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
@@ -55,7 +81,7 @@ pub async fn serve(
                 tracker.spawn(async move {
                     let service = service_fn(move |req| {
                         let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(route(shared, req).await) }
+                        async move { Ok::<_, Infallible>(router(shared, req).await) }
                     });
                     let _ = http1::Builder::new()
                         .timer(TokioTimer::new())
@@ -68,6 +94,29 @@ pub async fn serve(
     }
     tracker.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tracker.wait()).await;
+}
+
+async fn route_triggers(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let request_id = ids::request_id();
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (req.method(), segments.as_slice()) {
+        (&Method::GET, ["healthz"]) => {
+            json_response(StatusCode::OK, &json!({"status": "ok"}), &request_id)
+        }
+        (&Method::POST, ["v1", "triggers", name]) => {
+            let name = (*name).to_owned();
+            runs::deliver(&shared, req, &name, &request_id).await
+        }
+        _ => {
+            let Reply(status, mut body) = ControlError::NotFound(format!(
+                "no route {path}: this listener takes webhook deliveries only"
+            ))
+            .into();
+            body["request_id"] = json!(request_id);
+            json_response(status, &body, &request_id)
+        }
+    }
 }
 
 pub(crate) struct Reply(StatusCode, serde_json::Value);
@@ -96,6 +145,11 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
                 .to_owned();
             return approvals::review(&shared, req, &token).await;
         }
+        // A webhook's signature is its credential, not the admin token.
+        (&Method::POST, ["v1", "triggers", name]) => {
+            let name = (*name).to_owned();
+            return runs::deliver(&shared, req, &name, &request_id).await;
+        }
         (&Method::POST, ["v1", "slack", "interactions"]) => {
             let Reply(status, mut body) = approvals::slack(&shared, req).await;
             if status.is_client_error() || status.is_server_error() {
@@ -119,6 +173,10 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
             body["request_id"] = json!(request_id);
             return json_response(status, &body, &request_id);
         }
+    }
+    // A trigger's own token may start its runs (the intake checks it).
+    if !admin && runs::is_start(req.method(), &segments) {
+        return runs::start(&shared, req, false, &request_id).await;
     }
     if !admin {
         let Reply(status, mut body) = ControlError::Unauthenticated(
@@ -156,6 +214,13 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
             approvals::decide_api(&shared, req, id, Verdict::Deny).await
         }
         (Method::POST, ["v1", "approvals", id, "link"]) => approvals::link(&shared, req, id).await,
+        (Method::POST, ["v1", "runs"]) => {
+            return runs::start(&shared, req, true, &request_id).await
+        }
+        (Method::GET, ["v1", "runs"]) => runs::list(&shared, req.uri().query().unwrap_or("")).await,
+        (Method::GET, ["v1", "runs", id]) => runs::show(&shared, id).await,
+        (Method::POST, ["v1", "runs", id, "cancel"]) => runs::cancel(&shared, id).await,
+        (Method::POST, ["v1", "runs", id, "retry"]) => runs::retry(&shared, id).await,
         (Method::GET, ["v1", "audit"]) => {
             return audit_lines(&shared, req.uri().query().unwrap_or(""), &request_id).await
         }

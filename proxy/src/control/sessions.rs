@@ -52,8 +52,19 @@ async fn create_in_order(
     req: Request<Incoming>,
     parent: Option<Arc<Principal>>,
 ) -> Result<Reply, Reply> {
+    let new: NewSession = read_json(req).await?;
+    create_from(shared, new, parent).await
+}
+
+/// A session made from `new` as `POST /v1/sessions` makes it (the runner's sessions for
+/// runs come this way too).
+pub(super) async fn create_from(
+    shared: &ControlPlane,
+    new: NewSession,
+    parent: Option<Arc<Principal>>,
+) -> Result<Reply, Reply> {
     // Every number first: a negative or absurd budget must not reach the carving below.
-    let new = read_new(shared, req).await?;
+    let new = checked_new(shared, new)?;
     let parent = resolve_parent(shared, parent, new.parent.as_deref()).await?;
     // spawn — the bounds, the fan-out and who the child runs as, before anything is carved
     // for it: its parent's agent, or another name only if policy permits the parent's
@@ -118,9 +129,8 @@ async fn create_in_order(
     ))
 }
 
-/// The body, with every number in bounds and a profile the sandbox knows.
-async fn read_new(shared: &ControlPlane, req: Request<Incoming>) -> Result<NewSession, Reply> {
-    let new: NewSession = read_json(req).await?;
+/// The new session, with every number in bounds and a profile the sandbox knows.
+fn checked_new(shared: &ControlPlane, new: NewSession) -> Result<NewSession, Reply> {
     if let Err(e) = limits::check(&new) {
         return Err(ControlError::BadRequest(e.to_string()).into());
     }

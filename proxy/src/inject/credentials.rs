@@ -458,6 +458,8 @@ fn write(parts: &mut Parts, held: &Held) -> Result<(), ProxyError> {
                 return Err(unusable(held, "not_a_certificate"));
             }
         }
+        // Never bound to a host, so never reached; refused rather than sent if it were.
+        Injection::Nowhere => return Err(unusable(held, "not_for_injection")),
     }
     Ok(())
 }

@@ -94,7 +94,7 @@ pub fn injection_point(binding: &Binding) -> Option<String> {
         Injection::Header { name, .. } => Some(format!("header {}", name.to_ascii_lowercase())),
         Injection::Basic { .. } => Some("authorization header".into()),
         Injection::Query(param) => Some(format!("query parameter {param}")),
-        Injection::Mtls => None,
+        Injection::Mtls | Injection::Nowhere => None,
     }
 }
 

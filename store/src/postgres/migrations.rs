@@ -44,10 +44,58 @@ const MIGRATIONS: &[Migration] = &[
             failed_ms      BIGINT
         )",
     },
+    Migration {
+        version: 4,
+        name: "runs, run_dedup and run_checkpoints (runs that triggers started)",
+        sql: RUNS,
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 3;
+pub const LATEST: i64 = 4;
+
+// `limit_hit` is `RunRow::limit`: LIMIT is reserved in both dialects (as on SQLite).
+const RUNS: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    id               TEXT PRIMARY KEY,
+    trigger          TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    spec             TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    payload_sha256   TEXT NOT NULL,
+    attempt          BIGINT NOT NULL,
+    created_ms       BIGINT NOT NULL,
+    not_before_ms    BIGINT NOT NULL,
+    started_ms       BIGINT,
+    ended_ms         BIGINT,
+    session          TEXT,
+    holder           TEXT,
+    exit_code        BIGINT,
+    limit_hit        TEXT,
+    error            TEXT,
+    stderr_tail      TEXT,
+    cost_micros      BIGINT,
+    dead_letter      TEXT,
+    cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    parent_run       TEXT,
+    approval         TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_due ON runs(status, not_before_ms, created_ms);
+CREATE INDEX IF NOT EXISTS runs_trigger ON runs(trigger);
+CREATE TABLE IF NOT EXISTS run_dedup (
+    trigger    TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    expires_ms BIGINT NOT NULL,
+    PRIMARY KEY (trigger, key)
+);
+CREATE TABLE IF NOT EXISTS run_checkpoints (
+    root     TEXT PRIMARY KEY,
+    data     BYTEA NOT NULL,
+    saved_ms BIGINT NOT NULL
+);
+";
 
 /// The advisory lock migrations take (any constant; the same in every replica).
 pub(super) const MIGRATION_LOCK: i64 = 0x6f73_7469_6d69_6701;

@@ -32,6 +32,7 @@ mod guard;
 mod leases;
 pub mod migrations;
 mod outbox;
+mod runs;
 mod sessions;
 
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -106,7 +107,8 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
         guard: Arc::new(guard::PgGuard(db.clone())),
         audit: Arc::new(audit::PgAudit(db.clone())),
         leases: Arc::new(leases::PgLeases(db.clone())),
-        cursors: Arc::new(cursors::PgCursors(db)),
+        cursors: Arc::new(cursors::PgCursors(db.clone())),
+        runs: Arc::new(runs::PgRuns(db)),
     })
 }
 

@@ -41,10 +41,59 @@ const MIGRATIONS: &[Migration] = &[
         name: "export_cursors (how far the audit trail's streams to a SIEM have delivered)",
         apply: |tx| tx.execute_batch(EXPORT_CURSORS),
     },
+    Migration {
+        version: 4,
+        name: "runs, run_dedup and run_checkpoints (runs that triggers started)",
+        apply: |tx| tx.execute_batch(RUNS),
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 3;
+pub const LATEST: i64 = 4;
+
+// `limit_hit` is `RunRow::limit`: LIMIT is a reserved word in both dialects, and a column
+// that needs quoting in every hand-written query is a trap.
+const RUNS: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    id               TEXT PRIMARY KEY,
+    trigger          TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    spec             TEXT NOT NULL,
+    payload          TEXT NOT NULL,
+    payload_sha256   TEXT NOT NULL,
+    attempt          INTEGER NOT NULL,
+    created_ms       INTEGER NOT NULL,
+    not_before_ms    INTEGER NOT NULL,
+    started_ms       INTEGER,
+    ended_ms         INTEGER,
+    session          TEXT,
+    holder           TEXT,
+    exit_code        INTEGER,
+    limit_hit        TEXT,
+    error            TEXT,
+    stderr_tail      TEXT,
+    cost_micros      INTEGER,
+    dead_letter      TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    parent_run       TEXT,
+    approval         TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_due ON runs(status, not_before_ms, created_ms);
+CREATE INDEX IF NOT EXISTS runs_trigger ON runs(trigger);
+CREATE TABLE IF NOT EXISTS run_dedup (
+    trigger    TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (trigger, key)
+);
+CREATE TABLE IF NOT EXISTS run_checkpoints (
+    root     TEXT PRIMARY KEY,
+    data     BLOB NOT NULL,
+    saved_ms INTEGER NOT NULL
+);
+";
 
 const EXPORT_CURSORS: &str = "
 CREATE TABLE IF NOT EXISTS export_cursors (

@@ -27,6 +27,7 @@ mod guard;
 mod leases;
 pub mod migrations;
 mod outbox;
+mod runs;
 mod sessions;
 
 /// How long a call waits for another connection's write lock before it fails
@@ -67,6 +68,7 @@ pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
         audit: Arc::new(audit::SqliteAudit(db(options.audit_busy_timeout)?)),
         leases: Arc::new(leases::SqliteLeases(db(options.busy_timeout)?)),
         cursors: Arc::new(cursors::SqliteCursors(db(options.busy_timeout)?)),
+        runs: Arc::new(runs::SqliteRuns(db(options.busy_timeout)?)),
     })
 }
 
@@ -87,6 +89,7 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
         audit: Arc::new(audit::SqliteAudit(db()?)),
         leases: Arc::new(leases::SqliteLeases(db()?)),
         cursors: Arc::new(cursors::SqliteCursors(db()?)),
+        runs: Arc::new(runs::SqliteRuns(db()?)),
     })
 }
 

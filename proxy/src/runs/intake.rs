@@ -1,0 +1,512 @@
+//! How a trigger's delivery becomes a run, in order, each refusal audited and none starting
+//! anything:
+//!
+//! ```text
+//! trigger known, of this kind → size (413) → signature (401; secret from the broker)
+//!   → payload as JSON (400) → schema (422) → deduplication key (400)
+//!   → rate (429) → stored, deduplicated (202 new / 200 duplicate)
+//! ```
+//! The size before the signature, so an unauthenticated sender cannot make the proxy read
+//! (or MAC) more than a payload may be; the signature before everything that reads the
+//! payload, so nothing an unauthenticated sender wrote is parsed; the rate after the
+//! signature, so forged deliveries cannot spend a trigger's rate; the deduplication in the
+//! same store transaction as the run, so two deliveries of one event racing on two replicas
+//! start one run. Every outcome is one audit record of kind `trigger`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use ostiary_broker::Broker;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
+
+use super::rate::TriggerRates;
+use super::signature::Scheme;
+use super::spec::RunSpec;
+use super::webhook;
+use crate::audit::{AuditGuard, AuditSink};
+use crate::config::triggers::{Kind, Trigger};
+use crate::metrics::Metrics;
+use crate::store::runs::{Dedup, Enqueued, RunRow, RunStatus, RunStore};
+use crate::store::{Call, StoreError};
+
+/// Why a delivery or a call started nothing. Mapped to a status in the control API.
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("no trigger is named {0:?}")]
+    UnknownTrigger(String),
+    #[error("trigger {name:?} is a {kind} trigger: it is not started this way")]
+    WrongKind { name: String, kind: &'static str },
+    #[error("the payload is over the trigger's {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("the delivery's signature does not verify: {0}")]
+    BadSignature(String),
+    #[error("this call needs the admin token or the trigger's own token")]
+    Unauthenticated,
+    #[error("the trigger's secret {credential:?} cannot be read: {cause}")]
+    SecretUnavailable { credential: String, cause: String },
+    #[error("{0}")]
+    BadPayload(String),
+    #[error("the payload does not satisfy the trigger's schema: {0}")]
+    SchemaMismatch(String),
+    #[error("trigger {name:?} starts at most {count} runs per {per:?}")]
+    RateLimited {
+        name: String,
+        count: u32,
+        per: Duration,
+        retry_after: Duration,
+    },
+    #[error("the run store is unavailable: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl IntakeError {
+    /// The `error` kind of the answer and the audit record.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::UnknownTrigger(_) | Self::WrongKind { .. } => "not_found",
+            Self::TooLarge { .. } => "payload_too_large",
+            Self::BadSignature(_) | Self::Unauthenticated => "unauthenticated",
+            Self::SecretUnavailable { .. } => "credential_unavailable",
+            Self::BadPayload(_) => "bad_request",
+            Self::SchemaMismatch(_) => "check_failed",
+            Self::RateLimited { .. } => "limit_exceeded",
+            Self::Store(_) => "state_unavailable",
+        }
+    }
+}
+
+/// A run made (or found: a duplicate delivery's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    pub run_id: String,
+    pub trigger: String,
+    pub duplicate: bool,
+    pub status: RunStatus,
+}
+
+/// A trigger made ready for its deliveries: the scheme and the compiled schema.
+struct Ready {
+    trigger: Trigger,
+    scheme: Option<Scheme>,
+    schema: Option<jsonschema::Validator>,
+}
+
+/// Where deliveries and calls come in.
+pub struct Intake {
+    triggers: HashMap<String, Ready>,
+    runs: Arc<dyn RunStore>,
+    broker: Arc<Broker>,
+    rates: TriggerRates,
+    audit: AuditSink,
+    metrics: Arc<Metrics>,
+    /// Woken when a run is queued, so the runner starts it at once.
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Intake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Intake")
+            .field("triggers", &self.triggers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a delivery brings.
+#[derive(Debug)]
+pub struct Delivery<'a> {
+    pub headers: &'a HeaderMap,
+    pub body: Bytes,
+}
+
+impl Intake {
+    /// The triggers of the config, compiled (the config was validated: a trigger that does
+    /// not compile here was refused at load).
+    pub fn new(
+        triggers: &[Trigger],
+        runs: Arc<dyn RunStore>,
+        broker: Arc<Broker>,
+        audit: AuditSink,
+        metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
+    ) -> Result<Self, String> {
+        let mut ready = HashMap::new();
+        for trigger in triggers {
+            let scheme = trigger
+                .signature
+                .as_ref()
+                .map(webhook::scheme)
+                .transpose()?;
+            let schema = trigger
+                .schema_value()?
+                .map(|s| jsonschema::validator_for(&s).map_err(|e| e.to_string()))
+                .transpose()?;
+            ready.insert(
+                trigger.name.clone(),
+                Ready {
+                    trigger: trigger.clone(),
+                    scheme,
+                    schema,
+                },
+            );
+        }
+        Ok(Self {
+            triggers: ready,
+            runs,
+            broker,
+            rates: TriggerRates::default(),
+            audit,
+            metrics,
+            wake,
+        })
+    }
+
+    /// The trigger named `name`.
+    pub fn trigger(&self, name: &str) -> Option<&Trigger> {
+        self.triggers.get(name).map(|r| &r.trigger)
+    }
+
+    /// The largest body trigger `name` takes (to bound the read before anything else).
+    pub fn max_payload(&self, name: &str) -> Option<usize> {
+        self.trigger(name).map(|t| t.max_payload_bytes)
+    }
+
+    /// A webhook delivery to `name` (`POST /v1/triggers/{name}`).
+    pub async fn webhook(
+        &self,
+        name: &str,
+        delivery: Delivery<'_>,
+    ) -> Result<Admitted, IntakeError> {
+        let mut audit = self.record(name);
+        let result = self.webhook_in_order(name, &delivery, &mut audit).await;
+        self.close(audit, &result);
+        result
+    }
+
+    async fn webhook_in_order(
+        &self,
+        name: &str,
+        delivery: &Delivery<'_>,
+        audit: &mut AuditGuard,
+    ) -> Result<Admitted, IntakeError> {
+        let ready = self.ready(name, Kind::Webhook)?;
+        let trigger = &ready.trigger;
+        if delivery.body.len() > trigger.max_payload_bytes {
+            return Err(IntakeError::TooLarge {
+                limit: trigger.max_payload_bytes,
+            });
+        }
+        let (Some(scheme), Some(signature)) = (&ready.scheme, &trigger.signature) else {
+            return Err(IntakeError::BadSignature(
+                "the trigger has no scheme".into(),
+            ));
+        };
+        let secret = self
+            .broker
+            .static_secret(&signature.secret)
+            .await
+            .map_err(|e| IntakeError::SecretUnavailable {
+                credential: signature.secret.clone(),
+                cause: e.to_string(),
+            })?;
+        scheme
+            .verify(
+                secret.expose().as_bytes(),
+                delivery.headers,
+                &delivery.body,
+                crate::store::now_ms() / 1000,
+            )
+            .map_err(|e| IntakeError::BadSignature(e.to_string()))?;
+        let payload =
+            webhook::payload(delivery.headers, &delivery.body).map_err(IntakeError::BadPayload)?;
+        let key = match &trigger.dedup {
+            Some(dedup) => Some(
+                webhook::dedup_key(dedup, delivery.headers, &payload)
+                    .map_err(IntakeError::BadPayload)?,
+            ),
+            None => None,
+        };
+        self.admit(ready, payload, &delivery.body, key, None, audit)
+            .await
+    }
+
+    /// A webhook delivery to `name` refused for its size before it was read (its
+    /// `Content-Length`, or the read stopped at the limit): audited like any refusal.
+    pub fn too_large(&self, name: &str) -> IntakeError {
+        let audit = self.record(name);
+        let refusal = match self.ready(name, Kind::Webhook) {
+            Ok(ready) => IntakeError::TooLarge {
+                limit: ready.trigger.max_payload_bytes,
+            },
+            Err(e) => e,
+        };
+        let result = Err(refusal);
+        self.close(audit, &result);
+        result
+            .err()
+            .unwrap_or(IntakeError::UnknownTrigger(name.to_owned()))
+    }
+
+    /// Tell the runner that a run is queued (an operator's retry).
+    pub fn wake_runner(&self) {
+        self.wake.notify_one();
+    }
+
+    /// An API call starting trigger `name` with `payload` (`POST /v1/runs`), by a caller
+    /// the control API authenticated as an admin — or not (`admin` false), in which case
+    /// `token` must be the trigger's own.
+    pub async fn api(
+        &self,
+        name: &str,
+        payload: Value,
+        admin: bool,
+        token: Option<&str>,
+        parent_run: Option<String>,
+    ) -> Result<Admitted, IntakeError> {
+        let mut audit = self.record(name);
+        let result = async {
+            let ready = self.ready(name, Kind::Api)?;
+            if !admin {
+                self.check_token(&ready.trigger, token).await?;
+            }
+            let body =
+                serde_json::to_vec(&payload).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
+            if body.len() > ready.trigger.max_payload_bytes {
+                return Err(IntakeError::TooLarge {
+                    limit: ready.trigger.max_payload_bytes,
+                });
+            }
+            let key = match &ready.trigger.dedup {
+                Some(dedup) => Some(
+                    webhook::dedup_key(dedup, &HeaderMap::new(), &payload)
+                        .map_err(IntakeError::BadPayload)?,
+                ),
+                None => None,
+            };
+            self.admit(ready, payload, &body, key, parent_run, &mut audit)
+                .await
+        }
+        .await;
+        self.close(audit, &result);
+        result
+    }
+
+    /// A schedule's tick at `scheduled_ms` (after `missed` ticks that started nothing): one
+    /// run, deduplicated on the tick so that replicas ticking together start it once.
+    pub async fn tick(
+        &self,
+        name: &str,
+        scheduled_ms: i64,
+        missed: u64,
+    ) -> Result<Admitted, IntakeError> {
+        let mut audit = self.record(name);
+        let result = async {
+            let ready = self.ready(name, Kind::Schedule)?;
+            let payload = json!({"scheduled_ms": scheduled_ms, "missed": missed});
+            let body = payload.to_string();
+            self.admit(
+                ready,
+                payload,
+                body.as_bytes(),
+                Some(format!("tick:{scheduled_ms}")),
+                None,
+                &mut audit,
+            )
+            .await
+        }
+        .await;
+        self.close(audit, &result);
+        result
+    }
+
+    fn ready(&self, name: &str, kind: Kind) -> Result<&Ready, IntakeError> {
+        let ready = self
+            .triggers
+            .get(name)
+            .ok_or_else(|| IntakeError::UnknownTrigger(name.to_owned()))?;
+        if ready.trigger.kind != kind {
+            return Err(IntakeError::WrongKind {
+                name: name.to_owned(),
+                kind: ready.trigger.kind.as_str(),
+            });
+        }
+        Ok(ready)
+    }
+
+    /// The trigger's own token, compared in constant time.
+    async fn check_token(&self, trigger: &Trigger, token: Option<&str>) -> Result<(), IntakeError> {
+        let (Some(credential), Some(token)) = (&trigger.token, token) else {
+            return Err(IntakeError::Unauthenticated);
+        };
+        let expected = self.broker.static_secret(credential).await.map_err(|e| {
+            IntakeError::SecretUnavailable {
+                credential: credential.clone(),
+                cause: e.to_string(),
+            }
+        })?;
+        if bool::from(expected.expose().as_bytes().ct_eq(token.as_bytes())) {
+            Ok(())
+        } else {
+            Err(IntakeError::Unauthenticated)
+        }
+    }
+
+    /// Schema, rate and the stored run; the rate is given back for a duplicate.
+    async fn admit(
+        &self,
+        ready: &Ready,
+        payload: Value,
+        raw: &[u8],
+        key: Option<String>,
+        parent_run: Option<String>,
+        audit: &mut AuditGuard,
+    ) -> Result<Admitted, IntakeError> {
+        let trigger = &ready.trigger;
+        if let Some(schema) = &ready.schema {
+            if let Some(first) = schema.iter_errors(&payload).next() {
+                let at = first.instance_path().to_string();
+                let at = if at.is_empty() {
+                    "the top".to_owned()
+                } else {
+                    at
+                };
+                return Err(IntakeError::SchemaMismatch(format!("{first} (at {at})")));
+            }
+        }
+        let digest = hex::encode(Sha256::digest(raw));
+        audit.update(|r| {
+            r.run = Some(json!({"trigger": trigger.name, "payload_sha256": digest}));
+        });
+        self.rates
+            .take(&trigger.name, trigger.rate, Instant::now())
+            .map_err(|wait| IntakeError::RateLimited {
+                name: trigger.name.clone(),
+                count: trigger.rate.count,
+                per: trigger.rate.per,
+                retry_after: wait,
+            })?;
+        let now = crate::store::now_ms();
+        let spec = serde_json::to_string(&RunSpec::of(trigger))
+            .map_err(|e| IntakeError::BadPayload(e.to_string()))?;
+        let row = RunRow {
+            id: format!("run_{}", crate::state::random_hex(10)),
+            trigger: trigger.name.clone(),
+            kind: trigger.kind.as_str().to_owned(),
+            status: RunStatus::Queued,
+            spec,
+            payload: payload.to_string(),
+            payload_sha256: digest.clone(),
+            attempt: 0,
+            created_ms: now,
+            not_before_ms: now,
+            started_ms: None,
+            ended_ms: None,
+            session: None,
+            holder: None,
+            exit_code: None,
+            limit: None,
+            error: None,
+            stderr_tail: None,
+            cost_micros: None,
+            dead_letter: None,
+            cancel_requested: false,
+            parent_run,
+            approval: None,
+        };
+        let window = trigger.dedup.as_ref().map_or(
+            // A tick is deduplicated for as long as the longest clock skew between replicas.
+            Duration::from_secs(3600),
+            |d| d.window,
+        );
+        let expires_ms = now + i64::try_from(window.as_millis()).unwrap_or(i64::MAX / 2);
+        let stored = {
+            let (row, key) = (row.clone(), key.clone());
+            self.runs
+                .call(move |s| {
+                    s.enqueue(
+                        &row,
+                        key.as_deref().map(|key| Dedup { key, expires_ms }),
+                        now,
+                    )
+                })
+                .await
+        };
+        let admitted = match stored {
+            Ok(Enqueued::New) => Admitted {
+                run_id: row.id.clone(),
+                trigger: trigger.name.clone(),
+                duplicate: false,
+                status: row.status,
+            },
+            Ok(Enqueued::Duplicate(first)) => {
+                self.rates.give_back(&trigger.name, trigger.rate);
+                Admitted {
+                    run_id: first,
+                    trigger: trigger.name.clone(),
+                    duplicate: true,
+                    status: row.status,
+                }
+            }
+            Err(e) => {
+                self.rates.give_back(&trigger.name, trigger.rate);
+                return Err(e.into());
+            }
+        };
+        audit.update(|r| {
+            r.run = Some(json!({
+                "trigger": trigger.name,
+                "run_id": admitted.run_id,
+                "payload_sha256": digest,
+                "duplicate": admitted.duplicate,
+                "dedup_key": key,
+            }));
+        });
+        if !admitted.duplicate {
+            self.wake.notify_one();
+        }
+        Ok(admitted)
+    }
+
+    fn record(&self, name: &str) -> AuditGuard {
+        let request_id = crate::ids::request_id();
+        let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "trigger");
+        let agent = self.trigger(name).map(|t| t.agent.clone());
+        let tenant = self.trigger(name).and_then(|t| t.tenant.clone());
+        audit.update(|r| {
+            r.agent = agent;
+            r.tenant = tenant;
+            r.reason = Some(format!("trigger {name}"));
+        });
+        audit
+    }
+
+    fn close(&self, mut audit: AuditGuard, result: &Result<Admitted, IntakeError>) {
+        match result {
+            Ok(admitted) => {
+                let what = if admitted.duplicate {
+                    "a duplicate delivery: nothing started"
+                } else {
+                    "run queued"
+                };
+                audit.update(|r| r.reason = Some(format!("trigger {}: {what}", admitted.trigger)));
+                audit.event("allow", None);
+            }
+            Err(e) => {
+                let decision = match e {
+                    IntakeError::Store(_) | IntakeError::SecretUnavailable { .. } => "error",
+                    _ => "deny",
+                };
+                audit.update(|r| {
+                    r.reason = Some(e.to_string());
+                    r.error = Some(e.kind().to_owned());
+                });
+                audit.event(decision, Some(e.kind()));
+            }
+        }
+    }
+}

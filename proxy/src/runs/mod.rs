@@ -1,0 +1,23 @@
+//! Runs started by triggers (`[[trigger]]`, docs/runs.md): a signed webhook, a schedule or
+//! an API call starts a sandboxed agent run, bounded and audited from its first moment to its
+//! teardown.
+//!
+//! - [`signature`] — webhook signature schemes (GitHub, Stripe, Slack, generic HMAC),
+//!   checked in constant time.
+//! - [`webhook`] — a trigger's signature scheme from its config, the payload as JSON, the
+//!   deduplication key.
+//! - [`spec`] — what a run runs, fixed when the run is made.
+//! - [`intake`] — a delivery or an API call admitted in order (size, signature, payload,
+//!   schema, rate, deduplication) and stored as a queued run, or refused and audited.
+//! - [`rate`] — each trigger's rate limit.
+//! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
+//!   retries and dead letters.
+//! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
+
+pub mod intake;
+pub mod rate;
+pub mod runner;
+pub mod schedule;
+pub mod signature;
+pub mod spec;
+pub mod webhook;

@@ -1,0 +1,799 @@
+//! The runner: queued runs claimed and run, one `ostiary run` process each, until they end.
+//!
+//! One attempt, in order: a session for the run (its agent, tenant, budgets, profile) →
+//! the run's working directory with its payload → `ostiary run [--sandbox=PROFILE] …` with
+//! that session (the child ends the session itself, with its sandbox's report) → its exit,
+//! or the runner's own stop (a cancellation, the wall-clock limit, the proxy stopping) →
+//! the outcome recorded: `succeeded`, a retry queued with its backoff, or a final
+//! `failed` / `limit_exceeded` / `killed` / `cancelled` with a dead letter.
+//!
+//! The child dies with the proxy (`--die-with-parent`), and a sandbox with its `ostiary
+//! run`: a run the proxy stops tracking is never left running. At start, runs this process
+//! left `running` (a `kill -9`) are ended as `killed` and retried if their trigger allows
+//! another attempt — never two attempts of one run at once.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
+
+use super::spec::RunSpec;
+use crate::audit::{AuditGuard, AuditSink};
+use crate::metrics::Metrics;
+use crate::sandbox::exit;
+use crate::session::NewSession;
+use crate::store::audit::AuditStore;
+use crate::store::runs::{Finished, RunFilter, RunRow, RunStatus, RunStore};
+use crate::store::{Call, StoreError};
+
+/// Sessions for runs: the control plane's, without its HTTP.
+#[async_trait::async_trait]
+pub trait RunSessions: Send + Sync + std::fmt::Debug {
+    /// A new session, as `POST /v1/sessions` answers it (what `ostiary run
+    /// --session-file` takes), or why there is none.
+    async fn open(&self, new: NewSession) -> Result<Value, String>;
+    /// End `session` (harmless when the run's `ostiary run` ended it already).
+    async fn close(&self, session: &str, why: &str);
+}
+
+/// What the runner is told at start.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    /// The `ostiary` binary (the proxy's own).
+    pub binary: PathBuf,
+    /// The config file the proxy read, for `ostiary run --config`.
+    pub config: Option<PathBuf>,
+    /// Where run directories are made.
+    pub dir: PathBuf,
+    pub concurrency: usize,
+    pub stop_grace: Duration,
+    /// Given to `ostiary run` (never to its command) to end the run's session with its report.
+    pub admin_token: crate::state::SecretString,
+    /// Triggers whose runs go one at a time (schedules with `forbid` or `queue`).
+    pub serial: HashSet<String>,
+}
+
+/// The end of standard error kept per run.
+const STDERR_TAIL: usize = 4096;
+/// The audit records a dead letter keeps.
+const SNAPSHOT_RECORDS: u32 = 20;
+/// How often a running run looks for a cancellation made on another replica.
+const CANCEL_POLL: Duration = Duration::from_millis(250);
+
+#[derive(Debug)]
+pub struct Runner {
+    runs: Arc<dyn RunStore>,
+    sessions: Arc<dyn RunSessions>,
+    trail: Arc<dyn AuditStore>,
+    audit: AuditSink,
+    metrics: Arc<Metrics>,
+    settings: RunnerSettings,
+    holder: String,
+    wake: Arc<Notify>,
+    /// Runs going in this process, each with what stops it.
+    going: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+/// Why the runner stopped a run itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    Cancelled,
+    WallClock,
+    ProxyStopping,
+}
+
+/// An attempt's end, before it is classified.
+#[derive(Debug)]
+struct Ended {
+    exit_code: Option<i64>,
+    stopped: Option<Stopped>,
+    stderr_tail: String,
+    /// The attempt could not start (no session, no directory, no process).
+    setup: Option<String>,
+}
+
+impl Runner {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        runs: Arc<dyn RunStore>,
+        sessions: Arc<dyn RunSessions>,
+        trail: Arc<dyn AuditStore>,
+        audit: AuditSink,
+        metrics: Arc<Metrics>,
+        settings: RunnerSettings,
+        holder: String,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            runs,
+            sessions,
+            trail,
+            audit,
+            metrics,
+            settings,
+            holder,
+            wake,
+            going: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs left `running` by this holder (a crash): `killed`, and queued again where their
+    /// trigger allows another attempt.
+    pub async fn recover(&self) -> Result<Vec<RunRow>, StoreError> {
+        let holder = self.holder.clone();
+        let now = crate::store::now_ms();
+        let killed = self
+            .runs
+            .call(move |s| {
+                s.recover(
+                    &holder,
+                    "the proxy stopped while the run was going: its process ended with it",
+                    now,
+                    &|row| snapshot_of(row, &[], None).to_string(),
+                )
+            })
+            .await?;
+        for run in &killed {
+            self.record_end(
+                run,
+                RunStatus::Killed,
+                Some("the proxy stopped while it ran"),
+            );
+            let spec = serde_json::from_str::<RunSpec>(&run.spec).ok();
+            if let Some(spec) = spec.filter(|s| run.attempt < i64::from(s.attempts)) {
+                let wait = spec.backoff_before(run.attempt + 1);
+                self.requeue_after(&run.id, wait).await;
+            }
+        }
+        Ok(killed)
+    }
+
+    /// Start queued runs as they come (woken by the intake, else every second) until
+    /// `shutdown`; then stop the ones going and record them.
+    pub async fn serve(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            while tasks.len() < self.settings.concurrency {
+                match self.claim_next().await {
+                    Ok(Some(run)) => {
+                        let this = self.clone();
+                        tasks.spawn(async move { this.attempt(run).await });
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "runs: the store is unavailable; retrying");
+                        break;
+                    }
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = self.wake.notified() => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+        let stops: Vec<Arc<Notify>> = self
+            .going
+            .lock()
+            .map(|g| g.values().cloned().collect())
+            .unwrap_or_default();
+        for stop in stops {
+            stop.notify_one();
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Stop run `id` if it is going here (a cancellation through this replica).
+    pub fn stop(&self, id: &str) {
+        if let Some(stop) = self.going.lock().ok().and_then(|g| g.get(id).cloned()) {
+            stop.notify_one();
+        }
+    }
+
+    /// The next run to start: the oldest due run of a trigger that may start one now.
+    async fn claim_next(&self) -> Result<Option<RunRow>, StoreError> {
+        let (holder, serial) = (self.holder.clone(), self.settings.serial.clone());
+        self.runs
+            .call(move |s| {
+                let now = crate::store::now_ms();
+                let queued = s.list(&RunFilter {
+                    status: Some(RunStatus::Queued),
+                    trigger: None,
+                    dead_letters: false,
+                    limit: Some(1000),
+                })?;
+                let mut triggers: Vec<(i64, String)> = Vec::new();
+                for run in queued.iter().filter(|r| r.not_before_ms <= now) {
+                    match triggers.iter_mut().find(|(_, t)| *t == run.trigger) {
+                        Some(entry) => entry.0 = entry.0.min(run.created_ms),
+                        None => triggers.push((run.created_ms, run.trigger.clone())),
+                    }
+                }
+                triggers.sort();
+                for (_, trigger) in triggers {
+                    if serial.contains(&trigger) && s.running(&trigger)? > 0 {
+                        continue;
+                    }
+                    if let Some(run) = s.claim(&holder, Some(&trigger), now)? {
+                        return Ok(Some(run));
+                    }
+                }
+                Ok(None)
+            })
+            .await
+    }
+
+    /// One attempt of `run`, from its session to its recorded outcome.
+    async fn attempt(&self, run: RunRow) {
+        let stop = Arc::new(Notify::new());
+        if let Ok(mut going) = self.going.lock() {
+            going.insert(run.id.clone(), stop.clone());
+        }
+        let spec = serde_json::from_str::<RunSpec>(&run.spec);
+        let (ended, session) = match &spec {
+            Ok(spec) => self.go(&run, spec, &stop).await,
+            Err(e) => (
+                Ended::setup(format!("the run's spec does not parse: {e}")),
+                None,
+            ),
+        };
+        if let Ok(mut going) = self.going.lock() {
+            going.remove(&run.id);
+        }
+        if let Some(session) = &session {
+            self.sessions.close(session, "the run ended").await;
+        }
+        self.audit.flush().await;
+        let records = match &session {
+            Some(session) => self.session_records(session).await,
+            None => Vec::new(),
+        };
+        self.settle(&run, spec.ok().as_ref(), ended, &records).await;
+    }
+
+    /// Session, directory, process, and the wait for its end.
+    async fn go(&self, run: &RunRow, spec: &RunSpec, stop: &Notify) -> (Ended, Option<String>) {
+        let session = match self.sessions.open(new_session(spec)).await {
+            Ok(session) => session,
+            Err(e) => return (Ended::setup(format!("no session for the run: {e}")), None),
+        };
+        let Some(session_id) = session["session_id"].as_str().map(str::to_owned) else {
+            return (Ended::setup("the session has no id".into()), None);
+        };
+        let (id, holder, sid) = (run.id.clone(), self.holder.clone(), session_id.clone());
+        if let Err(e) = self
+            .runs
+            .call(move |s| s.set_session(&id, &holder, &sid))
+            .await
+        {
+            tracing::warn!(run = %run.id, error = %e, "runs: the session could not be recorded on the run");
+        }
+        self.record_start(run, &session_id);
+        let dir = match RunDir::make(&self.settings.dir, run, &session) {
+            Ok(dir) => dir,
+            Err(e) => {
+                return (
+                    Ended::setup(format!("the run directory: {e}")),
+                    Some(session_id),
+                )
+            }
+        };
+        let ended = self.spawn_and_wait(run, spec, &dir, stop).await;
+        dir.remove();
+        (ended, Some(session_id))
+    }
+
+    async fn spawn_and_wait(
+        &self,
+        run: &RunRow,
+        spec: &RunSpec,
+        dir: &RunDir,
+        stop: &Notify,
+    ) -> Ended {
+        let mut command = tokio::process::Command::new(&self.settings.binary);
+        command.args(self.run_args(run, spec, dir));
+        command
+            .current_dir(std::env::current_dir().unwrap_or_else(|_| "/".into()))
+            .env("OSTIARY_ADMIN_TOKEN", self.settings.admin_token.expose())
+            .env("OSTIARY_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => return Ended::setup(format!("starting ostiary run: {e}")),
+        };
+        let tail = tokio::spawn(tail_of(child.stderr.take()));
+        let wall = spec.wall_clock_secs.map(Duration::from_secs);
+        let stopped = self.wait_or_stop(run, &mut child, wall, stop).await;
+        let status = child.wait().await.ok();
+        let exit_code = status.and_then(|s| code_of(&s));
+        let stderr_tail = tail.await.unwrap_or_default();
+        Ended {
+            exit_code,
+            stopped,
+            stderr_tail,
+            setup: None,
+        }
+    }
+
+    /// The child's end, or the runner's reason to end it first (then ended: a SIGTERM,
+    /// which `ostiary run` passes to the command, and a SIGKILL after the grace).
+    async fn wait_or_stop(
+        &self,
+        run: &RunRow,
+        child: &mut tokio::process::Child,
+        wall: Option<Duration>,
+        stop: &Notify,
+    ) -> Option<Stopped> {
+        // The sandbox enforces the wall clock itself; this is the backstop, and the only
+        // limit an unsandboxed run has.
+        let deadline = async {
+            match wall {
+                Some(wall) => tokio::time::sleep(wall).await,
+                None => std::future::pending().await,
+            }
+        };
+        let cancelled = self.cancelled_elsewhere(&run.id);
+        let why = tokio::select! {
+            _ = child.wait() => return None,
+            () = deadline => Stopped::WallClock,
+            () = stop.notified() => {
+                if self.cancel_requested(&run.id).await { Stopped::Cancelled } else { Stopped::ProxyStopping }
+            }
+            () = cancelled => Stopped::Cancelled,
+        };
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(self.settings.stop_grace, child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.start_kill();
+        }
+        Some(why)
+    }
+
+    /// Resolves once the store says run `id` was asked to stop (through another replica).
+    async fn cancelled_elsewhere(&self, id: &str) {
+        loop {
+            tokio::time::sleep(CANCEL_POLL).await;
+            if self.cancel_requested(id).await {
+                return;
+            }
+        }
+    }
+
+    async fn cancel_requested(&self, id: &str) -> bool {
+        let id = id.to_owned();
+        matches!(
+            self.runs.call(move |s| s.get(&id)).await,
+            Ok(Some(run)) if run.cancel_requested
+        )
+    }
+
+    /// `ostiary run`'s arguments for `run`.
+    fn run_args(&self, run: &RunRow, spec: &RunSpec, dir: &RunDir) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(config) = &self.settings.config {
+            args.push("--config".to_owned());
+            args.push(config.display().to_string());
+        }
+        args.extend(["run".into(), "--agent".into(), spec.agent.clone()]);
+        if spec.sandboxed() {
+            args.push(format!("--sandbox={}", spec.profile));
+        } else {
+            // The operator's own choice (`profile = "none"`): not a boundary.
+            args.push("--unsafe-shared-uid".into());
+        }
+        args.extend([
+            "--session-file".into(),
+            dir.session_file.display().to_string(),
+            "--workdir".into(),
+            dir.workdir.display().to_string(),
+            "--run-id".into(),
+            run.id.clone(),
+            "--die-with-parent".into(),
+            std::process::id().to_string(),
+        ]);
+        if let Some(secs) = spec.wall_clock_secs {
+            args.push(format!("--wall-clock={secs}s"));
+        }
+        args.push("--".into());
+        args.extend(spec.argv.iter().cloned());
+        args
+    }
+
+    /// The session's last records, for the cost and a dead letter.
+    async fn session_records(&self, session: &str) -> Vec<Value> {
+        let session = session.to_owned();
+        let recent = self
+            .trail
+            .call(move |t| t.recent(&session, SNAPSHOT_RECORDS))
+            .await
+            .unwrap_or_default();
+        recent
+            .iter()
+            .filter_map(|r| serde_json::from_str(r).ok())
+            .collect()
+    }
+
+    /// Record how the attempt ended: done, retried, or dead-lettered.
+    async fn settle(&self, run: &RunRow, spec: Option<&RunSpec>, ended: Ended, records: &[Value]) {
+        let (status, limit, error) = classify(&ended, spec.is_some_and(RunSpec::sandboxed));
+        let retry = matches!(status, RunStatus::Failed | RunStatus::Killed)
+            && spec.is_some_and(|s| run.attempt < i64::from(s.attempts));
+        let now = crate::store::now_ms();
+        let cost = cost_of(records);
+        let mut finished = Finished {
+            status,
+            retry_at_ms: None,
+            ended_ms: now,
+            exit_code: ended.exit_code,
+            limit: limit.map(str::to_owned),
+            error: error.clone(),
+            stderr_tail: (!ended.stderr_tail.is_empty()).then(|| ended.stderr_tail.clone()),
+            cost_micros: cost,
+            dead_letter: None,
+        };
+        if retry {
+            let wait = spec.map_or(Duration::ZERO, |s| s.backoff_before(run.attempt + 1));
+            finished.status = RunStatus::Queued;
+            finished.retry_at_ms = Some(now + i64::try_from(wait.as_millis()).unwrap_or(0));
+        } else if matches!(
+            status,
+            RunStatus::Failed | RunStatus::LimitExceeded | RunStatus::Killed
+        ) {
+            let mut row = run.clone();
+            row.exit_code = ended.exit_code;
+            row.limit = finished.limit.clone();
+            row.error = error.clone();
+            finished.dead_letter =
+                Some(snapshot_of(&row, records, Some(&ended.stderr_tail)).to_string());
+        }
+        let (id, holder, done) = (run.id.clone(), self.holder.clone(), finished.clone());
+        match self.runs.call(move |s| s.finish(&id, &holder, &done)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(run = %run.id, "runs: the run was no longer this replica's to finish")
+            }
+            Err(e) => {
+                tracing::error!(run = %run.id, error = %e, "runs: the outcome could not be recorded; the run is recovered as killed at the next start")
+            }
+        }
+        self.record_end(run, finished.status, error.as_deref());
+        if retry {
+            self.wake.notify_one();
+        }
+    }
+
+    async fn requeue_after(&self, id: &str, wait: Duration) {
+        let id = id.to_owned();
+        let at = crate::store::now_ms() + i64::try_from(wait.as_millis()).unwrap_or(0);
+        let _ = self.runs.call(move |s| s.requeue(&id, at)).await;
+    }
+
+    fn record_start(&self, run: &RunRow, session: &str) {
+        let mut audit =
+            AuditGuard::start(&self.audit, &self.metrics, &crate::ids::request_id(), "run");
+        audit.update(|r| {
+            r.session = Some(session.to_owned());
+            r.reason = Some(format!("run {} of trigger {} started (attempt {})", run.id, run.trigger, run.attempt));
+            r.run = Some(json!({"run_id": run.id, "trigger": run.trigger, "attempt": run.attempt, "status": "running"}));
+        });
+        audit.event("allow", None);
+    }
+
+    fn record_end(&self, run: &RunRow, status: RunStatus, why: Option<&str>) {
+        let mut audit =
+            AuditGuard::start(&self.audit, &self.metrics, &crate::ids::request_id(), "run");
+        let decision = match status {
+            RunStatus::Succeeded | RunStatus::Queued => "allow",
+            RunStatus::Cancelled => "cancel",
+            RunStatus::LimitExceeded => "deny",
+            _ => "error",
+        };
+        audit.update(|r| {
+            r.session = run.session.clone();
+            r.reason = Some(match why {
+                Some(why) => format!("run {} ended {}: {why}", run.id, status.as_str()),
+                None => format!("run {} ended {}", run.id, status.as_str()),
+            });
+            r.run = Some(json!({"run_id": run.id, "trigger": run.trigger, "attempt": run.attempt, "status": status.as_str()}));
+        });
+        audit.event(decision, None);
+    }
+}
+
+impl Ended {
+    fn setup(why: String) -> Self {
+        Self {
+            exit_code: None,
+            stopped: None,
+            stderr_tail: String::new(),
+            setup: Some(why),
+        }
+    }
+}
+
+/// The status an attempt ends in, the limit that ended it, and why, in words. A sandboxed
+/// run's exit codes name its limits ([`exit`]); an unsandboxed command's are its own.
+fn classify(ended: &Ended, sandboxed: bool) -> (RunStatus, Option<&'static str>, Option<String>) {
+    if let Some(why) = &ended.setup {
+        return (RunStatus::Failed, None, Some(why.clone()));
+    }
+    match ended.stopped {
+        Some(Stopped::Cancelled) => {
+            return (
+                RunStatus::Cancelled,
+                None,
+                Some("cancelled while it ran".into()),
+            )
+        }
+        Some(Stopped::WallClock) => {
+            return (
+                RunStatus::LimitExceeded,
+                Some("wall_clock"),
+                Some("the wall-clock limit ended the run".into()),
+            )
+        }
+        Some(Stopped::ProxyStopping) => {
+            return (
+                RunStatus::Killed,
+                None,
+                Some("the proxy stopped while the run was going".into()),
+            )
+        }
+        None => {}
+    }
+    let code = ended.exit_code;
+    let limit = match code.and_then(|c| u8::try_from(c).ok()) {
+        Some(exit::WALL_CLOCK) if sandboxed => Some("wall_clock"),
+        Some(exit::MEMORY) if sandboxed => Some("memory"),
+        Some(exit::PROCESSES) if sandboxed => Some("processes"),
+        Some(exit::CPU_TIME) if sandboxed => Some("cpu_time"),
+        _ => None,
+    };
+    match (code, limit) {
+        (Some(0), _) => (RunStatus::Succeeded, None, None),
+        (_, Some(limit)) => (
+            RunStatus::LimitExceeded,
+            Some(limit),
+            Some(format!("the {limit} limit ended the run")),
+        ),
+        (Some(c), None) if c == i64::from(exit::SETUP) => (
+            RunStatus::Failed,
+            None,
+            Some("the sandbox could not be set up (exit 125)".into()),
+        ),
+        (Some(c), None) => (
+            RunStatus::Failed,
+            None,
+            Some(format!("the command exited with {c}")),
+        ),
+        (None, None) => (
+            RunStatus::Failed,
+            None,
+            Some("the run's process ended without an exit code".into()),
+        ),
+    }
+}
+
+/// The exit code, or 128 + the signal.
+fn code_of(status: &std::process::ExitStatus) -> Option<i64> {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .map(i64::from)
+        .or_else(|| status.signal().map(|s| 128 + i64::from(s)))
+}
+
+/// The session's totals, from the record of its end.
+fn cost_of(records: &[Value]) -> Option<i64> {
+    records
+        .iter()
+        .rev()
+        .find_map(|r| r["totals"]["cost_micros"].as_i64())
+}
+
+/// A dead letter: what an operator needs to see why the run failed.
+fn snapshot_of(run: &RunRow, records: &[Value], stderr: Option<&str>) -> Value {
+    let usage = records.iter().rev().find_map(|r| r.get("totals").cloned());
+    json!({
+        "run_id": run.id,
+        "trigger": run.trigger,
+        "attempt": run.attempt,
+        "session": run.session,
+        "exit_code": run.exit_code,
+        "limit": run.limit,
+        "error": run.error,
+        "limits": serde_json::from_str::<Value>(&run.spec).ok().map(|s| json!({
+            "max_calls": s["max_calls"], "max_cost": s["max_cost"], "wall_clock_secs": s["wall_clock_secs"],
+        })),
+        "usage": usage,
+        "records": records,
+        "stderr_tail": stderr.or(run.stderr_tail.as_deref()),
+    })
+}
+
+fn new_session(spec: &RunSpec) -> NewSession {
+    // The session lives as long as the run may: its wall clock, or the trigger's ttl.
+    let ttl = match (spec.ttl_secs, spec.wall_clock_secs) {
+        (Some(t), Some(w)) => Some(t.max(w)),
+        (t, w) => t.or(w),
+    };
+    NewSession {
+        agent: Some(spec.agent.clone()),
+        tenant: spec.tenant.clone(),
+        ttl: ttl.map(|s| format!("{s}s")),
+        max_calls: spec.max_calls,
+        max_cost: spec.max_cost,
+        profile: spec.sandboxed().then(|| spec.profile.clone()),
+        ..Default::default()
+    }
+}
+
+/// The last [`STDERR_TAIL`] bytes of `stderr`, as text.
+async fn tail_of(stderr: Option<tokio::process::ChildStderr>) -> String {
+    let Some(mut stderr) = stderr else {
+        return String::new();
+    };
+    let mut kept: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > STDERR_TAIL {
+            kept.drain(..kept.len() - STDERR_TAIL);
+        }
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// A run's directory: its working directory (with `payload.json`), copied into its
+/// sandbox, and the session file `ostiary run` reads and deletes, beside it (never in the
+/// working directory, which the command sees).
+#[derive(Debug)]
+struct RunDir {
+    root: PathBuf,
+    workdir: PathBuf,
+    session_file: PathBuf,
+}
+
+impl RunDir {
+    fn make(base: &Path, run: &RunRow, session: &Value) -> std::io::Result<Self> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        // Traversable, not listable: another local user cannot find a run's directory.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(base)?;
+        std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o711))?;
+        let root = base.join(format!(
+            "{}-{}-{}",
+            run.id,
+            run.attempt,
+            crate::state::random_hex(6)
+        ));
+        std::fs::DirBuilder::new().mode(0o711).create(&root)?;
+        // Readable by the sandbox's own uid, which copies it in.
+        let workdir = root.join("work");
+        std::fs::DirBuilder::new().mode(0o755).create(&workdir)?;
+        let mut payload = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(workdir.join("payload.json"))?;
+        payload.write_all(run.payload.as_bytes())?;
+        let session_file = root.join("session.json");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&session_file)?;
+        file.write_all(session.to_string().as_bytes())?;
+        Ok(Self {
+            root,
+            workdir,
+            session_file,
+        })
+    }
+
+    fn remove(&self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.root) {
+            tracing::warn!(dir = %self.root.display(), error = %e, "runs: a run directory could not be removed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(code: Option<i64>, stopped: Option<Stopped>) -> Ended {
+        Ended {
+            exit_code: code,
+            stopped,
+            stderr_tail: String::new(),
+            setup: None,
+        }
+    }
+
+    #[test]
+    fn outcomes_are_classified_by_who_ended_the_run_and_how() {
+        let status = |e: &Ended, sandboxed| classify(e, sandboxed).0;
+        assert_eq!(status(&ended(Some(0), None), true), RunStatus::Succeeded);
+        assert_eq!(status(&ended(Some(3), None), true), RunStatus::Failed);
+        assert_eq!(
+            classify(&ended(Some(124), None), true).1,
+            Some("wall_clock")
+        );
+        assert_eq!(classify(&ended(Some(150), None), true).1, Some("memory"));
+        // An unsandboxed command's 124 is its own exit code, not a limit.
+        assert_eq!(status(&ended(Some(124), None), false), RunStatus::Failed);
+        assert_eq!(
+            status(&ended(Some(137), Some(Stopped::Cancelled)), true),
+            RunStatus::Cancelled
+        );
+        assert_eq!(
+            classify(&ended(Some(143), Some(Stopped::WallClock)), false).1,
+            Some("wall_clock")
+        );
+        assert_eq!(
+            status(&ended(None, Some(Stopped::ProxyStopping)), true),
+            RunStatus::Killed
+        );
+        assert_eq!(status(&Ended::setup("x".into()), true), RunStatus::Failed);
+    }
+
+    #[test]
+    fn the_session_lives_as_long_as_the_run_may() {
+        let mut spec = RunSpec {
+            argv: vec!["true".into()],
+            agent: "bot".into(),
+            tenant: Some("acme".into()),
+            profile: "default".into(),
+            max_calls: Some(5),
+            max_cost: None,
+            ttl_secs: None,
+            wall_clock_secs: Some(30),
+            attempts: 1,
+            backoff_ms: 0,
+        };
+        let new = new_session(&spec);
+        assert_eq!(new.ttl.as_deref(), Some("30s"));
+        assert_eq!(new.profile.as_deref(), Some("default"));
+        assert_eq!(new.max_calls, Some(5));
+        spec.ttl_secs = Some(600);
+        spec.profile = "none".into();
+        let new = new_session(&spec);
+        assert_eq!(new.ttl.as_deref(), Some("600s"));
+        assert_eq!(new.profile, None);
+    }
+
+    #[test]
+    fn the_cost_is_the_session_totals() {
+        let records = vec![
+            json!({"kind": "http"}),
+            json!({"kind": "session", "totals": {"cost_micros": 2500}}),
+        ];
+        assert_eq!(cost_of(&records), Some(2500));
+        assert_eq!(cost_of(&[]), None);
+    }
+}
