@@ -100,6 +100,15 @@ async fn open(
         r.port = Some(port);
     });
 
+    // The proxy's own name: intercepted without a decision or a lookup; its requests are
+    // answered by the proxy itself (`crate::runs::checkpoint`).
+    if crate::runs::checkpoint::is_reserved(&host) && port == 443 {
+        return Ok(Plan::Intercept(Arc::new(Tunnel {
+            host,
+            port,
+            principal,
+        })));
+    }
     let engine = plane.policies.current();
     let session = plane.guardrails.session_state(&principal);
     let opened_by = evaluate::port(

@@ -145,6 +145,11 @@ pub enum ProxyError {
         component: &'static str,
         reason: String,
     },
+    /// A request to the proxy's own name (`ostiary.internal`, a run's checkpoint) that it
+    /// does not serve: no such path or no run (404), a method it does not take (405), a
+    /// body over its bound (413). Nothing was forwarded: the name never leaves the proxy.
+    #[error("{reason}")]
+    NotServed { status: u16, reason: String },
     /// Refused JSON-RPC calls to a catalogued MCP endpoint, none of which was forwarded:
     /// answered HTTP 200 with one JSON-RPC error per call (docs/design.md §5), so MCP SDKs raise a
     /// readable error and the MCP session stays usable. Never empty; each refusal is one of
@@ -206,6 +211,8 @@ impl ProxyError {
             ProxyError::Internal { .. } => "internal_error",
             ProxyError::AuditUnavailable { .. } => "audit_unavailable",
             ProxyError::StateUnavailable { .. } => "state_unavailable",
+            ProxyError::NotServed { status: 404, .. } => "not_found",
+            ProxyError::NotServed { .. } => "bad_request",
             ProxyError::McpRefused { replies, .. } => {
                 replies.first().map_or("denied", |r| r.error.kind())
             }
@@ -224,7 +231,8 @@ impl ProxyError {
             | ProxyError::ApprovalBodyTooLarge { .. }
             | ProxyError::IdempotencyMismatch { .. }
             | ProxyError::IdempotencyConflict { .. }
-            | ProxyError::Misdirected { .. } => Side::Agent,
+            | ProxyError::Misdirected { .. }
+            | ProxyError::NotServed { .. } => Side::Agent,
             ProxyError::LimitExceeded(_) | ProxyError::SessionPaused { .. } => Side::Policy,
             ProxyError::Denied { .. }
             | ProxyError::ApprovalRequired { .. }

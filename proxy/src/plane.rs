@@ -85,6 +85,8 @@ pub struct DataPlane {
     pub ca_pem: String,
     pub tunnel_hosts: HashSet<Host>,
     pub proxy_addr: ProxyAddr,
+    /// Runs' checkpoints, answered at the reserved name `ostiary.internal`.
+    pub checkpoints: Option<Arc<crate::runs::checkpoint::Checkpoints>>,
 }
 
 impl DataPlane {

@@ -362,6 +362,11 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             json!({}),
         ),
         // The component, not the reason: which address failed is the operator's to know.
+        ProxyError::NotServed { status, reason } => (
+            StatusCode::from_u16(*status).unwrap_or(StatusCode::NOT_FOUND),
+            format!("{reason}."),
+            json!({ "reason": reason }),
+        ),
         ProxyError::StateUnavailable { component, .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(

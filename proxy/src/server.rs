@@ -141,6 +141,11 @@ async fn vault_session(
 struct Execution {
     plane: Arc<DataPlane>,
     desk: Desk,
+    /// Runs held for approval, and the runner's wake-up once one is released.
+    runs: Option<(
+        Arc<dyn crate::store::runs::RunStore>,
+        Arc<tokio::sync::Notify>,
+    )>,
 }
 
 impl Runner for Execution {
@@ -166,6 +171,24 @@ impl Runner for Execution {
         by: &'a str,
     ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>> {
         Box::pin(self.desk.resume(session, by))
+    }
+
+    fn release_run<'a>(
+        &'a self,
+        run: &'a str,
+    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>> {
+        Box::pin(async move {
+            let Some((store, wake)) = &self.runs else {
+                return Ok(false);
+            };
+            let id = run.to_owned();
+            let now = crate::store::now_ms();
+            let released = crate::store::Call::call(store, move |s| s.release(&id, now)).await?;
+            if released.is_some() {
+                wake.notify_one();
+            }
+            Ok(released.is_some())
+        })
     }
 }
 
@@ -489,6 +512,14 @@ impl Ostiary {
         checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = tunnel_hosts(&config);
+        // Wakes the runner when a run is queued (a delivery, an approval, a retry).
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let checkpoints = (!config.trigger.is_empty()).then(|| {
+            Arc::new(crate::runs::checkpoint::Checkpoints::new(
+                stores.runs.clone(),
+                config.runs.checkpoint_max_bytes,
+            ))
+        });
         let siem = match &config.audit.siem {
             Some(siem) => Some(SiemStream::new(
                 siem,
@@ -537,6 +568,7 @@ impl Ostiary {
             ca_pem: state.ca_cert_pem.clone(),
             tunnel_hosts,
             proxy_addr: proxy_addr.clone(),
+            checkpoints: checkpoints.clone(),
         });
         let executor = Executor {
             queue: approvals.clone(),
@@ -544,6 +576,7 @@ impl Ostiary {
             runner: Arc::new(Execution {
                 plane: data.clone(),
                 desk: desk.clone(),
+                runs: (!config.trigger.is_empty()).then(|| (stores.runs.clone(), wake.clone())),
             }),
             audit: audit.clone(),
             metrics: metrics.clone(),
@@ -562,12 +595,11 @@ impl Ostiary {
             }),
         };
         let reloader = Reloader {
-            policies,
+            policies: policies.clone(),
             checks,
             audit: audit.clone(),
             metrics: metrics.clone(),
         };
-        let wake = Arc::new(tokio::sync::Notify::new());
         let intake = match config.trigger.is_empty() {
             true => None,
             false => Some(Arc::new(
@@ -579,7 +611,8 @@ impl Ostiary {
                     metrics.clone(),
                     wake.clone(),
                 )
-                .map_err(ServeError::Runs)?,
+                .map_err(ServeError::Runs)?
+                .with_approvals(approvals.clone(), policies.clone()),
             )),
         };
         let holder = match config.state.store.as_str() {
@@ -623,21 +656,26 @@ impl Ostiary {
                 .collect(),
         };
         let run_store = stores.runs.clone();
+        let approval_store = stores.approvals.clone();
         let run_trail = trail_reader.clone();
         let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
             let runs = intake.map(|intake| crate::control::runs::RunsControl {
                 intake,
                 store: run_store.clone(),
-                runner: Arc::new(crate::runs::runner::Runner::new(
-                    run_store,
-                    Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
-                    run_trail,
-                    audit.clone(),
-                    metrics.clone(),
-                    settings,
-                    holder,
-                    wake,
-                )),
+                runner: Arc::new(
+                    crate::runs::runner::Runner::new(
+                        run_store,
+                        Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
+                        run_trail,
+                        audit.clone(),
+                        metrics.clone(),
+                        settings,
+                        holder,
+                        wake,
+                    )
+                    .with_checkpoints(checkpoints)
+                    .with_approvals(approval_store),
+                ),
             });
             ControlPlane {
                 config,

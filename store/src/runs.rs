@@ -198,6 +198,9 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
         holder: &str,
         now_ms: i64,
     ) -> Result<Option<RunRow>, StoreError>;
+    /// Run `id`'s `awaiting_approval` → `queued` (a human approved it), due at `now_ms`;
+    /// `None` if it is not (or no longer) awaiting approval.
+    fn release(&self, id: &str, now_ms: i64) -> Result<Option<RunRow>, StoreError>;
     /// The session of run `id`'s current attempt, if `holder` runs it.
     fn set_session(&self, id: &str, holder: &str, session: &str) -> Result<bool, StoreError>;
     /// End `holder`'s attempt of run `id` as `finished` says; false if it is not (or no

@@ -56,6 +56,7 @@ mod parsing;
 mod placeholders_binding;
 mod profiles;
 mod reload;
+mod runs_webhooks;
 mod sandbox;
 mod sandbox_gvisor;
 mod sandbox_limits;

@@ -100,12 +100,12 @@ pub async fn run(
             Ok(ExitCode::SUCCESS)
         }
         Ok((doc, Shown::Started)) => {
-            let verb = if doc["duplicate"] == true {
-                "already started as"
-            } else {
-                "queued:"
+            let said = match (doc["duplicate"] == true, doc["status"].as_str()) {
+                (true, _) => "already started as",
+                (false, Some("awaiting_approval")) => "held for approval:",
+                (false, _) => "queued:",
             };
-            println!("{verb} {}", text(&doc["run_id"]));
+            println!("{said} {}", text(&doc["run_id"]));
             Ok(ExitCode::SUCCESS)
         }
         Err(SdkError::Api {
@@ -127,18 +127,23 @@ enum Shown {
     Started,
 }
 
-/// A run state in its colour (stripped where stdout is not a terminal).
-fn status(v: &Value) -> String {
-    let s = text(v);
-    let style = match s.as_str() {
+/// A run state's colour (stripped where stdout is not a terminal).
+fn status_style(status: &str) -> anstyle::Style {
+    match status {
         "succeeded" => GOOD,
         "failed" | "limit_exceeded" | "killed" => BAD,
         "queued" | "awaiting_approval" => NOTICE,
         "running" => BUSY,
         "cancelled" => QUIET,
         _ => ODD,
-    };
-    paint(style, &format!("{s:<17}"))
+    }
+}
+
+/// A run state in its colour, padded to the list's column (before painting: the codes
+/// have no width on screen).
+fn status(v: &Value) -> String {
+    let s = text(v);
+    paint(status_style(&s), &format!("{s:<17}"))
 }
 
 fn render_list(doc: &Value) -> String {
@@ -177,7 +182,10 @@ fn render_run(r: &Value) -> String {
         "trigger",
         format!("{} ({})", text(&r["trigger"]), text(&r["kind"])),
     );
-    line("status", status(&r["status"]).trim_end().to_owned());
+    line(
+        "status",
+        paint(status_style(&text(&r["status"])), &text(&r["status"])),
+    );
     line("attempt", text(&r["attempt"]));
     line("created", when(&r["created_ms"]));
     line("started", when(&r["started_ms"]));

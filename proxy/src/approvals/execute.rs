@@ -76,6 +76,13 @@ pub trait Runner: Send + Sync + std::fmt::Debug + 'static {
         session: &'a str,
         by: &'a str,
     ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>>;
+
+    /// Release a run a trigger held for approval into the queue (an approved "start this
+    /// run?"): `Ok(false)` when it is no longer waiting.
+    fn release_run<'a>(
+        &'a self,
+        run: &'a str,
+    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>>;
 }
 
 /// What executing approvals takes: the queue it claims from, the sessions it re-checks,
@@ -315,6 +322,21 @@ async fn attempt(
         .approver
         .clone()
         .ok_or_else(|| Refusal::Refused("the approval names no approver".into()))?;
+    // A run a trigger held: approving it starts it (it has no session yet to check).
+    if let Some(run) = crate::runs::gate::run_target(approval) {
+        return match shared.runner.release_run(run).await {
+            Ok(true) => Ok(StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: format!(r#"{{"status":"queued","run_id":"{run}"}}"#).into_bytes(),
+                truncated: false,
+            }),
+            Ok(false) => Err(Refusal::Refused(
+                "the run is no longer waiting for approval (cancelled meanwhile)".into(),
+            )),
+            Err(e) => Err(Refusal::Failed(format!("releasing the run: {e}"))),
+        };
+    }
     // The session must still be live: a revoked or expired session's approvals never run.
     // Looked up in the store too: another replica may have made it and held the request.
     let principal = shared.sessions.find(&approval.session).await;

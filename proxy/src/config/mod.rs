@@ -90,6 +90,8 @@ pub struct Runs {
     /// How long a run asked to stop (cancelled, replaced) has before it is killed.
     #[serde(deserialize_with = "duration")]
     pub stop_grace: std::time::Duration,
+    /// The largest checkpoint a run may save (`PUT https://ostiary.internal/v1/checkpoint`).
+    pub checkpoint_max_bytes: usize,
 }
 
 impl Default for Runs {
@@ -98,6 +100,7 @@ impl Default for Runs {
             concurrency: 4,
             dir: None,
             stop_grace: std::time::Duration::from_secs(5),
+            checkpoint_max_bytes: 1 << 20,
         }
     }
 }

@@ -128,6 +128,20 @@ async fn run(
     let ticket = admit::gate(plane, &principal, note).await?;
     // classify — before policy: fronting (421) and malformed targets never reach Cedar.
     let target = classify::target(origin, &req)?;
+    // The proxy's own name (a run's checkpoint) is answered here: never decided as egress,
+    // resolved or forwarded, whatever a policy says of hosts.
+    if crate::runs::checkpoint::is_reserved(&target.host) {
+        let checkpoints = plane.checkpoints.as_deref();
+        return crate::runs::checkpoint::answer(
+            checkpoints,
+            &principal,
+            &target,
+            req,
+            audit,
+            request_id,
+        )
+        .await;
+    }
     // Taken once, so the whole request is recognised and decided under one policy set.
     let engine = plane.policies.current();
     let mode = Mode::Live {

@@ -107,6 +107,9 @@ pub struct Intake {
     metrics: Arc<Metrics>,
     /// Woken when a run is queued, so the runner starts it at once.
     wake: Arc<Notify>,
+    /// Where runs of triggers with `approval = true` wait for a human.
+    approvals: Option<Arc<crate::approvals::ApprovalQueue>>,
+    policies: Option<Arc<crate::policy_store::PolicyStore>>,
 }
 
 impl std::fmt::Debug for Intake {
@@ -163,7 +166,20 @@ impl Intake {
             audit,
             metrics,
             wake,
+            approvals: None,
+            policies: None,
         })
+    }
+
+    /// Hold the runs of `approval = true` triggers in `approvals`.
+    pub fn with_approvals(
+        mut self,
+        approvals: Arc<crate::approvals::ApprovalQueue>,
+        policies: Arc<crate::policy_store::PolicyStore>,
+    ) -> Self {
+        self.approvals = Some(approvals);
+        self.policies = Some(policies);
+        self
     }
 
     /// The trigger named `name`.
@@ -391,13 +407,18 @@ impl Intake {
                 retry_after: wait,
             })?;
         let now = crate::store::now_ms();
+        let held = trigger.approval;
         let spec = serde_json::to_string(&RunSpec::of(trigger))
             .map_err(|e| IntakeError::BadPayload(e.to_string()))?;
         let row = RunRow {
             id: format!("run_{}", crate::state::random_hex(10)),
             trigger: trigger.name.clone(),
             kind: trigger.kind.as_str().to_owned(),
-            status: RunStatus::Queued,
+            status: if held {
+                RunStatus::AwaitingApproval
+            } else {
+                RunStatus::Queued
+            },
             spec,
             payload: payload.to_string(),
             payload_sha256: digest.clone(),
@@ -417,6 +438,25 @@ impl Intake {
             cancel_requested: false,
             parent_run,
             approval: None,
+        };
+        // The approval is made first so the run names it; it is put before humans only
+        // once the run is stored (a duplicate delivery asks nobody).
+        let approval = match (held, &self.approvals) {
+            (true, Some(queue)) => {
+                let generation = self.policies.as_ref().map_or(0, |p| p.generation());
+                Some(super::gate::approval_for(
+                    &queue.config,
+                    trigger,
+                    &row,
+                    generation,
+                    now,
+                ))
+            }
+            _ => None,
+        };
+        let row = RunRow {
+            approval: approval.as_ref().map(|a| a.id.clone()),
+            ..row
         };
         let window = trigger.dedup.as_ref().map_or(
             // A tick is deduplicated for as long as the longest clock skew between replicas.
@@ -466,6 +506,19 @@ impl Intake {
                 "dedup_key": key,
             }));
         });
+        if let (Some(approval), Some(queue), false) =
+            (approval, &self.approvals, admitted.duplicate)
+        {
+            if let Err(e) = queue.hold(approval).await {
+                // A run nobody was asked about must not wait forever.
+                let id = row.id.clone();
+                let _ = self
+                    .runs
+                    .call(move |s| s.cancel(&id, "its approval could not be stored", now))
+                    .await;
+                return Err(e.into());
+            }
+        }
         if !admitted.duplicate {
             self.wake.notify_one();
         }

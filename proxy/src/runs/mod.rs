@@ -13,7 +13,11 @@
 //! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
 //!   retries and dead letters.
 //! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
+//! - [`checkpoint`] — a run's checkpoint at the proxy's reserved name `ostiary.internal`.
+//! - [`gate`] — runs held for a human before they start (`approval = true`).
 
+pub mod checkpoint;
+pub mod gate;
 pub mod intake;
 pub mod rate;
 pub mod runner;

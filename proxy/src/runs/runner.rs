@@ -78,6 +78,10 @@ pub struct Runner {
     wake: Arc<Notify>,
     /// Runs going in this process, each with what stops it.
     going: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Where a run's session is known as the run's, for its checkpoint.
+    checkpoints: Option<Arc<super::checkpoint::Checkpoints>>,
+    /// The approvals runs held for a human wait on (`approval = true`).
+    approvals: Option<Arc<dyn crate::store::approvals::ApprovalStore>>,
 }
 
 /// Why the runner stopped a run itself.
@@ -120,7 +124,27 @@ impl Runner {
             holder,
             wake,
             going: Mutex::new(HashMap::new()),
+            checkpoints: None,
+            approvals: None,
         }
+    }
+
+    /// Cancel the held runs whose approval was denied or expired.
+    pub fn with_approvals(
+        mut self,
+        approvals: Arc<dyn crate::store::approvals::ApprovalStore>,
+    ) -> Self {
+        self.approvals = Some(approvals);
+        self
+    }
+
+    /// Let each attempt's session reach its run's checkpoint.
+    pub fn with_checkpoints(
+        mut self,
+        checkpoints: Option<Arc<super::checkpoint::Checkpoints>>,
+    ) -> Self {
+        self.checkpoints = checkpoints;
+        self
     }
 
     /// Runs left `running` by this holder (a crash): `killed`, and queued again where their
@@ -160,6 +184,9 @@ impl Runner {
         tokio::pin!(shutdown);
         let mut tasks = tokio::task::JoinSet::new();
         loop {
+            if let Err(e) = self.settle_gates().await {
+                tracing::warn!(error = %e, "runs: held runs could not be checked against their approvals");
+            }
             while tasks.len() < self.settings.concurrency {
                 match self.claim_next().await {
                     Ok(Some(run)) => {
@@ -189,6 +216,44 @@ impl Runner {
             stop.notify_one();
         }
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// Held runs whose approval ended without a yes (denied, expired) are cancelled; an
+    /// approved one was released into the queue by the approval's execution.
+    async fn settle_gates(&self) -> Result<(), StoreError> {
+        let Some(approvals) = &self.approvals else {
+            return Ok(());
+        };
+        let (runs, approvals) = (self.runs.clone(), approvals.clone());
+        let cancelled = tokio::task::spawn_blocking(move || {
+            let held = runs.list(&RunFilter {
+                status: Some(RunStatus::AwaitingApproval),
+                trigger: None,
+                dead_letters: false,
+                limit: Some(1000),
+            })?;
+            let mut cancelled = Vec::new();
+            for run in held {
+                let Some(id) = &run.approval else { continue };
+                let Some(approval) = approvals.get(id)? else {
+                    continue;
+                };
+                if let Some(why) = super::gate::refusal(&approval) {
+                    if let Some(crate::store::runs::Cancel::Cancelled(row)) =
+                        runs.cancel(&run.id, &why, crate::store::now_ms())?
+                    {
+                        cancelled.push((row, why));
+                    }
+                }
+            }
+            Ok::<_, StoreError>(cancelled)
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+        for (run, why) in cancelled {
+            self.record_end(&run, RunStatus::Cancelled, Some(&why));
+        }
+        Ok(())
     }
 
     /// Stop run `id` if it is going here (a cancellation through this replica).
@@ -249,6 +314,9 @@ impl Runner {
             going.remove(&run.id);
         }
         if let Some(session) = &session {
+            if let Some(checkpoints) = &self.checkpoints {
+                checkpoints.detach(session);
+            }
             self.sessions.close(session, "the run ended").await;
         }
         self.audit.flush().await;
@@ -277,6 +345,9 @@ impl Runner {
             tracing::warn!(run = %run.id, error = %e, "runs: the session could not be recorded on the run");
         }
         self.record_start(run, &session_id);
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.attach(&session_id, &run.id);
+        }
         let dir = match RunDir::make(&self.settings.dir, run, &session) {
             Ok(dir) => dir,
             Err(e) => {

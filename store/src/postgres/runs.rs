@@ -155,6 +155,16 @@ impl RunStore for PgRuns {
         )
     }
 
+    fn release(&self, id: &str, now_ms: i64) -> Result<Option<RunRow>, StoreError> {
+        self.moved(
+            &format!(
+                "UPDATE runs SET status = 'queued', not_before_ms = $2
+                 WHERE id = $1 AND status = 'awaiting_approval' RETURNING {COLUMNS}"
+            ),
+            &[&id, &now_ms],
+        )
+    }
+
     fn set_session(&self, id: &str, holder: &str, session: &str) -> Result<bool, StoreError> {
         self.0.with(|c| {
             c.execute(

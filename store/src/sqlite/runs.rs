@@ -140,6 +140,20 @@ impl RunStore for SqliteRuns {
         })
     }
 
+    fn release(&self, id: &str, now_ms: i64) -> Result<Option<RunRow>, StoreError> {
+        self.0.with(|c| {
+            c.query_row(
+                &format!(
+                    "UPDATE runs SET status = 'queued', not_before_ms = ?2
+                     WHERE id = ?1 AND status = 'awaiting_approval' RETURNING {COLUMNS}"
+                ),
+                params![id, now_ms],
+                from_row,
+            )
+            .optional()
+        })
+    }
+
     fn set_session(&self, id: &str, holder: &str, session: &str) -> Result<bool, StoreError> {
         self.0.with(|c| {
             c.execute(

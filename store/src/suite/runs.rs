@@ -751,3 +751,36 @@ pub fn runs_list_is_newest_first_and_filters(b: &dyn Backend) {
     assert!(letters(Some(RunStatus::Queued), "cron").is_empty());
     assert!(letters(None, "hook").is_empty());
 }
+
+pub fn runs_an_approved_run_is_released_once_into_the_queue(b: &dyn Backend) {
+    let s = b.open().runs;
+    new(
+        &*s,
+        &RunRow {
+            status: RunStatus::AwaitingApproval,
+            approval: Some("apr_1".into()),
+            ..run("run_w", "hook", 0)
+        },
+    );
+    new(&*s, &run("run_q", "hook", 0));
+    // Not claimable while it waits for a human.
+    assert_eq!(
+        s.claim("a", Some("hook"), 10).unwrap().map(|r| r.id),
+        Some("run_q".into())
+    );
+    assert!(s.claim("a", Some("hook"), 10).unwrap().is_none());
+    let released = s.release("run_w", 20).unwrap().unwrap();
+    assert_eq!(
+        (released.status, released.not_before_ms),
+        (RunStatus::Queued, 20)
+    );
+    assert_eq!(released.approval.as_deref(), Some("apr_1"));
+    // Once: a second approval, or one of a run that is not waiting, moves nothing.
+    assert!(s.release("run_w", 30).unwrap().is_none());
+    assert!(s.release("run_q", 30).unwrap().is_none());
+    assert!(s.release("nope", 30).unwrap().is_none());
+    assert_eq!(
+        s.claim("a", Some("hook"), 20).unwrap().map(|r| r.id),
+        Some("run_w".into())
+    );
+}

@@ -169,6 +169,29 @@ impl Server {
         extra_toml: &str,
         log_level: &str,
     ) -> Self {
+        Self::start_with_listen(
+            upstream,
+            names,
+            policy,
+            policy_files,
+            "",
+            extra_toml,
+            log_level,
+        )
+        .await
+    }
+
+    /// Like [`Server::start_with_files`], with `listen_toml` added to the `[listen]` table
+    /// (`triggers = "127.0.0.1:<port>"`), which `extra_toml` cannot reopen.
+    pub(crate) async fn start_with_listen(
+        upstream: &Upstream,
+        names: &[&str],
+        policy: &str,
+        policy_files: &[(&str, &str)],
+        listen_toml: &str,
+        extra_toml: &str,
+        log_level: &str,
+    ) -> Self {
         let mut dir = tempfile::tempdir().unwrap();
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
@@ -193,6 +216,7 @@ impl Server {
 [listen]
 proxy = "{proxy_addr}"
 control = "{control_addr}"
+{listen_toml}
 
 [state]
 dir = "{state}"

@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod guardrails;
 pub mod mcp;
 pub mod postgres;
+pub mod runs;
 pub mod sandbox;
 pub mod sandbox_checks;
 pub mod sandbox_limit_checks;
