@@ -85,8 +85,9 @@ pub struct DataPlane {
     pub ca_pem: String,
     pub tunnel_hosts: HashSet<Host>,
     pub proxy_addr: ProxyAddr,
-    /// Runs' checkpoints, answered at the reserved name `ostiary.internal`.
-    pub checkpoints: Option<Arc<crate::runs::checkpoint::Checkpoints>>,
+    /// What runs ask of the proxy itself at the reserved name `ostiary.internal`
+    /// (checkpoints, child runs); `None` without triggers (the name is still never resolved).
+    pub internal: Option<Arc<crate::runs::internal::Internal>>,
 }
 
 impl DataPlane {

@@ -512,14 +512,6 @@ impl Ostiary {
         checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
         let tunnel_hosts = tunnel_hosts(&config);
-        // Wakes the runner when a run is queued (a delivery, an approval, a retry).
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let checkpoints = (!config.trigger.is_empty()).then(|| {
-            Arc::new(crate::runs::checkpoint::Checkpoints::new(
-                stores.runs.clone(),
-                config.runs.checkpoint_max_bytes,
-            ))
-        });
         let siem = match &config.audit.siem {
             Some(siem) => Some(SiemStream::new(
                 siem,
@@ -551,6 +543,40 @@ impl Ostiary {
             trail: stores.audit.clone(),
             metrics: metrics.clone(),
         };
+        // Wakes the runner when a run is queued (a delivery, an approval, a retry).
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let checkpoints = (!config.trigger.is_empty()).then(|| {
+            Arc::new(crate::runs::checkpoint::Checkpoints::new(
+                stores.runs.clone(),
+                config.runs.checkpoint_max_bytes,
+            ))
+        });
+        let intake = match config.trigger.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                crate::runs::intake::Intake::new(
+                    &config.trigger,
+                    stores.runs.clone(),
+                    credentials.broker.clone(),
+                    audit.clone(),
+                    metrics.clone(),
+                    wake.clone(),
+                )
+                .map_err(ServeError::Runs)?
+                .with_approvals(approvals.clone(), policies.clone()),
+            )),
+        };
+        // What a run's agent asks of the proxy itself, at `ostiary.internal`.
+        let internal = checkpoints
+            .clone()
+            .zip(intake.clone())
+            .map(|(checkpoints, intake)| {
+                Arc::new(crate::runs::internal::Internal {
+                    checkpoints,
+                    intake,
+                    runs: stores.runs.clone(),
+                })
+            });
         let data = Arc::new(DataPlane {
             config: config.clone(),
             policies: policies.clone(),
@@ -568,7 +594,7 @@ impl Ostiary {
             ca_pem: state.ca_cert_pem.clone(),
             tunnel_hosts,
             proxy_addr: proxy_addr.clone(),
-            checkpoints: checkpoints.clone(),
+            internal,
         });
         let executor = Executor {
             queue: approvals.clone(),
@@ -599,21 +625,6 @@ impl Ostiary {
             checks,
             audit: audit.clone(),
             metrics: metrics.clone(),
-        };
-        let intake = match config.trigger.is_empty() {
-            true => None,
-            false => Some(Arc::new(
-                crate::runs::intake::Intake::new(
-                    &config.trigger,
-                    stores.runs.clone(),
-                    credentials.broker.clone(),
-                    audit.clone(),
-                    metrics.clone(),
-                    wake.clone(),
-                )
-                .map_err(ServeError::Runs)?
-                .with_approvals(approvals.clone(), policies.clone()),
-            )),
         };
         let holder = match config.state.store.as_str() {
             // One process serves a state directory: each run of it is the same holder,
@@ -656,26 +667,30 @@ impl Ostiary {
                 .collect(),
         };
         let run_store = stores.runs.clone();
+        let run_checkpoints = checkpoints.clone();
         let approval_store = stores.approvals.clone();
         let run_trail = trail_reader.clone();
         let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
-            let runs = intake.map(|intake| crate::control::runs::RunsControl {
-                intake,
-                store: run_store.clone(),
-                runner: Arc::new(
-                    crate::runs::runner::Runner::new(
-                        run_store,
-                        Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
-                        run_trail,
-                        audit.clone(),
-                        metrics.clone(),
-                        settings,
-                        holder,
-                        wake,
-                    )
-                    .with_checkpoints(checkpoints)
-                    .with_approvals(approval_store),
-                ),
+            let runs = intake.zip(run_checkpoints).map(|(intake, checkpoints)| {
+                crate::control::runs::RunsControl {
+                    intake,
+                    checkpoints: checkpoints.clone(),
+                    store: run_store.clone(),
+                    runner: Arc::new(
+                        crate::runs::runner::Runner::new(
+                            run_store,
+                            Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
+                            run_trail,
+                            audit.clone(),
+                            metrics.clone(),
+                            settings,
+                            holder,
+                            wake,
+                        )
+                        .with_checkpoints(Some(checkpoints))
+                        .with_approvals(approval_store),
+                    ),
+                }
             });
             ControlPlane {
                 config,

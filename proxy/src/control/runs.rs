@@ -16,7 +16,7 @@ use super::{read_json, Reply};
 use crate::body::ProxyBody;
 use crate::plane::ControlPlane;
 use crate::respond::json_response;
-use crate::runs::intake::{Admitted, Delivery, Intake, IntakeError};
+use crate::runs::intake::{Admitted, Caller, Delivery, Intake, IntakeError};
 use crate::runs::runner::{RunSessions, Runner};
 use crate::session::NewSession;
 use crate::store::runs::{Cancel, RunFilter, RunRow, RunStatus, RunStore};
@@ -28,6 +28,8 @@ pub struct RunsControl {
     pub intake: Arc<Intake>,
     pub store: Arc<dyn RunStore>,
     pub runner: Arc<Runner>,
+    /// Which run a session belongs to (a run starting a child run).
+    pub checkpoints: Arc<crate::runs::checkpoint::Checkpoints>,
 }
 
 /// The header that marks the answer to a duplicate delivery.
@@ -98,6 +100,26 @@ pub(super) async fn start(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_owned);
+    // A run's agent, with its session token: the run it starts is its child.
+    let parent = match (admin, super::sessions::bearer_session(shared, &req).await) {
+        (false, Some(Ok(principal))) => {
+            match runs.checkpoints.run_of(&principal.session_id).await {
+                Ok(Some(run)) => Some((run, principal.session_id.clone())),
+                Ok(None) => {
+                    return answer(
+                        shared,
+                        Err(ControlError::Denied(
+                            "only a run's session may start a run: this session is not a run's"
+                                .into(),
+                        )),
+                        request_id,
+                    )
+                }
+                Err(e) => return answer(shared, Err(ControlError::Proxy(e)), request_id),
+            }
+        }
+        _ => None,
+    };
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Start {
@@ -110,10 +132,12 @@ pub(super) async fn start(
         Err(Reply(status, body)) => return reply_json(status, body, request_id),
     };
     let payload = start.payload.unwrap_or_else(|| json!({}));
-    let result = runs
-        .intake
-        .api(&start.trigger, payload, admin, token.as_deref(), None)
-        .await;
+    let caller = match (admin, parent) {
+        (true, _) => Caller::Admin,
+        (false, Some((run, session))) => Caller::Run { run, session },
+        (false, None) => Caller::Token(token.as_deref()),
+    };
+    let result = runs.intake.api(&start.trigger, payload, caller).await;
     answer(shared, result.map_err(ControlError::from), request_id)
 }
 

@@ -131,14 +131,9 @@ async fn run(
     // The proxy's own name (a run's checkpoint) is answered here: never decided as egress,
     // resolved or forwarded, whatever a policy says of hosts.
     if crate::runs::checkpoint::is_reserved(&target.host) {
-        let checkpoints = plane.checkpoints.as_deref();
-        return crate::runs::checkpoint::answer(
-            checkpoints,
-            &principal,
-            &target,
-            req,
-            audit,
-            request_id,
+        let internal = plane.internal.as_deref();
+        return crate::runs::internal::answer(
+            internal, &principal, &target, req, audit, request_id,
         )
         .await;
     }

@@ -69,7 +69,7 @@ impl Checkpoints {
     }
 
     /// The run `session` belongs to, while it runs.
-    async fn run_of(&self, session: &str) -> Result<Option<String>, ProxyError> {
+    pub async fn run_of(&self, session: &str) -> Result<Option<String>, ProxyError> {
         if let Some(run) = self.index.lock().ok().and_then(|i| i.get(session).cloned()) {
             return Ok(Some(run));
         }

@@ -120,6 +120,18 @@ impl std::fmt::Debug for Intake {
     }
 }
 
+/// Who asks for an API run.
+#[derive(Debug)]
+pub enum Caller<'a> {
+    /// An operator (the admin token).
+    Admin,
+    /// Whoever holds the trigger's own token (or presented this one).
+    Token(Option<&'a str>),
+    /// A run's agent, with its session's token: the new run is its child (its session a
+    /// child of `session`, carved from its budget, under the spawn rules).
+    Run { run: String, session: String },
+}
+
 /// What a delivery brings.
 #[derive(Debug)]
 pub struct Delivery<'a> {
@@ -280,16 +292,22 @@ impl Intake {
         &self,
         name: &str,
         payload: Value,
-        admin: bool,
-        token: Option<&str>,
-        parent_run: Option<String>,
+        caller: Caller<'_>,
     ) -> Result<Admitted, IntakeError> {
         let mut audit = self.record(name);
         let result = async {
             let ready = self.ready(name, Kind::Api)?;
-            if !admin {
-                self.check_token(&ready.trigger, token).await?;
-            }
+            let parent = match caller {
+                Caller::Admin => None,
+                Caller::Token(token) => {
+                    self.check_token(&ready.trigger, token).await?;
+                    None
+                }
+                Caller::Run { run, session } => {
+                    audit.update(|r| r.parent = Some(session.clone()));
+                    Some((run, session))
+                }
+            };
             let body =
                 serde_json::to_vec(&payload).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
             if body.len() > ready.trigger.max_payload_bytes {
@@ -304,7 +322,7 @@ impl Intake {
                 ),
                 None => None,
             };
-            self.admit(ready, payload, &body, key, parent_run, &mut audit)
+            self.admit(ready, payload, &body, key, parent, &mut audit)
                 .await
         }
         .await;
@@ -379,7 +397,7 @@ impl Intake {
         payload: Value,
         raw: &[u8],
         key: Option<String>,
-        parent_run: Option<String>,
+        parent: Option<(String, String)>,
         audit: &mut AuditGuard,
     ) -> Result<Admitted, IntakeError> {
         let trigger = &ready.trigger;
@@ -408,8 +426,10 @@ impl Intake {
             })?;
         let now = crate::store::now_ms();
         let held = trigger.approval;
-        let spec = serde_json::to_string(&RunSpec::of(trigger))
-            .map_err(|e| IntakeError::BadPayload(e.to_string()))?;
+        let mut spec = RunSpec::of(trigger);
+        spec.parent_session = parent.as_ref().map(|(_, session)| session.clone());
+        let spec =
+            serde_json::to_string(&spec).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
         let row = RunRow {
             id: format!("run_{}", crate::state::random_hex(10)),
             trigger: trigger.name.clone(),
@@ -436,7 +456,7 @@ impl Intake {
             cost_micros: None,
             dead_letter: None,
             cancel_requested: false,
-            parent_run,
+            parent_run: parent.map(|(run, _)| run),
             approval: None,
         };
         // The approval is made first so the run names it; it is put before humans only

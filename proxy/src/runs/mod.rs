@@ -15,10 +15,13 @@
 //! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
 //! - [`checkpoint`] — a run's checkpoint at the proxy's reserved name `ostiary.internal`.
 //! - [`gate`] — runs held for a human before they start (`approval = true`).
+//! - [`internal`] — what a run's agent asks of the proxy itself at `ostiary.internal`:
+//!   its checkpoint, child runs.
 
 pub mod checkpoint;
 pub mod gate;
 pub mod intake;
+pub mod internal;
 pub mod rate;
 pub mod runner;
 pub mod schedule;

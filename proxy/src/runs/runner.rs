@@ -713,6 +713,7 @@ fn new_session(spec: &RunSpec) -> NewSession {
         max_calls: spec.max_calls,
         max_cost: spec.max_cost,
         profile: spec.sandboxed().then(|| spec.profile.clone()),
+        parent: spec.parent_session.clone(),
         ..Default::default()
     }
 }
@@ -846,6 +847,7 @@ mod tests {
             wall_clock_secs: Some(30),
             attempts: 1,
             backoff_ms: 0,
+            parent_session: None,
         };
         let new = new_session(&spec);
         assert_eq!(new.ttl.as_deref(), Some("30s"));

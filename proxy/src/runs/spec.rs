@@ -25,6 +25,10 @@ pub struct RunSpec {
     /// Attempts in all (1: no retry).
     pub attempts: u32,
     pub backoff_ms: u64,
+    /// A child run's parent session: its session is that one's child (depth, fan-out and
+    /// budget carved as for any child session; no credential inherited).
+    #[serde(default)]
+    pub parent_session: Option<String>,
 }
 
 impl RunSpec {
@@ -40,6 +44,7 @@ impl RunSpec {
             wall_clock_secs: trigger.wall_clock.map(|d| d.as_secs().max(1)),
             attempts: trigger.retry.attempts,
             backoff_ms: u64::try_from(trigger.retry.backoff.as_millis()).unwrap_or(u64::MAX),
+            parent_session: None,
         }
     }
 
@@ -74,6 +79,7 @@ mod tests {
             wall_clock_secs: None,
             attempts: 5,
             backoff_ms: 1000,
+            parent_session: None,
         };
         let waits: Vec<u64> = (2..=5)
             .map(|n| spec.backoff_before(n).as_millis() as u64)
