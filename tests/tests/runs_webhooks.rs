@@ -45,7 +45,8 @@ dedup = {{ header = "X-GitHub-Delivery", window = "1h" }}
 async fn a_signed_delivery_starts_one_run_that_sees_its_payload_and_repeats_start_nothing() {
     let marks = Marks::new();
     let rig = RunsRig::start(&github_trigger(&marks, "gh-push", "")).await;
-    let body = br#"{"ref":"refs/heads/main","after":"9f1c0de","repository":{"full_name":"acme/app"}}"#;
+    let body =
+        br#"{"ref":"refs/heads/main","after":"9f1c0de","repository":{"full_name":"acme/app"}}"#;
     let headers = github_headers(body, "delivery-0001");
 
     let first = deliver(rig.control(), "gh-push", &headers, body).await;
@@ -105,7 +106,10 @@ async fn a_signed_delivery_starts_one_run_that_sees_its_payload_and_repeats_star
     let second_id = second.json()["run_id"].as_str().unwrap().to_owned();
     rig.wait_status(&second_id, "succeeded").await;
     let listed = rig.runs("trigger=gh-push").await;
-    let ids: Vec<&str> = listed.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, [second_id.as_str(), run_id.as_str()], "{listed:#?}");
     assert_eq!(marks.lines("gh-push.runs"), [run_id.clone(), second_id]);
 
@@ -113,7 +117,10 @@ async fn a_signed_delivery_starts_one_run_that_sees_its_payload_and_repeats_star
     let records = rig
         .trigger_records(|r| r.iter().filter(|r| r["decision"] == "allow").count() >= 4)
         .await;
-    let allowed: Vec<&Value> = records.iter().filter(|r| r["decision"] == "allow").collect();
+    let allowed: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["decision"] == "allow")
+        .collect();
     assert_eq!(allowed.len(), 4, "{records:#?}");
     let duplicates = allowed
         .iter()
@@ -136,16 +143,14 @@ fn refusal(reply: &ostiary_e2e::raw::Reply) -> (u16, String, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_deliveries_start_nothing_and_each_is_audited() {
     let marks = Marks::new();
-    let triggers = format!(
-        "{}{}",
-        github_trigger(
-            &marks,
-            "gh-push",
-            r#"max_payload_bytes = 2048
+    let gh = github_trigger(
+        &marks,
+        "gh-push",
+        r#"max_payload_bytes = 2048
 schema = { type = "object", required = ["ref"], properties = { ref = { type = "string" } } }"#,
-        ),
-        format!(
-            r#"
+    );
+    let triggers = format!(
+        r#"{gh}
 [[trigger]]
 name = "stripe-events"
 kind = "webhook"
@@ -154,8 +159,7 @@ profile = "none"
 command = ["sh", "-c", '''echo "$OSTIARY_RUN_ID" >> "{marks}/stripe-events.runs"''']
 signature = {{ scheme = "stripe", secret = "stripe", tolerance = "5m" }}
 "#,
-            marks = marks.dir().display()
-        )
+        marks = marks.dir().display()
     );
     let rig = RunsRig::start(&triggers).await;
     let control = rig.control();
@@ -168,7 +172,11 @@ signature = {{ scheme = "stripe", secret = "stripe", tolerance = "5m" }}
         hex::encode(Sha256::digest(b"not the signature"))
     );
     let (status, kind, answer) = refusal(&deliver(control, "gh-push", &forged, body).await);
-    assert_eq!((status, kind.as_str()), (401, "unauthenticated"), "{answer}");
+    assert_eq!(
+        (status, kind.as_str()),
+        (401, "unauthenticated"),
+        "{answer}"
+    );
     assert!(
         answer["reason"]
             .as_str()
@@ -198,7 +206,11 @@ signature = {{ scheme = "stripe", secret = "stripe", tolerance = "5m" }}
     )
     .await;
     let (status, kind, answer) = refusal(&stale);
-    assert_eq!((status, kind.as_str()), (401, "unauthenticated"), "{answer}");
+    assert_eq!(
+        (status, kind.as_str()),
+        (401, "unauthenticated"),
+        "{answer}"
+    );
     assert!(
         answer["reason"]
             .as_str()
@@ -208,26 +220,49 @@ signature = {{ scheme = "stripe", secret = "stripe", tolerance = "5m" }}
     );
 
     // Over the limit, correctly signed: with its length declared, and chunked with none.
-    let big = format!(r#"{{"ref":"refs/heads/main","pad":"{}"}}"#, "x".repeat(4000));
+    let big = format!(
+        r#"{{"ref":"refs/heads/main","pad":"{}"}}"#,
+        "x".repeat(4000)
+    );
     let big = big.as_bytes();
     let signed = github_headers(big, "big-1");
     let (status, kind, answer) = refusal(&deliver(control, "gh-push", &signed, big).await);
-    assert_eq!((status, kind.as_str()), (413, "payload_too_large"), "{answer}");
+    assert_eq!(
+        (status, kind.as_str()),
+        (413, "payload_too_large"),
+        "{answer}"
+    );
     assert_eq!(answer["max"], 2048, "{answer}");
     let signed = github_headers(big, "big-2");
     let (status, kind, answer) = refusal(&deliver_chunked(control, "gh-push", &signed, big).await);
-    assert_eq!((status, kind.as_str()), (413, "payload_too_large"), "{answer}");
+    assert_eq!(
+        (status, kind.as_str()),
+        (413, "payload_too_large"),
+        "{answer}"
+    );
 
     // Signed, but not what the schema wants.
     let wrong = br#"{"branch":"main"}"#;
     let (status, kind, answer) = refusal(
-        &deliver(control, "gh-push", &github_headers(wrong, "schema-1"), wrong).await,
+        &deliver(
+            control,
+            "gh-push",
+            &github_headers(wrong, "schema-1"),
+            wrong,
+        )
+        .await,
     );
     assert_eq!((status, kind.as_str()), (422, "check_failed"), "{answer}");
 
     // No such trigger.
     let (status, kind, answer) = refusal(
-        &deliver(control, "no-such-trigger", &github_headers(body, "x-1"), body).await,
+        &deliver(
+            control,
+            "no-such-trigger",
+            &github_headers(body, "x-1"),
+            body,
+        )
+        .await,
     );
     assert_eq!((status, kind.as_str()), (404, "not_found"), "{answer}");
 
@@ -332,15 +367,15 @@ async fn the_rate_lets_two_deliveries_through_and_refuses_the_third() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandboxed_run_started_by_a_webhook_carries_its_payload_through_the_proxy() {
     crate::support::sandbox::require_sandbox();
-    // The upstream's URL is known once it runs: the command reads it from the payload, and
-    // posts the payload there with the session's proxy and CA (from its environment).
+    // The command posts its payload file to the upstream with the session's proxy and CA,
+    // which it finds in its environment.
     let triggers = r#"
 [[trigger]]
 name = "gh-sandboxed"
 kind = "webhook"
 agent = "demo"
 profile = "default"
-command = ["sh", "-c", '''curl -q -sS -f -o /dev/null -H "Content-Type: application/json" --data-binary @"$OSTIARY_TRIGGER_PAYLOAD" "$(sed -n 's/.*"echo_url":"\([^"]*\)".*/\1/p' "$OSTIARY_TRIGGER_PAYLOAD")"''']
+command = ["sh", "-c", '''curl -q -sS -f -o /dev/null -H "Content-Type: application/json" --data-binary @"$OSTIARY_TRIGGER_PAYLOAD" "@UPSTREAM@/echo"''']
 signature = { scheme = "github", secret = "gh" }
 "#;
     let rig = RunsRig::start_with(
@@ -352,8 +387,7 @@ signature = { scheme = "github", secret = "gh" }
     )
     .await;
     let body = format!(
-        r#"{{"ref":"refs/heads/main","echo_url":"{}","nonce":"{}"}}"#,
-        rig.upstream.url("/echo"),
+        r#"{{"ref":"refs/heads/main","nonce":"{}"}}"#,
         unique_token()
     );
     let body = body.as_bytes();
@@ -407,11 +441,17 @@ async fn the_triggers_listener_takes_deliveries_and_nothing_else() {
     .await;
     let listener = rig.triggers_addr.unwrap();
     let body = br#"{"ref":"refs/heads/main"}"#;
-    let reply = deliver(listener, "gh-push", &github_headers(body, "listener-1"), body).await;
+    let reply = deliver(
+        listener,
+        "gh-push",
+        &github_headers(body, "listener-1"),
+        body,
+    )
+    .await;
     assert_eq!(reply.status.as_u16(), 202, "{reply}");
     let run_id = reply.json()["run_id"].as_str().unwrap().to_owned();
     rig.wait_status(&run_id, "succeeded").await;
-    assert_eq!(marks.lines("gh-push.runs"), [run_id.clone()]);
+    assert_eq!(marks.lines("gh-push.runs"), std::slice::from_ref(&run_id));
 
     // A forged delivery is refused there as on the control listener.
     let mut forged = github_headers(body, "listener-2");

@@ -115,7 +115,14 @@ enum RunError {
 /// Run `ostiary run`; a failure before the command runs exits with [`exit::SETUP`].
 pub async fn run(config: &Config, args: RunArgs) -> ExitCode {
     if let Some(parent) = args.die_with_parent {
-        if let Err(e) = die_with(parent) {
+        // A sandbox dies with its `ostiary run` (bubblewrap's --die-with-parent): killed at
+        // once. An unsandboxed command does not: this process is told instead, and ends
+        // the command's process group before it goes ([`stop_group_on_term`]).
+        let signal = match args.sandbox {
+            Some(_) => nix::sys::signal::Signal::SIGKILL,
+            None => nix::sys::signal::Signal::SIGTERM,
+        };
+        if let Err(e) = die_with(parent, signal) {
             eprintln!("ostiary: {e}");
             return ExitCode::from(exit::SETUP);
         }
@@ -130,10 +137,10 @@ pub async fn run(config: &Config, args: RunArgs) -> ExitCode {
     })
 }
 
-/// Be killed when process `parent` ends (the proxy whose runner started this run), so that
-/// no run outlives the proxy tracking it; refuse to start if it already ended.
-fn die_with(parent: u32) -> Result<(), RunError> {
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+/// Be sent `signal` when process `parent` ends (the proxy whose runner started this run), so
+/// that no run outlives the proxy tracking it; refuse to start if it already ended.
+fn die_with(parent: u32, signal: nix::sys::signal::Signal) -> Result<(), RunError> {
+    nix::sys::prctl::set_pdeathsig(signal)
         .map_err(|e| RunError::Refused(format!("--die-with-parent: {e}")))?;
     // Set after the parent may have died already: then this process was reparented.
     if nix::unistd::getppid().as_raw() != i32::try_from(parent).unwrap_or(-1) {
@@ -142,6 +149,33 @@ fn die_with(parent: u32) -> Result<(), RunError> {
         )));
     }
     Ok(())
+}
+
+/// Wait for an unsandboxed command the proxy's runner started, in the process group the
+/// runner made for this process; on SIGTERM (the runner stopping the run, or the proxy's
+/// death through `--die-with-parent`) the whole group is asked to stop, then killed after
+/// `grace` — so that no command of an unsandboxed run outlives it.
+async fn stop_group_on_term(
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    use nix::sys::signal::{killpg, Signal};
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        status = child.wait() => return status,
+        _ = term.recv() => {}
+    }
+    let group = nix::unistd::getpgrp();
+    // This process is in the group too: it ignores its own SIGTERM from here on (the
+    // handler above stays installed), and goes with the SIGKILL.
+    let _ = killpg(group, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            let _ = killpg(group, Signal::SIGKILL);
+            child.wait().await
+        }
+    }
 }
 
 /// The run's session: the one the proxy's runner made (`--session-file`, read once and
@@ -218,12 +252,17 @@ async fn unsandboxed(config: &Config, args: &RunArgs) -> Result<ExitCode, RunErr
     for name in env::unsandboxed_removals(config, std::env::vars_os()) {
         command.env_remove(name);
     }
-    let status = command
+    command
         .envs(session.env(&ca))
         .envs(run_env(args, &cwd))
-        .current_dir(&cwd)
-        .status()
-        .await;
+        .current_dir(&cwd);
+    let status = match command.spawn() {
+        Ok(mut child) if args.die_with_parent.is_some() => {
+            stop_group_on_term(&mut child, config.runs.stop_grace).await
+        }
+        Ok(mut child) => child.wait().await,
+        Err(e) => Err(e),
+    };
     // Teardown whatever happened to the child.
     let teardown = client.delete_session(&session.session_id).await;
     let status = status.map_err(|source| CliError::Io {
@@ -455,11 +494,11 @@ impl Setup<'_> {
             identity: self.identity,
             view,
             limits: control.limits,
-            wall_clock: self
-                .args
-                .wall_clock
-                .or(profile.wall_clock)
-                .unwrap_or_else(|| until(session.expires_at)),
+            // The trigger's wall clock never loosens the profile's.
+            wall_clock: match (self.args.wall_clock, profile.wall_clock) {
+                (Some(run), Some(profile)) => run.min(profile),
+                (run, profile) => run.or(profile).unwrap_or_else(|| until(session.expires_at)),
+            },
             proxy_port: port,
             staging: staging.dir.clone(),
             rlimits: control.rlimits(),

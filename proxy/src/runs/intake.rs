@@ -132,6 +132,16 @@ pub enum Caller<'a> {
     Run { run: String, session: String },
 }
 
+/// The payload as the run gets it: the bytes delivered, when they are JSON (so the agent can
+/// check them against their signature, and a number past a double's precision stays as
+/// written); a form's as the object it was read as.
+fn stored_text(payload: &Value, raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(text) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => text.to_owned(),
+        _ => payload.to_string(),
+    }
+}
+
 /// What a delivery brings.
 #[derive(Debug)]
 pub struct Delivery<'a> {
@@ -440,7 +450,7 @@ impl Intake {
                 RunStatus::Queued
             },
             spec,
-            payload: payload.to_string(),
+            payload: stored_text(&payload, raw),
             payload_sha256: digest.clone(),
             attempt: 0,
             created_ms: now,
@@ -581,5 +591,19 @@ impl Intake {
                 audit.event(decision, Some(e.kind()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_payload_is_kept_as_delivered_and_a_form_as_its_object() {
+        let raw = b"{\n  \"id\": 12345678901234567890123,\n  \"size\": 1.50\n}";
+        let parsed = crate::strict_json::parse(raw).unwrap();
+        assert_eq!(stored_text(&parsed, raw).as_bytes(), raw);
+        let form = serde_json::json!({"a": "1"});
+        assert_eq!(stored_text(&form, b"a=1"), r#"{"a":"1"}"#);
     }
 }

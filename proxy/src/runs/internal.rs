@@ -50,6 +50,15 @@ pub async fn answer(
     request_id: &str,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let path = target.path.as_str();
+    // What was asked, on the record as for any request (this one never reaches the phases
+    // that write it).
+    audit.update(|r| {
+        r.method = Some(target.method.to_string());
+        r.scheme = Some(target.scheme.into());
+        r.host = Some(checkpoint::RESERVED_HOST.into());
+        r.port = Some(target.port);
+        r.path = Some(target.path.clone());
+    });
     if path == checkpoint::PATH {
         let checkpoints = internal.map(|i| &*i.checkpoints);
         return checkpoint::answer(checkpoints, principal, target, req, audit, request_id).await;

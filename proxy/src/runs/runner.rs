@@ -164,6 +164,12 @@ impl Runner {
             })
             .await?;
         for run in &killed {
+            // Its `ostiary run` died before it could end the session: ended here.
+            if let Some(session) = &run.session {
+                self.sessions
+                    .close(session, "its run was killed when the proxy stopped")
+                    .await;
+            }
             self.record_end(
                 run,
                 RunStatus::Killed,
@@ -378,6 +384,9 @@ impl Runner {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
+            // A process group of its own: stopping the run signals `ostiary run` and an
+            // unsandboxed command alike.
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -388,7 +397,13 @@ impl Runner {
         let stopped = self.wait_or_stop(run, &mut child, wall, stop).await;
         let status = child.wait().await.ok();
         let exit_code = status.and_then(|s| code_of(&s));
-        let stderr_tail = tail.await.unwrap_or_default();
+        // A process that kept the pipe open (what an unsandboxed command left behind in the
+        // background) must not hold the record back. No signal goes to the group once its
+        // leader is reaped: its id could be another process's by then.
+        let stderr_tail = match tokio::time::timeout(Duration::from_secs(1), tail).await {
+            Ok(tail) => tail.unwrap_or_default(),
+            Err(_) => String::from("(standard error still open when the run ended)"),
+        };
         Ended {
             exit_code,
             stopped,
@@ -423,16 +438,20 @@ impl Runner {
             }
             () = cancelled => Stopped::Cancelled,
         };
-        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+        // The group: `ostiary run`, and an unsandboxed command with it.
+        let group = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .map(nix::unistd::Pid::from_raw);
+        if let Some(group) = group {
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
         }
-        if tokio::time::timeout(self.settings.stop_grace, child.wait())
-            .await
-            .is_err()
-        {
+        // `ostiary run` gets the grace it passes on, and a little to end its session.
+        let grace = self.settings.stop_grace + Duration::from_secs(2);
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            if let Some(group) = group {
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            }
             let _ = child.start_kill();
         }
         Some(why)

@@ -105,17 +105,22 @@ impl RunsRig {
         Self::start_with(triggers, Options::default()).await
     }
 
+    /// Like [`RunsRig::start`]; `@UPSTREAM@` in `triggers` is the upstream's base URL
+    /// (`http://api.example.test:<port>`, or `https://` with `options.tls`).
     pub(crate) async fn start_with(triggers: &str, options: Options) -> Self {
         let upstream = Upstream::builder()
             .tls(options.tls)
             .names(&["api.example.test"])
             .start()
             .await;
+        let triggers = triggers.replace("@UPSTREAM@", &upstream.url(""));
         let files = tempfile::tempdir().unwrap();
         let secrets = files.path().join("secrets.toml");
         std::fs::write(
             &secrets,
-            format!("gh = \"{GH_SECRET}\"\nstripe = \"{STRIPE_SECRET}\"\napi-token = \"{API_TOKEN}\"\n"),
+            format!(
+                "gh = \"{GH_SECRET}\"\nstripe = \"{STRIPE_SECRET}\"\napi-token = \"{API_TOKEN}\"\n"
+            ),
         )
         .unwrap();
         let extra = format!(
@@ -224,19 +229,19 @@ stop_grace = "1s"
     /// `GET /v1/runs?<query>`.
     pub(crate) async fn runs(&self, query: &str) -> Vec<Value> {
         let reply = self
-            .call(
-                "GET",
-                &format!("/v1/runs?{query}"),
-                Some(&self.admin),
-                None,
-            )
+            .call("GET", &format!("/v1/runs?{query}"), Some(&self.admin), None)
             .await;
         assert_eq!(reply.status.as_u16(), 200, "{reply}");
         reply.json()["runs"].as_array().unwrap().clone()
     }
 
     /// Run `id` once `ready` holds for it; panics with the run at the deadline.
-    pub(crate) async fn wait_run(&self, id: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn wait_run(
+        &self,
+        id: &str,
+        what: &str,
+        ready: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = tokio::time::Instant::now() + RUN_DEADLINE;
         loop {
             let run = self.run(id).await;
@@ -288,7 +293,11 @@ stop_grace = "1s"
 }
 
 fn of_kind(records: &[Value], kind: &str) -> Vec<Value> {
-    records.iter().filter(|r| r["kind"] == kind).cloned().collect()
+    records
+        .iter()
+        .filter(|r| r["kind"] == kind)
+        .cloned()
+        .collect()
 }
 
 /// A webhook delivery: `POST /v1/triggers/{trigger}` on `addr` with `headers` and `body`
@@ -403,7 +412,11 @@ pub(crate) fn processes_with(token: &str) -> Vec<(i32, String)> {
         return found;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         if pid == std::process::id() as i32 {
