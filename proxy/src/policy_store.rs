@@ -34,6 +34,8 @@ pub struct Reloader {
     pub checks: Arc<Checks>,
     pub audit: AuditSink,
     pub metrics: Arc<Metrics>,
+    /// The triggers, read again from the config file with each reload.
+    pub triggers: Option<Arc<crate::runs::reload::TriggerReload>>,
 }
 
 /// Build a policy set from the `[policy]` config: every `*.cedar` file of `policy.dir`,
@@ -251,6 +253,11 @@ pub fn reload_recorded(reloader: &Reloader, trigger: Trigger) -> Result<ReloadRe
     let request_id = ids::request_id();
     // Started first so that the record's duration is the reload's.
     let mut audit = AuditGuard::start(&reloader.audit, &reloader.metrics, &request_id, "policy");
+    // The triggers first: a policy set that does not load does not keep the triggers from
+    // being read again, nor the other way round.
+    if let Some(triggers) = &reloader.triggers {
+        reload_triggers(reloader, triggers, trigger);
+    }
     let result = reloader.policies.reload();
     match &result {
         Ok(report) => {
@@ -286,6 +293,29 @@ pub fn reload_recorded(reloader: &Reloader, trigger: Trigger) -> Result<ReloadRe
         }
     }
     result
+}
+
+/// Read the triggers again and record the outcome (a trigger that no longer compiles keeps
+/// the ones in force, on record as a failure).
+fn reload_triggers(
+    reloader: &Reloader,
+    triggers: &crate::runs::reload::TriggerReload,
+    trigger: Trigger,
+) {
+    let request_id = ids::request_id();
+    let mut audit = AuditGuard::start(&reloader.audit, &reloader.metrics, &request_id, "policy");
+    match triggers.reload() {
+        Ok(n) => {
+            tracing::info!(%trigger, triggers = n, "triggers reloaded");
+            audit.update(|r| r.reason = Some(format!("triggers reloaded: {n} triggers")));
+            audit.event("allow", None);
+        }
+        Err(e) => {
+            tracing::error!(%trigger, error = %e, "trigger reload failed; the triggers in force stay");
+            audit.update(|r| r.reason = Some(format!("triggers not reloaded: {e}")));
+            audit.event("error", Some("config_invalid"));
+        }
+    }
 }
 
 /// [`reload_recorded`] on a blocking thread, for async callers (control API, signal handler).

@@ -620,11 +620,38 @@ impl Ostiary {
                 counters,
             }),
         };
+        // The triggers' reload: the intake, the schedules and the runner's serial triggers.
+        let (schedule_updates, schedule_watch) =
+            tokio::sync::watch::channel(Arc::new(config.trigger.clone()));
+        let serial = Arc::new(std::sync::RwLock::new(crate::runs::reload::serial(
+            &config.trigger,
+        )));
+        // Runs read the config as loaded, not as the file may be edited meanwhile.
+        let snapshot = match (&config.source, intake.is_some()) {
+            (Some(source), true) => {
+                let text = std::fs::read_to_string(source)
+                    .map_err(|e| ServeError::Runs(format!("reading {}: {e}", source.display())))?;
+                Some(Arc::new(
+                    crate::runs::reload::ConfigSnapshot::create(&config.runs.dir(), &text)
+                        .map_err(|e| ServeError::Runs(format!("the runs' config snapshot: {e}")))?,
+                ))
+            }
+            _ => None,
+        };
         let reloader = Reloader {
             policies: policies.clone(),
             checks,
             audit: audit.clone(),
             metrics: metrics.clone(),
+            triggers: intake.as_ref().map(|intake| {
+                Arc::new(crate::runs::reload::TriggerReload::new(
+                    config.source.clone(),
+                    intake.clone(),
+                    schedule_updates,
+                    serial.clone(),
+                    snapshot.clone(),
+                ))
+            }),
         };
         let holder = match config.state.store.as_str() {
             // One process serves a state directory: each run of it is the same holder,
@@ -643,7 +670,8 @@ impl Ostiary {
                     metrics.clone(),
                     holder.clone(),
                 )
-                .map_err(ServeError::Runs)?,
+                .map_err(ServeError::Runs)?
+                .following(schedule_watch),
             ),
             None => None,
         };
@@ -651,20 +679,12 @@ impl Ostiary {
             binary: std::env::current_exe().map_err(|e| {
                 ServeError::Runs(format!("the ostiary binary, which runs start: {e}"))
             })?,
-            config: config.source.clone(),
+            config: snapshot.as_ref().map(|s| s.path().to_owned()),
             dir: config.runs.dir(),
             concurrency: config.runs.concurrency,
             stop_grace: config.runs.stop_grace,
             admin_token: state.admin_token.clone(),
-            serial: config
-                .trigger
-                .iter()
-                .filter(|t| {
-                    t.kind == crate::config::triggers::Kind::Schedule
-                        && t.concurrency != crate::config::triggers::Concurrency::Replace
-                })
-                .map(|t| t.name.clone())
-                .collect(),
+            serial,
         };
         let run_store = stores.runs.clone();
         let run_checkpoints = checkpoints.clone();
@@ -838,7 +858,7 @@ impl Ostiary {
         });
         let schedule_task = scheduler.map(|scheduler| {
             let rx = stop_rx.clone();
-            tokio::spawn(scheduler.run(move || stopped(rx.clone())))
+            tokio::spawn(scheduler.run(stopped(rx)))
         });
         let triggers_task = triggers.map(|listener| {
             tokio::spawn(control::serve_triggers(

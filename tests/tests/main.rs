@@ -59,6 +59,7 @@ mod reload;
 mod runs_api;
 mod runs_inside;
 mod runs_lifecycle;
+mod runs_reload;
 mod runs_schedules;
 mod runs_webhooks;
 mod sandbox;

@@ -14,7 +14,7 @@
 //! start one run. Every outcome is one audit record of kind `trigger`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -99,7 +99,9 @@ struct Ready {
 
 /// Where deliveries and calls come in.
 pub struct Intake {
-    triggers: HashMap<String, Ready>,
+    /// Swapped whole when the triggers are reloaded ([`Intake::replace`]): a delivery works
+    /// with the set it started with.
+    triggers: RwLock<Arc<HashMap<String, Arc<Ready>>>>,
     runs: Arc<dyn RunStore>,
     broker: Arc<Broker>,
     rates: TriggerRates,
@@ -115,7 +117,10 @@ pub struct Intake {
 impl std::fmt::Debug for Intake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Intake")
-            .field("triggers", &self.triggers.keys().collect::<Vec<_>>())
+            .field(
+                "triggers",
+                &self.current().keys().cloned().collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -142,6 +147,31 @@ fn stored_text(payload: &Value, raw: &[u8]) -> String {
     }
 }
 
+/// Each trigger made ready: its scheme and its compiled schema.
+fn compile(triggers: &[Trigger]) -> Result<HashMap<String, Arc<Ready>>, String> {
+    let mut ready = HashMap::new();
+    for trigger in triggers {
+        let scheme = trigger
+            .signature
+            .as_ref()
+            .map(webhook::scheme)
+            .transpose()?;
+        let schema = trigger
+            .schema_value()?
+            .map(|s| jsonschema::validator_for(&s).map_err(|e| e.to_string()))
+            .transpose()?;
+        ready.insert(
+            trigger.name.clone(),
+            Arc::new(Ready {
+                trigger: trigger.clone(),
+                scheme,
+                schema,
+            }),
+        );
+    }
+    Ok(ready)
+}
+
 /// What a delivery brings.
 #[derive(Debug)]
 pub struct Delivery<'a> {
@@ -160,28 +190,8 @@ impl Intake {
         metrics: Arc<Metrics>,
         wake: Arc<Notify>,
     ) -> Result<Self, String> {
-        let mut ready = HashMap::new();
-        for trigger in triggers {
-            let scheme = trigger
-                .signature
-                .as_ref()
-                .map(webhook::scheme)
-                .transpose()?;
-            let schema = trigger
-                .schema_value()?
-                .map(|s| jsonschema::validator_for(&s).map_err(|e| e.to_string()))
-                .transpose()?;
-            ready.insert(
-                trigger.name.clone(),
-                Ready {
-                    trigger: trigger.clone(),
-                    scheme,
-                    schema,
-                },
-            );
-        }
         Ok(Self {
-            triggers: ready,
+            triggers: RwLock::new(Arc::new(compile(triggers)?)),
             runs,
             broker,
             rates: TriggerRates::default(),
@@ -204,14 +214,32 @@ impl Intake {
         self
     }
 
+    /// The triggers in force.
+    fn current(&self) -> Arc<HashMap<String, Arc<Ready>>> {
+        self.triggers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Put `triggers` in force (a reload); a trigger that does not compile leaves the ones
+    /// in force as they are.
+    pub fn replace(&self, triggers: &[Trigger]) -> Result<(), String> {
+        let compiled = Arc::new(compile(triggers)?);
+        *self.triggers.write().unwrap_or_else(|p| p.into_inner()) = compiled;
+        Ok(())
+    }
+
     /// The trigger named `name`.
-    pub fn trigger(&self, name: &str) -> Option<&Trigger> {
-        self.triggers.get(name).map(|r| &r.trigger)
+    pub fn trigger(&self, name: &str) -> Option<Trigger> {
+        self.current().get(name).map(|r| r.trigger.clone())
     }
 
     /// The largest body trigger `name` takes (to bound the read before anything else).
     pub fn max_payload(&self, name: &str) -> Option<usize> {
-        self.trigger(name).map(|t| t.max_payload_bytes)
+        self.current()
+            .get(name)
+            .map(|r| r.trigger.max_payload_bytes)
     }
 
     /// A webhook delivery to `name` (`POST /v1/triggers/{name}`).
@@ -269,7 +297,7 @@ impl Intake {
             ),
             None => None,
         };
-        self.admit(ready, payload, &delivery.body, key, None, audit)
+        self.admit(&ready, payload, &delivery.body, key, None, audit)
             .await
     }
 
@@ -332,7 +360,7 @@ impl Intake {
                 ),
                 None => None,
             };
-            self.admit(ready, payload, &body, key, parent, &mut audit)
+            self.admit(&ready, payload, &body, key, parent, &mut audit)
                 .await
         }
         .await;
@@ -354,7 +382,7 @@ impl Intake {
             let payload = json!({"scheduled_ms": scheduled_ms, "missed": missed});
             let body = payload.to_string();
             self.admit(
-                ready,
+                &ready,
                 payload,
                 body.as_bytes(),
                 Some(format!("tick:{scheduled_ms}")),
@@ -368,10 +396,11 @@ impl Intake {
         result
     }
 
-    fn ready(&self, name: &str, kind: Kind) -> Result<&Ready, IntakeError> {
+    fn ready(&self, name: &str, kind: Kind) -> Result<Arc<Ready>, IntakeError> {
         let ready = self
-            .triggers
+            .current()
             .get(name)
+            .cloned()
             .ok_or_else(|| IntakeError::UnknownTrigger(name.to_owned()))?;
         if ready.trigger.kind != kind {
             return Err(IntakeError::WrongKind {
@@ -558,8 +587,9 @@ impl Intake {
     fn record(&self, name: &str) -> AuditGuard {
         let request_id = crate::ids::request_id();
         let mut audit = AuditGuard::start(&self.audit, &self.metrics, &request_id, "trigger");
-        let agent = self.trigger(name).map(|t| t.agent.clone());
-        let tenant = self.trigger(name).and_then(|t| t.tenant.clone());
+        let trigger = self.trigger(name);
+        let agent = trigger.as_ref().map(|t| t.agent.clone());
+        let tenant = trigger.and_then(|t| t.tenant);
         audit.update(|r| {
             r.agent = agent;
             r.tenant = tenant;

@@ -10,6 +10,7 @@
 //! - [`intake`] — a delivery or an API call admitted in order (size, signature, payload,
 //!   schema, rate, deduplication) and stored as a queued run, or refused and audited.
 //! - [`rate`] — each trigger's rate limit.
+//! - [`reload`] — triggers reloaded with the policies (`SIGHUP`, `POST /v1/policy/reload`).
 //! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
 //!   retries and dead letters.
 //! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
@@ -23,6 +24,7 @@ pub mod gate;
 pub mod intake;
 pub mod internal;
 pub mod rate;
+pub mod reload;
 pub mod runner;
 pub mod schedule;
 pub mod signature;

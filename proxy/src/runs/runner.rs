@@ -56,7 +56,8 @@ pub struct RunnerSettings {
     /// Given to `ostiary run` (never to its command) to end the run's session with its report.
     pub admin_token: crate::state::SecretString,
     /// Triggers whose runs go one at a time (schedules with `forbid` or `queue`).
-    pub serial: HashSet<String>,
+    /// (Replaced when the triggers are reloaded.)
+    pub serial: Arc<std::sync::RwLock<HashSet<String>>>,
 }
 
 /// The end of standard error kept per run.
@@ -271,7 +272,13 @@ impl Runner {
 
     /// The next run to start: the oldest due run of a trigger that may start one now.
     async fn claim_next(&self) -> Result<Option<RunRow>, StoreError> {
-        let (holder, serial) = (self.holder.clone(), self.settings.serial.clone());
+        let holder = self.holder.clone();
+        let serial = self
+            .settings
+            .serial
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_default();
         self.runs
             .call(move |s| {
                 let now = crate::store::now_ms();

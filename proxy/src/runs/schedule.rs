@@ -102,6 +102,8 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     /// This process, as the cursors' leases name it.
     holder: String,
+    /// The triggers of each reload.
+    updates: Option<tokio::sync::watch::Receiver<Arc<Vec<Trigger>>>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -125,51 +127,76 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         holder: String,
     ) -> Result<Self, String> {
-        let mut schedules = Vec::new();
-        for t in triggers.iter().filter(|t| t.kind == Kind::Schedule) {
-            let cron = t.cron.as_deref().unwrap_or_default();
-            schedules.push((t.clone(), Schedule::parse(cron, t.timezone.as_deref())?));
-        }
         Ok(Self {
-            schedules,
+            schedules: schedules_of(triggers)?,
             intake,
             cursors,
             runs,
             audit,
             metrics,
             holder,
+            updates: None,
         })
     }
 
-    /// Tick every schedule until `shutdown` (`shutdown` is called once per schedule).
-    pub async fn run<F, S>(self, shutdown: S)
-    where
-        S: Fn() -> F,
-        F: Future<Output = ()> + Send + 'static,
-    {
+    /// Start the schedules again from each set of triggers `updates` brings (a reload).
+    pub fn following(mut self, updates: tokio::sync::watch::Receiver<Arc<Vec<Trigger>>>) -> Self {
+        self.updates = Some(updates);
+        self
+    }
+
+    /// Tick every schedule until `shutdown`; each time `updates` brings a new set of
+    /// triggers (a reload), the schedules are started again from it. Stopping a schedule
+    /// mid-tick loses nothing: its cursor still names the last tick it finished, and a tick
+    /// handled twice starts one run (runs are deduplicated on the tick).
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut updates = self.updates.take();
         let this = Arc::new(self);
-        let mut tasks = Vec::new();
-        for i in 0..this.schedules.len() {
-            let (this, stop) = (this.clone(), shutdown());
-            tasks.push(tokio::spawn(async move {
-                tokio::select! {
-                    () = stop => {}
-                    () = this.tick_forever(i) => {}
+        let mut schedules = this.schedules.clone();
+        loop {
+            let mut tasks = tokio::task::JoinSet::new();
+            for (trigger, schedule) in schedules.clone() {
+                let this = this.clone();
+                tasks.spawn(async move { this.tick_forever(&trigger, &schedule).await });
+            }
+            let reloaded = tokio::select! {
+                () = &mut shutdown => None,
+                changed = changed(&mut updates) => changed,
+            };
+            tasks.shutdown().await;
+            let Some(triggers) = reloaded else {
+                break;
+            };
+            match schedules_of(&triggers) {
+                Ok(fresh) => {
+                    // The ones no longer configured: another replica may not take them,
+                    // but their leases need not run out either.
+                    this.release(
+                        schedules
+                            .iter()
+                            .filter(|(t, _)| !fresh.iter().any(|(f, _)| f.name == t.name)),
+                    )
+                    .await;
+                    schedules = fresh;
                 }
-            }));
-        }
-        for task in tasks {
-            let _ = task.await;
+                Err(e) => {
+                    tracing::error!(error = %e, "schedules: the reloaded triggers do not parse; the schedules in force stay")
+                }
+            }
         }
         // Another replica takes the schedules over at once.
-        for (trigger, _) in &this.schedules {
-            let (name, holder) = (cursor_name(&trigger.name), this.holder.clone());
-            let _ = this.cursors.call(move |c| c.release(&name, &holder)).await;
+        this.release(schedules.iter()).await;
+    }
+
+    async fn release<'a>(&self, schedules: impl Iterator<Item = &'a (Trigger, Schedule)>) {
+        for (trigger, _) in schedules {
+            let (name, holder) = (cursor_name(&trigger.name), self.holder.clone());
+            let _ = self.cursors.call(move |c| c.release(&name, &holder)).await;
         }
     }
 
-    async fn tick_forever(&self, i: usize) {
-        let (trigger, schedule) = &self.schedules[i];
+    async fn tick_forever(&self, trigger: &Trigger, schedule: &Schedule) {
         let name = cursor_name(&trigger.name);
         loop {
             // The lease, and the last tick handled (a schedule never seen starts now: the
@@ -330,6 +357,28 @@ impl Scheduler {
         });
         audit.event("cancel", None);
     }
+}
+
+/// The next set of triggers `updates` brings; never, once nobody can send one.
+async fn changed(
+    updates: &mut Option<tokio::sync::watch::Receiver<Arc<Vec<Trigger>>>>,
+) -> Option<Arc<Vec<Trigger>>> {
+    if let Some(rx) = updates {
+        if rx.changed().await.is_ok() {
+            return Some(rx.borrow_and_update().clone());
+        }
+    }
+    std::future::pending().await
+}
+
+/// The schedule triggers of `triggers`, parsed.
+fn schedules_of(triggers: &[Trigger]) -> Result<Vec<(Trigger, Schedule)>, String> {
+    let mut schedules = Vec::new();
+    for t in triggers.iter().filter(|t| t.kind == Kind::Schedule) {
+        let cron = t.cron.as_deref().unwrap_or_default();
+        schedules.push((t.clone(), Schedule::parse(cron, t.timezone.as_deref())?));
+    }
+    Ok(schedules)
 }
 
 fn cursor_name(trigger: &str) -> String {
