@@ -683,6 +683,7 @@ impl Ostiary {
             dir: config.runs.dir(),
             concurrency: config.runs.concurrency,
             stop_grace: config.runs.stop_grace,
+            lease: config.runs.lease,
             admin_token: state.admin_token.clone(),
             serial,
         };

@@ -166,6 +166,9 @@ pub enum Cancel {
     Over(RunRow),
 }
 
+/// The lease of a running run its holder has not renewed yet, from its start.
+pub const UNRENEWED_LEASE_MS: i64 = 60_000;
+
 /// Where runs are kept.
 pub trait RunStore: Send + Sync + std::fmt::Debug {
     /// Store `run` (status `queued` or `awaiting_approval`), unless `dedup`'s key was stored
@@ -219,6 +222,18 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
         holder: &str,
         reason: &str,
         now_ms: i64,
+        dead_letter: &dyn Fn(&RunRow) -> String,
+    ) -> Result<Vec<RunRow>, StoreError>;
+    /// `holder` is alive: its running runs' lease runs until `until_ms`. Returns how many.
+    fn renew(&self, holder: &str, until_ms: i64) -> Result<u64, StoreError>;
+    /// Runs whose holder's lease ran out before `now_ms` (a replica that died and never came
+    /// back; a run never renewed has [`UNRENEWED_LEASE_MS`] from its start): each ended as
+    /// `killed` with `reason` and its dead letter, and returned. A holder that renews in
+    /// time keeps its runs.
+    fn reclaim(
+        &self,
+        now_ms: i64,
+        reason: &str,
         dead_letter: &dyn Fn(&RunRow) -> String,
     ) -> Result<Vec<RunRow>, StoreError>;
     /// How many runs of `trigger` are `running`.

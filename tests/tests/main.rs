@@ -57,6 +57,7 @@ mod placeholders_binding;
 mod profiles;
 mod reload;
 mod runs_api;
+mod runs_fleet;
 mod runs_inside;
 mod runs_lifecycle;
 mod runs_reload;

@@ -92,6 +92,10 @@ pub struct Runs {
     pub stop_grace: std::time::Duration,
     /// The largest checkpoint a run may save (`PUT https://ostiary.internal/v1/checkpoint`).
     pub checkpoint_max_bytes: usize,
+    /// How long this process's hold on its running runs lasts past each renewal (renewed
+    /// six times within it): another replica takes over the runs of one that died after it.
+    #[serde(deserialize_with = "duration")]
+    pub lease: std::time::Duration,
 }
 
 impl Default for Runs {
@@ -101,6 +105,7 @@ impl Default for Runs {
             dir: None,
             stop_grace: std::time::Duration::from_secs(5),
             checkpoint_max_bytes: 1 << 20,
+            lease: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -543,6 +548,11 @@ impl Config {
         if self.runs.concurrency == 0 {
             return Err(ConfigError::Invalid(
                 "runs.concurrency must be at least 1".into(),
+            ));
+        }
+        if self.runs.lease < std::time::Duration::from_secs(1) {
+            return Err(ConfigError::Invalid(
+                "runs.lease must be at least 1s".into(),
             ));
         }
         if self.sessions.default_ttl > self.sessions.max_ttl {

@@ -302,6 +302,7 @@ pub fn run_json(row: &RunRow) -> Value {
         "started_ms": row.started_ms,
         "ended_ms": row.ended_ms,
         "session": row.session,
+        "holder": row.holder,
         "exit_code": row.exit_code,
         "limit": row.limit,
         "error": row.error,

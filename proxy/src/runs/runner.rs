@@ -53,6 +53,8 @@ pub struct RunnerSettings {
     pub dir: PathBuf,
     pub concurrency: usize,
     pub stop_grace: Duration,
+    /// This process's hold on its running runs past each renewal (`[runs] lease`).
+    pub lease: Duration,
     /// Given to `ostiary run` (never to its command) to end the run's session with its report.
     pub admin_token: crate::state::SecretString,
     /// Triggers whose runs go one at a time (schedules with `forbid` or `queue`).
@@ -164,25 +166,98 @@ impl Runner {
                 )
             })
             .await?;
-        for run in &killed {
-            // Its `ostiary run` died before it could end the session: ended here.
-            if let Some(session) = &run.session {
-                self.sessions
-                    .close(session, "its run was killed when the proxy stopped")
-                    .await;
+        self.after_killed(&killed, "the proxy stopped while it ran")
+            .await;
+        Ok(killed)
+    }
+
+    /// This replica is alive: its running runs' lease is renewed (six times a lease);
+    /// runs whose holder's lease ran out — a replica that died and did not come back — are
+    /// ended as `killed` and retried where their trigger allows.
+    async fn keep_leases(
+        &self,
+        last: &mut Option<std::time::Instant>,
+        renewed_ok: &mut Option<std::time::Instant>,
+    ) -> Result<(), StoreError> {
+        if last.is_some_and(|at| at.elapsed() < self.settings.lease / 6) {
+            return Ok(());
+        }
+        *last = Some(std::time::Instant::now());
+        let holder = self.holder.clone();
+        let now = crate::store::now_ms();
+        let until = now + i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX);
+        let going: Vec<String> = self
+            .going
+            .lock()
+            .map(|g| g.keys().cloned().collect())
+            .unwrap_or_default();
+        let kept = self
+            .runs
+            .call(move |s| {
+                s.renew(&holder, until)?;
+                let reclaimed = s.reclaim(
+                    now,
+                    "the replica running it stopped renewing its lease: it is gone",
+                    &|row| snapshot_of(row, &[], None).to_string(),
+                )?;
+                // Runs going here that are no longer this replica's (its lease lapsed
+                // while it could not renew, and another replica took them over).
+                let mut lost = Vec::new();
+                for id in going {
+                    let ours = s.get(&id)?.is_some_and(|r| {
+                        r.status == RunStatus::Running
+                            && r.holder.as_deref() == Some(holder.as_str())
+                    });
+                    if !ours {
+                        lost.push(id);
+                    }
+                }
+                Ok::<_, StoreError>((reclaimed, lost))
+            })
+            .await;
+        let (reclaimed, lost) = match kept {
+            Ok(kept) => {
+                *renewed_ok = Some(std::time::Instant::now());
+                kept
             }
-            self.record_end(
-                run,
-                RunStatus::Killed,
-                Some("the proxy stopped while it ran"),
+            Err(e) => {
+                // Unable to renew for a whole lease: another replica may take these runs
+                // over, so they stop here rather than run twice.
+                if renewed_ok.is_some_and(|at| at.elapsed() > self.settings.lease) {
+                    self.stop_all("the store could not be reached to renew the run's lease");
+                }
+                return Err(e);
+            }
+        };
+        for id in &lost {
+            tracing::warn!(run = %id, "runs: a run going here was taken over by another replica; it is stopped");
+            self.stop(id);
+        }
+        if !reclaimed.is_empty() {
+            tracing::warn!(
+                runs = reclaimed.len(),
+                "runs of a replica that stopped renewing its lease were ended as killed"
             );
+        }
+        self.after_killed(&reclaimed, "its replica was lost while it ran")
+            .await;
+        Ok(())
+    }
+
+    /// What follows a run ended as `killed` without its runner: its session ended (its
+    /// `ostiary run` died before it could), its end on record, another attempt if allowed.
+    async fn after_killed(&self, killed: &[RunRow], why: &str) {
+        for run in killed {
+            if let Some(session) = &run.session {
+                self.sessions.close(session, why).await;
+            }
+            self.record_end(run, RunStatus::Killed, Some(why));
             let spec = serde_json::from_str::<RunSpec>(&run.spec).ok();
             if let Some(spec) = spec.filter(|s| run.attempt < i64::from(s.attempts)) {
                 let wait = spec.backoff_before(run.attempt + 1);
                 self.requeue_after(&run.id, wait).await;
             }
         }
-        Ok(killed)
     }
 
     /// Start queued runs as they come (woken by the intake, else every second) until
@@ -190,7 +265,11 @@ impl Runner {
     pub async fn serve(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut tasks = tokio::task::JoinSet::new();
+        let (mut renewed, mut renewed_ok) = (None, Some(std::time::Instant::now()));
         loop {
+            if let Err(e) = self.keep_leases(&mut renewed, &mut renewed_ok).await {
+                tracing::warn!(error = %e, "runs: the leases of running runs could not be renewed");
+            }
             if let Err(e) = self.settle_gates().await {
                 tracing::warn!(error = %e, "runs: held runs could not be checked against their approvals");
             }
@@ -263,6 +342,19 @@ impl Runner {
         Ok(())
     }
 
+    /// Stop every run going here (`why` is logged; each ends as the proxy stopping it).
+    fn stop_all(&self, why: &str) {
+        let stops: Vec<(String, Arc<Notify>)> = self
+            .going
+            .lock()
+            .map(|g| g.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for (id, stop) in stops {
+            tracing::warn!(run = %id, why, "runs: stopping a run going here");
+            stop.notify_one();
+        }
+    }
+
     /// Stop run `id` if it is going here (a cancellation through this replica).
     pub fn stop(&self, id: &str) {
         if let Some(stop) = self.going.lock().ok().and_then(|g| g.get(id).cloned()) {
@@ -273,6 +365,7 @@ impl Runner {
     /// The next run to start: the oldest due run of a trigger that may start one now.
     async fn claim_next(&self) -> Result<Option<RunRow>, StoreError> {
         let holder = self.holder.clone();
+        let lease_ms = i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX / 2);
         let serial = self
             .settings
             .serial
@@ -301,6 +394,9 @@ impl Runner {
                         continue;
                     }
                     if let Some(run) = s.claim(&holder, Some(&trigger), now)? {
+                        // Leased from the start: a replica that dies at once loses the run
+                        // after its lease, not after the longer unrenewed one.
+                        s.renew(&holder, now + lease_ms)?;
                         return Ok(Some(run));
                     }
                 }

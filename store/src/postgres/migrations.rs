@@ -49,10 +49,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "runs, run_dedup and run_checkpoints (runs that triggers started)",
         sql: RUNS,
     },
+    Migration {
+        version: 5,
+        name: "runs.lease_until_ms (a running run's holder is alive until then)",
+        sql: "ALTER TABLE runs ADD COLUMN IF NOT EXISTS lease_until_ms BIGINT",
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 4;
+pub const LATEST: i64 = 5;
 
 // `limit_hit` is `RunRow::limit`: LIMIT is reserved in both dialects (as on SQLite).
 const RUNS: &str = "

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use postgres::{GenericClient, Row};
 
 use super::Db;
-use crate::runs::{Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore};
+use crate::runs::{
+    Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore, UNRENEWED_LEASE_MS,
+};
 use crate::StoreError;
 
 #[derive(Debug)]
@@ -322,6 +324,59 @@ impl RunStore for PgRuns {
                          RETURNING {COLUMNS}"
                     ),
                     &[&row.id, &holder, &now_ms, &reason, letter],
+                )?);
+            }
+            tx.commit()?;
+            Ok(out)
+        })?;
+        rows.iter().map(from_row).collect()
+    }
+
+    fn renew(&self, holder: &str, until_ms: i64) -> Result<u64, StoreError> {
+        self.0.with(|c| {
+            c.execute(
+                "UPDATE runs SET lease_until_ms = $2 WHERE status = 'running' AND holder = $1",
+                &[&holder, &until_ms],
+            )
+        })
+    }
+
+    fn reclaim(
+        &self,
+        now_ms: i64,
+        reason: &str,
+        dead_letter: &dyn Fn(&RunRow) -> String,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let lapsed = self.0.with(|c| {
+            c.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM runs WHERE status = 'running'
+                       AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $1
+                     ORDER BY created_ms, id"
+                ),
+                &[&now_ms],
+            )
+        })?;
+        let mut ended = Vec::with_capacity(lapsed.len());
+        for row in &lapsed {
+            let row = killed(from_row(row)?, reason, now_ms);
+            let letter = dead_letter(&row);
+            ended.push((row, letter));
+        }
+        let rows = self.0.with(|c| {
+            let mut tx = c.transaction()?;
+            let mut out = Vec::with_capacity(ended.len());
+            for (row, letter) in &ended {
+                // Skipped if its holder renewed or ended it meanwhile (it was alive).
+                out.extend(tx.query_opt(
+                    &format!(
+                        "UPDATE runs SET status = 'killed', ended_ms = $3, error = $4,
+                           dead_letter = $5, cancel_requested = FALSE
+                         WHERE id = $1 AND status = 'running' AND holder IS NOT DISTINCT FROM $2
+                           AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $3
+                         RETURNING {COLUMNS}"
+                    ),
+                    &[&row.id, &row.holder, &now_ms, &reason, letter],
                 )?);
             }
             tx.commit()?;

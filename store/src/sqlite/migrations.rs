@@ -46,10 +46,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "runs, run_dedup and run_checkpoints (runs that triggers started)",
         apply: |tx| tx.execute_batch(RUNS),
     },
+    Migration {
+        version: 5,
+        name: "runs.lease_until_ms (a running run's holder is alive until then)",
+        apply: |tx| add_column(tx, "runs", "lease_until_ms", "INTEGER"),
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 4;
+pub const LATEST: i64 = 5;
 
 // `limit_hit` is `RunRow::limit`: LIMIT is a reserved word in both dialects, and a column
 // that needs quoting in every hand-written query is a trap.

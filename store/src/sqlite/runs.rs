@@ -10,7 +10,9 @@ use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::Db;
-use crate::runs::{Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore};
+use crate::runs::{
+    Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore, UNRENEWED_LEASE_MS,
+};
 use crate::StoreError;
 
 /// The runs' connection.
@@ -303,6 +305,64 @@ impl RunStore for SqliteRuns {
                              RETURNING {COLUMNS}"
                         ),
                         params![row.id, holder, now_ms, reason, letter],
+                        from_row,
+                    )
+                    .optional()?;
+                out.extend(moved);
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+
+    fn renew(&self, holder: &str, until_ms: i64) -> Result<u64, StoreError> {
+        self.0.with(|c| {
+            c.execute(
+                "UPDATE runs SET lease_until_ms = ?2 WHERE status = 'running' AND holder = ?1",
+                params![holder, until_ms],
+            )
+            .map(|n| n as u64)
+        })
+    }
+
+    fn reclaim(
+        &self,
+        now_ms: i64,
+        reason: &str,
+        dead_letter: &dyn Fn(&RunRow) -> String,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let lapsed = self.0.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM runs WHERE status = 'running'
+                   AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?1
+                 ORDER BY created_ms, id"
+            ))?;
+            let rows = stmt.query_map([now_ms], from_row)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+        })?;
+        let ended: Vec<(RunRow, String)> = lapsed
+            .into_iter()
+            .map(|row| {
+                let row = killed(row, reason, now_ms);
+                let letter = dead_letter(&row);
+                (row, letter)
+            })
+            .collect();
+        self.0.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut out = Vec::with_capacity(ended.len());
+            for (row, letter) in &ended {
+                // Skipped if its holder renewed or ended it meanwhile (it was alive).
+                let moved = tx
+                    .query_row(
+                        &format!(
+                            "UPDATE runs SET status = 'killed', ended_ms = ?3, error = ?4,
+                               dead_letter = ?5, cancel_requested = 0
+                             WHERE id = ?1 AND status = 'running' AND holder IS ?2
+                               AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?3
+                             RETURNING {COLUMNS}"
+                        ),
+                        params![row.id, row.holder, now_ms, reason, letter],
                         from_row,
                     )
                     .optional()?;

@@ -784,3 +784,51 @@ pub fn runs_an_approved_run_is_released_once_into_the_queue(b: &dyn Backend) {
         Some("run_w".into())
     );
 }
+
+pub fn runs_a_lapsed_holders_runs_are_reclaimed_and_a_live_ones_kept(b: &dyn Backend) {
+    use crate::runs::UNRENEWED_LEASE_MS;
+    let (one, two) = (b.open().runs, b.open().runs);
+    for id in ["run_a", "run_b", "run_c"] {
+        new(&*one, &run(id, "hook", 0));
+    }
+    // Replica a takes two, replica b one; only a renews.
+    let a1 = one.claim("a", None, 1_000).unwrap().unwrap();
+    let a2 = one.claim("a", None, 1_000).unwrap().unwrap();
+    let b1 = two.claim("b", None, 1_000).unwrap().unwrap();
+    assert_eq!(one.renew("a", 100_000).unwrap(), 2);
+    assert_eq!(two.renew("nobody", 100_000).unwrap(), 0);
+    // Before b's unrenewed lease ends, nothing is reclaimed.
+    let letter = |row: &RunRow| format!("letter of {}", row.id);
+    assert!(one
+        .reclaim(1_000 + UNRENEWED_LEASE_MS - 1, "lapsed", &letter)
+        .unwrap()
+        .is_empty());
+    // After it, b's run is, a's are not.
+    let reclaimed = two
+        .reclaim(1_000 + UNRENEWED_LEASE_MS + 1, "lapsed", &letter)
+        .unwrap();
+    assert_eq!(reclaimed.len(), 1);
+    let gone = &reclaimed[0];
+    assert_eq!(
+        (gone.id.as_str(), gone.status),
+        (b1.id.as_str(), RunStatus::Killed)
+    );
+    assert_eq!(gone.error.as_deref(), Some("lapsed"));
+    assert_eq!(
+        gone.dead_letter.as_deref(),
+        Some(format!("letter of {}", b1.id).as_str())
+    );
+    for kept in [&a1, &a2] {
+        assert_eq!(
+            one.get(&kept.id).unwrap().unwrap().status,
+            RunStatus::Running
+        );
+    }
+    // b can no longer finish what was taken from it.
+    assert!(!two
+        .finish(&b1.id, "b", &ended(RunStatus::Succeeded, 70_000))
+        .unwrap());
+    // a's lease ends too, unless renewed.
+    assert!(one.reclaim(99_999, "lapsed", &letter).unwrap().is_empty());
+    assert_eq!(one.reclaim(100_001, "lapsed", &letter).unwrap().len(), 2);
+}
