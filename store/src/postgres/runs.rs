@@ -294,42 +294,15 @@ impl RunStore for PgRuns {
         now_ms: i64,
         dead_letter: &dyn Fn(&RunRow) -> String,
     ) -> Result<Vec<RunRow>, StoreError> {
-        let left = self.0.with(|c| {
-            c.query(
-                &format!(
-                    "SELECT {COLUMNS} FROM runs WHERE status = 'running' AND holder = $1
-                     ORDER BY created_ms, id"
-                ),
-                &[&holder],
-            )
-        })?;
-        // The dead letters are made before any row is locked: the caller's function may
-        // read the store (the run's audit records) on another connection.
-        let mut ended = Vec::with_capacity(left.len());
-        for row in &left {
-            let row = killed(from_row(row)?, reason, now_ms);
-            let letter = dead_letter(&row);
-            ended.push((row, letter));
-        }
-        let rows = self.0.with(|c| {
-            let mut tx = c.transaction()?;
-            let mut out = Vec::with_capacity(ended.len());
-            for (row, letter) in &ended {
-                // Skipped if it ended meanwhile (its holder was not dead after all).
-                out.extend(tx.query_opt(
-                    &format!(
-                        "UPDATE runs SET status = 'killed', ended_ms = $3, error = $4,
-                           dead_letter = $5, cancel_requested = FALSE
-                         WHERE id = $1 AND status = 'running' AND holder = $2
-                         RETURNING {COLUMNS}"
-                    ),
-                    &[&row.id, &holder, &now_ms, &reason, letter],
-                )?);
-            }
-            tx.commit()?;
-            Ok(out)
-        })?;
-        rows.iter().map(from_row).collect()
+        // Skipped if it ended meanwhile (its holder was not dead after all).
+        self.kill_running(
+            "holder = $1",
+            &holder,
+            "holder IS NOT DISTINCT FROM $2",
+            reason,
+            now_ms,
+            dead_letter,
+        )
     }
 
     fn renew(&self, holder: &str, until_ms: i64) -> Result<u64, StoreError> {
@@ -347,42 +320,18 @@ impl RunStore for PgRuns {
         reason: &str,
         dead_letter: &dyn Fn(&RunRow) -> String,
     ) -> Result<Vec<RunRow>, StoreError> {
-        let lapsed = self.0.with(|c| {
-            c.query(
-                &format!(
-                    "SELECT {COLUMNS} FROM runs WHERE status = 'running'
-                       AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $1
-                     ORDER BY created_ms, id"
-                ),
-                &[&now_ms],
-            )
-        })?;
-        let mut ended = Vec::with_capacity(lapsed.len());
-        for row in &lapsed {
-            let row = killed(from_row(row)?, reason, now_ms);
-            let letter = dead_letter(&row);
-            ended.push((row, letter));
-        }
-        let rows = self.0.with(|c| {
-            let mut tx = c.transaction()?;
-            let mut out = Vec::with_capacity(ended.len());
-            for (row, letter) in &ended {
-                // Skipped if its holder renewed or ended it meanwhile (it was alive).
-                out.extend(tx.query_opt(
-                    &format!(
-                        "UPDATE runs SET status = 'killed', ended_ms = $3, error = $4,
-                           dead_letter = $5, cancel_requested = FALSE
-                         WHERE id = $1 AND status = 'running' AND holder IS NOT DISTINCT FROM $2
-                           AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $3
-                         RETURNING {COLUMNS}"
-                    ),
-                    &[&row.id, &row.holder, &now_ms, &reason, letter],
-                )?);
-            }
-            tx.commit()?;
-            Ok(out)
-        })?;
-        rows.iter().map(from_row).collect()
+        // Skipped if its holder renewed or ended it meanwhile (it was alive).
+        self.kill_running(
+            &format!("COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $1"),
+            &now_ms,
+            &format!(
+                "holder IS NOT DISTINCT FROM $2
+                   AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < $3"
+            ),
+            reason,
+            now_ms,
+            dead_letter,
+        )
     }
 
     fn running(&self, trigger: &str) -> Result<i64, StoreError> {
@@ -416,6 +365,56 @@ impl RunStore for PgRuns {
 
 /// `row` as [`RunStore::recover`] ends it, before its dead letter is made (so that the
 /// letter can say how it ended).
+impl PgRuns {
+    /// End as `killed` the running runs `chosen` selects (`$1` is `bound`), each only if
+    /// `guard` still holds for it as it is updated (`$2` its holder, `$3` now). The dead
+    /// letters are made before any row is locked: the caller's function may read the store
+    /// (the run's audit records) on another connection.
+    fn kill_running(
+        &self,
+        chosen: &str,
+        bound: &(dyn postgres::types::ToSql + Sync),
+        guard: &str,
+        reason: &str,
+        now_ms: i64,
+        dead_letter: &dyn Fn(&RunRow) -> String,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let left = self.0.with(|c| {
+            c.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM runs WHERE status = 'running' AND {chosen}
+                     ORDER BY created_ms, id"
+                ),
+                &[bound],
+            )
+        })?;
+        let mut ended = Vec::with_capacity(left.len());
+        for row in &left {
+            let row = killed(from_row(row)?, reason, now_ms);
+            let letter = dead_letter(&row);
+            ended.push((row, letter));
+        }
+        let rows = self.0.with(|c| {
+            let mut tx = c.transaction()?;
+            let mut out = Vec::with_capacity(ended.len());
+            for (row, letter) in &ended {
+                out.extend(tx.query_opt(
+                    &format!(
+                        "UPDATE runs SET status = 'killed', ended_ms = $3, error = $4,
+                           dead_letter = $5, cancel_requested = FALSE
+                         WHERE id = $1 AND status = 'running' AND {guard}
+                         RETURNING {COLUMNS}"
+                    ),
+                    &[&row.id, &row.holder, &now_ms, &reason, letter],
+                )?);
+            }
+            tx.commit()?;
+            Ok(out)
+        })?;
+        rows.iter().map(from_row).collect()
+    }
+}
+
 fn killed(row: RunRow, reason: &str, now_ms: i64) -> RunRow {
     RunRow {
         status: RunStatus::Killed,

@@ -273,46 +273,15 @@ impl RunStore for SqliteRuns {
         now_ms: i64,
         dead_letter: &dyn Fn(&RunRow) -> String,
     ) -> Result<Vec<RunRow>, StoreError> {
-        let left = self.0.with(|c| {
-            let mut stmt = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM runs WHERE status = 'running' AND holder = ?1
-                 ORDER BY created_ms, id"
-            ))?;
-            let rows = stmt.query_map([holder], from_row)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
-        })?;
-        // The dead letters are made before the write lock is taken: the caller's function
-        // may read the store (the run's audit records), and must not wait on this lock.
-        let ended: Vec<(RunRow, String)> = left
-            .into_iter()
-            .map(|row| {
-                let row = killed(row, reason, now_ms);
-                let letter = dead_letter(&row);
-                (row, letter)
-            })
-            .collect();
-        self.0.with(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut out = Vec::with_capacity(ended.len());
-            for (row, letter) in &ended {
-                // Skipped if it ended meanwhile (its holder was not dead after all).
-                let moved = tx
-                    .query_row(
-                        &format!(
-                            "UPDATE runs SET status = 'killed', ended_ms = ?3, error = ?4,
-                               dead_letter = ?5, cancel_requested = 0
-                             WHERE id = ?1 AND status = 'running' AND holder = ?2
-                             RETURNING {COLUMNS}"
-                        ),
-                        params![row.id, holder, now_ms, reason, letter],
-                        from_row,
-                    )
-                    .optional()?;
-                out.extend(moved);
-            }
-            tx.commit()?;
-            Ok(out)
-        })
+        // Skipped if it ended meanwhile (its holder was not dead after all).
+        self.kill_running(
+            "holder = ?1",
+            &holder,
+            "holder IS ?2",
+            reason,
+            now_ms,
+            dead_letter,
+        )
     }
 
     fn renew(&self, holder: &str, until_ms: i64) -> Result<u64, StoreError> {
@@ -331,46 +300,17 @@ impl RunStore for SqliteRuns {
         reason: &str,
         dead_letter: &dyn Fn(&RunRow) -> String,
     ) -> Result<Vec<RunRow>, StoreError> {
-        let lapsed = self.0.with(|c| {
-            let mut stmt = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM runs WHERE status = 'running'
-                   AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?1
-                 ORDER BY created_ms, id"
-            ))?;
-            let rows = stmt.query_map([now_ms], from_row)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
-        })?;
-        let ended: Vec<(RunRow, String)> = lapsed
-            .into_iter()
-            .map(|row| {
-                let row = killed(row, reason, now_ms);
-                let letter = dead_letter(&row);
-                (row, letter)
-            })
-            .collect();
-        self.0.with(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut out = Vec::with_capacity(ended.len());
-            for (row, letter) in &ended {
-                // Skipped if its holder renewed or ended it meanwhile (it was alive).
-                let moved = tx
-                    .query_row(
-                        &format!(
-                            "UPDATE runs SET status = 'killed', ended_ms = ?3, error = ?4,
-                               dead_letter = ?5, cancel_requested = 0
-                             WHERE id = ?1 AND status = 'running' AND holder IS ?2
-                               AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?3
-                             RETURNING {COLUMNS}"
-                        ),
-                        params![row.id, row.holder, now_ms, reason, letter],
-                        from_row,
-                    )
-                    .optional()?;
-                out.extend(moved);
-            }
-            tx.commit()?;
-            Ok(out)
-        })
+        // Skipped if its holder renewed or ended it meanwhile (it was alive).
+        self.kill_running(
+            &format!("COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?1"),
+            &now_ms,
+            &format!(
+                "holder IS ?2 AND COALESCE(lease_until_ms, started_ms + {UNRENEWED_LEASE_MS}) < ?3"
+            ),
+            reason,
+            now_ms,
+            dead_letter,
+        )
     }
 
     fn running(&self, trigger: &str) -> Result<i64, StoreError> {
@@ -408,6 +348,60 @@ impl RunStore for SqliteRuns {
 
 /// `row` as [`RunStore::recover`] ends it, before its dead letter is made (so that the
 /// letter can say how it ended).
+impl SqliteRuns {
+    /// End as `killed` the running runs `chosen` selects (`?1` is `bound`), each only if
+    /// `guard` still holds for it under the write lock (`?2` its holder, `?3` now). The
+    /// dead letters are made before the lock is taken: the caller's function may read the
+    /// store (the run's audit records), and must not wait on this lock.
+    fn kill_running(
+        &self,
+        chosen: &str,
+        bound: &dyn rusqlite::ToSql,
+        guard: &str,
+        reason: &str,
+        now_ms: i64,
+        dead_letter: &dyn Fn(&RunRow) -> String,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let left = self.0.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {COLUMNS} FROM runs WHERE status = 'running' AND {chosen}
+                 ORDER BY created_ms, id"
+            ))?;
+            let rows = stmt.query_map([bound], from_row)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()
+        })?;
+        let ended: Vec<(RunRow, String)> = left
+            .into_iter()
+            .map(|row| {
+                let row = killed(row, reason, now_ms);
+                let letter = dead_letter(&row);
+                (row, letter)
+            })
+            .collect();
+        self.0.with(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut out = Vec::with_capacity(ended.len());
+            for (row, letter) in &ended {
+                let moved = tx
+                    .query_row(
+                        &format!(
+                            "UPDATE runs SET status = 'killed', ended_ms = ?3, error = ?4,
+                               dead_letter = ?5, cancel_requested = 0
+                             WHERE id = ?1 AND status = 'running' AND {guard}
+                             RETURNING {COLUMNS}"
+                        ),
+                        params![row.id, row.holder, now_ms, reason, letter],
+                        from_row,
+                    )
+                    .optional()?;
+                out.extend(moved);
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+}
+
 fn killed(row: RunRow, reason: &str, now_ms: i64) -> RunRow {
     RunRow {
         status: RunStatus::Killed,
