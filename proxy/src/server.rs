@@ -543,40 +543,24 @@ impl Ostiary {
             trail: stores.audit.clone(),
             metrics: metrics.clone(),
         };
-        // Wakes the runner when a run is queued (a delivery, an approval, a retry).
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let checkpoints = (!config.trigger.is_empty()).then(|| {
-            Arc::new(crate::runs::checkpoint::Checkpoints::new(
-                stores.runs.clone(),
-                config.runs.checkpoint_max_bytes,
-            ))
-        });
-        let intake = match config.trigger.is_empty() {
-            true => None,
-            false => Some(Arc::new(
-                crate::runs::intake::Intake::new(
-                    &config.trigger,
-                    stores.runs.clone(),
-                    credentials.broker.clone(),
-                    audit.clone(),
-                    metrics.clone(),
-                    wake.clone(),
-                )
-                .map_err(ServeError::Runs)?
-                .with_approvals(approvals.clone(), policies.clone()),
-            )),
+        let holder = match config.state.store.as_str() {
+            // One process serves a state directory: each run of it is the same holder,
+            // so a restart after a crash recovers what the crash left.
+            "sqlite" => "this-state-directory".to_owned(),
+            _ => replica_id(),
         };
-        // What a run's agent asks of the proxy itself, at `ostiary.internal`.
-        let internal = checkpoints
-            .clone()
-            .zip(intake.clone())
-            .map(|(checkpoints, intake)| {
-                Arc::new(crate::runs::internal::Internal {
-                    checkpoints,
-                    intake,
-                    runs: stores.runs.clone(),
-                })
-            });
+        let mut runs = crate::runs::assemble::assemble(crate::runs::assemble::Inputs {
+            config: &config,
+            stores: &stores,
+            broker: credentials.broker.clone(),
+            approvals: approvals.clone(),
+            policies: policies.clone(),
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+            admin_token: state.admin_token.clone(),
+            holder,
+        })
+        .map_err(ServeError::Runs)?;
         let data = Arc::new(DataPlane {
             config: config.clone(),
             policies: policies.clone(),
@@ -594,7 +578,7 @@ impl Ostiary {
             ca_pem: state.ca_cert_pem.clone(),
             tunnel_hosts,
             proxy_addr: proxy_addr.clone(),
-            internal,
+            internal: runs.as_ref().map(|r| r.internal.clone()),
         });
         let executor = Executor {
             queue: approvals.clone(),
@@ -602,7 +586,7 @@ impl Ostiary {
             runner: Arc::new(Execution {
                 plane: data.clone(),
                 desk: desk.clone(),
-                runs: (!config.trigger.is_empty()).then(|| (stores.runs.clone(), wake.clone())),
+                runs: runs.as_ref().map(|r| (r.store.clone(), r.wake.clone())),
             }),
             audit: audit.clone(),
             metrics: metrics.clone(),
@@ -620,98 +604,23 @@ impl Ostiary {
                 counters,
             }),
         };
-        // The triggers' reload: the intake, the schedules and the runner's serial triggers.
-        let (schedule_updates, schedule_watch) =
-            tokio::sync::watch::channel(Arc::new(config.trigger.clone()));
-        let serial = Arc::new(std::sync::RwLock::new(crate::runs::reload::serial(
-            &config.trigger,
-        )));
-        // Runs read the config as loaded, not as the file may be edited meanwhile.
-        let snapshot = match (&config.source, intake.is_some()) {
-            (Some(source), true) => {
-                let text = std::fs::read_to_string(source)
-                    .map_err(|e| ServeError::Runs(format!("reading {}: {e}", source.display())))?;
-                Some(Arc::new(
-                    crate::runs::reload::ConfigSnapshot::create(&config.runs.dir(), &text)
-                        .map_err(|e| ServeError::Runs(format!("the runs' config snapshot: {e}")))?,
-                ))
-            }
-            _ => None,
-        };
         let reloader = Reloader {
             policies: policies.clone(),
             checks,
             audit: audit.clone(),
             metrics: metrics.clone(),
-            triggers: intake.as_ref().map(|intake| {
-                Arc::new(crate::runs::reload::TriggerReload::new(
-                    config.source.clone(),
-                    intake.clone(),
-                    schedule_updates,
-                    serial.clone(),
-                    snapshot.clone(),
-                ))
-            }),
+            triggers: runs.as_ref().map(|r| r.reload.clone()),
         };
-        let holder = match config.state.store.as_str() {
-            // One process serves a state directory: each run of it is the same holder,
-            // so a restart after a crash recovers what the crash left.
-            "sqlite" => "this-state-directory".to_owned(),
-            _ => replica_id(),
-        };
-        let scheduler = match &intake {
-            Some(intake) => Some(
-                crate::runs::schedule::Scheduler::new(
-                    &config.trigger,
-                    intake.clone(),
-                    stores.cursors.clone(),
-                    stores.runs.clone(),
-                    audit.clone(),
-                    metrics.clone(),
-                    holder.clone(),
-                )
-                .map_err(ServeError::Runs)?
-                .following(schedule_watch),
-            ),
-            None => None,
-        };
-        let settings = crate::runs::runner::RunnerSettings {
-            binary: std::env::current_exe().map_err(|e| {
-                ServeError::Runs(format!("the ostiary binary, which runs start: {e}"))
-            })?,
-            config: snapshot.as_ref().map(|s| s.path().to_owned()),
-            dir: config.runs.dir(),
-            concurrency: config.runs.concurrency,
-            stop_grace: config.runs.stop_grace,
-            lease: config.runs.lease,
-            admin_token: state.admin_token.clone(),
-            serial,
-        };
-        let run_store = stores.runs.clone();
-        let run_checkpoints = checkpoints.clone();
-        let approval_store = stores.approvals.clone();
+        let scheduler = runs.as_mut().and_then(|r| r.scheduler.take());
         let run_trail = trail_reader.clone();
         let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
-            let runs = intake.zip(run_checkpoints).map(|(intake, checkpoints)| {
-                crate::control::runs::RunsControl {
-                    intake,
-                    checkpoints: checkpoints.clone(),
-                    store: run_store.clone(),
-                    runner: Arc::new(
-                        crate::runs::runner::Runner::new(
-                            run_store,
-                            Arc::new(crate::control::runs::PlaneSessions(plane.clone())),
-                            run_trail,
-                            audit.clone(),
-                            metrics.clone(),
-                            settings,
-                            holder,
-                            wake,
-                        )
-                        .with_checkpoints(Some(checkpoints))
-                        .with_approvals(approval_store),
-                    ),
-                }
+            let sessions_for_runs: Arc<dyn crate::runs::runner::RunSessions> =
+                Arc::new(crate::control::runs::PlaneSessions(plane.clone()));
+            let runs = runs.map(|r| crate::control::runs::RunsControl {
+                runner: Arc::new(r.runner(sessions_for_runs, run_trail)),
+                intake: r.intake.clone(),
+                checkpoints: r.checkpoints.clone(),
+                store: r.store.clone(),
             });
             ControlPlane {
                 config,

@@ -2,6 +2,7 @@
 //! an API call starts a sandboxed agent run, bounded and audited from its first moment to its
 //! teardown.
 //!
+//! - [`assemble`] — the runs' parts, made at start from the config.
 //! - [`signature`] — webhook signature schemes (GitHub, Stripe, Slack, generic HMAC),
 //!   checked in constant time.
 //! - [`webhook`] — a trigger's signature scheme from its config, the payload as JSON, the
@@ -12,13 +13,16 @@
 //! - [`rate`] — each trigger's rate limit.
 //! - [`reload`] — triggers reloaded with the policies (`SIGHUP`, `POST /v1/policy/reload`).
 //! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
-//!   retries and dead letters.
+//!   retries and dead letters; `attempt` — one attempt's parts (its end classified, its
+//!   dead letter, its directory).
 //! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
 //! - [`checkpoint`] — a run's checkpoint at the proxy's reserved name `ostiary.internal`.
 //! - [`gate`] — runs held for a human before they start (`approval = true`).
 //! - [`internal`] — what a run's agent asks of the proxy itself at `ostiary.internal`:
 //!   its checkpoint, child runs.
 
+pub mod assemble;
+mod attempt;
 pub mod checkpoint;
 pub mod gate;
 pub mod intake;
