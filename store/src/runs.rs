@@ -7,7 +7,11 @@
 //! `limit_exceeded` or `killed` carries a dead letter (its diagnostic snapshot). Every move
 //! is one compare-and-set on the status (and, for a running run, on who runs it), so two
 //! replicas never start, finish or cancel one run twice. Deliveries are deduplicated by a
-//! key kept for a window, in the same transaction as the run they start.
+//! key kept for a window, and counted against their trigger's rate, in the same transaction
+//! as the run they start, so that the key and the rate hold across replicas sharing the
+//! store. A trigger whose runs go one at a time is claimed only while none of its runs is
+//! running, checked in the claim itself. Keys past their window, and the checkpoints of runs
+//! that ended long ago, are swept.
 
 use crate::StoreError;
 
@@ -120,6 +124,41 @@ pub struct Dedup<'a> {
     pub expires_ms: i64,
 }
 
+/// A trigger's rate: at most `count` runs in any `per_ms`, a burst of `count` allowed and
+/// then one run every `per_ms / count` — a token bucket, kept in the store (as the time its
+/// bucket is full again) so that every replica spends the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub count: u32,
+    pub per_ms: i64,
+}
+
+impl RateLimit {
+    /// One more run at `now_ms`, for a bucket that is full again at `full_at_us` (µs since the
+    /// epoch; `None`, or a time past, when it is full): `Ok` with when it is full again after
+    /// this run, or `Err` with how many milliseconds until it holds a run again.
+    ///
+    /// Kept as one instant rather than a count of tokens so that the store needs no clock of
+    /// its own and a replica's refill never races another's. In microseconds, and the interval
+    /// rounded up, so that a rate of thousands a second neither rounds to nothing nor lets
+    /// more than `count` through in a period.
+    pub fn take(self, full_at_us: Option<i64>, now_ms: i64) -> Result<i64, i64> {
+        let count = i64::from(self.count.max(1));
+        let now = now_ms.saturating_mul(1000);
+        let per = self.per_ms.max(1).saturating_mul(1000);
+        let interval = per.saturating_add(count - 1) / count;
+        let full_at = full_at_us.map_or(now, |at| at.max(now));
+        // How long until it is full, against what a burst may leave: `count - 1` intervals.
+        let owed = full_at - now;
+        let allowed = interval.saturating_mul(count - 1);
+        if owed <= allowed {
+            Ok(full_at.saturating_add(interval))
+        } else {
+            Err((owed - allowed).saturating_add(999) / 1000)
+        }
+    }
+}
+
 /// What [`RunStore::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {
@@ -127,6 +166,18 @@ pub enum Enqueued {
     New,
     /// The key was seen within its window: nothing stored; the first delivery's run.
     Duplicate(String),
+    /// The trigger's rate is spent: nothing stored, no key taken; a run fits again in
+    /// `retry_after_ms`.
+    RateLimited { retry_after_ms: i64 },
+}
+
+/// What [`RunStore::sweep`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Deduplication keys past their window.
+    pub dedup_keys: u64,
+    /// Checkpoints of runs that ended for good before the retention.
+    pub checkpoints: u64,
 }
 
 /// How a running attempt ended.
@@ -172,12 +223,16 @@ pub const UNRENEWED_LEASE_MS: i64 = 60_000;
 /// Where runs are kept.
 pub trait RunStore: Send + Sync + std::fmt::Debug {
     /// Store `run` (status `queued` or `awaiting_approval`), unless `dedup`'s key was stored
-    /// for the same trigger and has not expired at `now_ms`: then nothing is stored and the
-    /// first delivery's run id is returned. The check and the insert are one transaction.
+    /// for the same trigger and has not expired at `now_ms` (then nothing is stored and the
+    /// first delivery's run id is returned), or the trigger's `rate` is spent (then nothing
+    /// is stored, no key is taken, and the wait is returned). The key is looked at before the
+    /// rate, so a duplicate spends none of it. The checks, the rate spent and the insert are
+    /// one transaction, which replicas sharing the store serialise on per trigger.
     fn enqueue(
         &self,
         run: &RunRow,
         dedup: Option<Dedup<'_>>,
+        rate: Option<RateLimit>,
         now_ms: i64,
     ) -> Result<Enqueued, StoreError>;
     /// Run `id`, if it exists.
@@ -190,6 +245,18 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
         &self,
         holder: &str,
         trigger: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Option<RunRow>, StoreError>;
+    /// Like [`RunStore::claim`] of `trigger`, for a trigger whose runs go one at a time: its
+    /// oldest due queued run, only while no run of `trigger` is `running` (whoever holds
+    /// it). The check and the move are one transaction, which replicas claiming the same
+    /// trigger serialise on, so two racing start one. The run is recorded as starting no
+    /// earlier than the trigger's last run ended, so that its runs' records never overlap,
+    /// even between replicas whose clocks differ by a little.
+    fn claim_serial(
+        &self,
+        holder: &str,
+        trigger: &str,
         now_ms: i64,
     ) -> Result<Option<RunRow>, StoreError>;
     /// Run `id`'s `queued` or `awaiting_approval` → `running` for `holder`, if it still is
@@ -242,4 +309,69 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
     fn save_checkpoint(&self, root: &str, data: &[u8], now_ms: i64) -> Result<(), StoreError>;
     /// The checkpoint of `root`, if one was saved.
     fn checkpoint(&self, root: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Delete the deduplication keys expired at `now_ms`, and the checkpoints of runs that
+    /// ended for good (a final status) before `ended_before_ms`. A run that has not ended —
+    /// queued, held, running, or waiting for its retry — keeps its checkpoint, whatever its
+    /// age; so does a checkpoint whose run is not in the store (nothing says it ended).
+    fn sweep(&self, now_ms: i64, ended_before_ms: i64) -> Result<Swept, StoreError>;
+}
+
+/// The final statuses as an SQL list (`'succeeded', …`), for the sweep: named one by one,
+/// so that a status this binary does not know is never taken for an end.
+pub(crate) fn final_statuses_sql() -> String {
+    RunStatus::ALL
+        .into_iter()
+        .filter(|s| s.is_final())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateLimit;
+
+    const MINUTE: i64 = 60_000;
+
+    #[test]
+    fn a_burst_of_the_count_then_one_per_interval() {
+        let rate = RateLimit {
+            count: 3,
+            per_ms: MINUTE,
+        };
+        let t0 = 1_000_000;
+        let mut full_at = None;
+        for _ in 0..3 {
+            full_at = Some(rate.take(full_at, t0).unwrap());
+        }
+        assert_eq!(rate.take(full_at, t0), Err(20_000));
+        assert_eq!(rate.take(full_at, t0 + 19_999), Err(1));
+        let after = rate.take(full_at, t0 + 20_000).unwrap();
+        assert!(rate.take(Some(after), t0 + 20_000).is_err());
+        // Idle for a whole period: full again, never more than full.
+        let later = t0 + 10 * MINUTE;
+        let mut full_at = Some(after);
+        for _ in 0..3 {
+            full_at = Some(rate.take(full_at, later).unwrap());
+        }
+        assert!(rate.take(full_at, later).is_err());
+    }
+
+    #[test]
+    fn a_rate_of_thousands_a_second_neither_vanishes_nor_overflows() {
+        let rate = RateLimit {
+            count: 5_000,
+            per_ms: 1_000,
+        };
+        let mut full_at = None;
+        for _ in 0..5_000 {
+            full_at = Some(rate.take(full_at, 0).unwrap());
+        }
+        assert_eq!(rate.take(full_at, 0), Err(1));
+        let most = RateLimit {
+            count: u32::MAX,
+            per_ms: 86_400_000,
+        };
+        assert!(most.take(Some(i64::MAX - 1), i64::MAX / 1000).is_ok());
+    }
 }

@@ -96,6 +96,10 @@ pub struct Runs {
     /// six times within it): another replica takes over the runs of one that died after it.
     #[serde(deserialize_with = "duration")]
     pub lease: std::time::Duration,
+    /// How long the checkpoint of a run that ended for good is kept (an operator's retry
+    /// within it resumes from it); older ones are swept.
+    #[serde(deserialize_with = "duration")]
+    pub checkpoint_retention: std::time::Duration,
 }
 
 impl Default for Runs {
@@ -106,6 +110,7 @@ impl Default for Runs {
             stop_grace: std::time::Duration::from_secs(5),
             checkpoint_max_bytes: 1 << 20,
             lease: std::time::Duration::from_secs(30),
+            checkpoint_retention: std::time::Duration::from_secs(7 * 86_400),
         }
     }
 }
@@ -555,6 +560,12 @@ impl Config {
                 "runs.lease must be at least 1s".into(),
             ));
         }
+        // Shorter, a run that just failed could lose its checkpoint before anyone retries it.
+        if self.runs.checkpoint_retention < std::time::Duration::from_secs(60) {
+            return Err(ConfigError::Invalid(
+                "runs.checkpoint_retention must be at least 1m".into(),
+            ));
+        }
         if self.sessions.default_ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(
                 "sessions.default_ttl exceeds sessions.max_ttl".into(),
@@ -681,5 +692,17 @@ mod tests {
         let c = Config::from_toml("[sessions]\ndefault_ttl = \"15m\"\n", Path::new("t")).unwrap();
         assert_eq!(c.sessions.default_ttl, Duration::from_secs(900));
         assert!(Config::from_toml("[sessions]\ndefault_ttl = \"soon\"\n", Path::new("t")).is_err());
+    }
+
+    #[test]
+    fn checkpoints_are_kept_a_week_unless_told_and_never_under_a_minute() {
+        let c = Config::from_toml("", Path::new("t")).unwrap();
+        assert_eq!(c.runs.checkpoint_retention, Duration::from_secs(7 * 86_400));
+        let c =
+            Config::from_toml("[runs]\ncheckpoint_retention = \"36h\"\n", Path::new("t")).unwrap();
+        assert_eq!(c.runs.checkpoint_retention, Duration::from_secs(36 * 3600));
+        let e = Config::from_toml("[runs]\ncheckpoint_retention = \"0s\"\n", Path::new("t"))
+            .unwrap_err();
+        assert!(e.to_string().contains("checkpoint_retention"), "{e}");
     }
 }

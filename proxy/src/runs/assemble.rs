@@ -140,6 +140,7 @@ pub fn assemble(inputs: Inputs<'_>) -> Result<Option<Assembled>, String> {
         lease: config.runs.lease,
         admin_token,
         serial,
+        checkpoint_retention: config.runs.checkpoint_retention,
     };
     Ok(Some(Assembled {
         wake,

@@ -4,18 +4,20 @@
 //! ```text
 //! trigger known, of this kind → size (413) → signature (401; secret from the broker)
 //!   → payload as JSON (400) → schema (422) → deduplication key (400)
-//!   → rate (429) → stored, deduplicated (202 new / 200 duplicate)
+//!   → stored: deduplicated (200 duplicate), rate (429), new (202), one store transaction
 //! ```
 //! The size before the signature, so an unauthenticated sender cannot make the proxy read
 //! (or MAC) more than a payload may be; the signature before everything that reads the
 //! payload, so nothing an unauthenticated sender wrote is parsed; the rate after the
-//! signature, so forged deliveries cannot spend a trigger's rate; the deduplication in the
+//! signature, so forged deliveries cannot spend a trigger's rate, and after the
+//! deduplication, so a duplicate spends none of it; the deduplication and the rate in the
 //! same store transaction as the run, so two deliveries of one event racing on two replicas
-//! start one run. Every outcome is one audit record of kind `trigger`.
+//! start one run, and replicas sharing the store share each trigger's rate. Every outcome is
+//! one audit record of kind `trigger`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -25,14 +27,13 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
-use super::rate::TriggerRates;
 use super::signature::Scheme;
 use super::spec::RunSpec;
 use super::webhook;
 use crate::audit::{AuditGuard, AuditSink};
 use crate::config::triggers::{Kind, Trigger};
 use crate::metrics::Metrics;
-use crate::store::runs::{Dedup, Enqueued, RunRow, RunStatus, RunStore};
+use crate::store::runs::{Dedup, Enqueued, RateLimit, RunRow, RunStatus, RunStore};
 use crate::store::{Call, StoreError};
 
 /// Why a delivery or a call started nothing. Mapped to a status in the control API.
@@ -104,7 +105,6 @@ pub struct Intake {
     triggers: RwLock<Arc<HashMap<String, Arc<Ready>>>>,
     runs: Arc<dyn RunStore>,
     broker: Arc<Broker>,
-    rates: TriggerRates,
     audit: AuditSink,
     metrics: Arc<Metrics>,
     /// Woken when a run is queued, so the runner starts it at once.
@@ -194,7 +194,6 @@ impl Intake {
             triggers: RwLock::new(Arc::new(compile(triggers)?)),
             runs,
             broker,
-            rates: TriggerRates::default(),
             audit,
             metrics,
             wake,
@@ -429,7 +428,8 @@ impl Intake {
         }
     }
 
-    /// Schema, rate and the stored run; the rate is given back for a duplicate.
+    /// Schema, then the run stored: deduplicated, and its trigger's rate spent, in one store
+    /// transaction (a duplicate spends none of it).
     async fn admit(
         &self,
         ready: &Ready,
@@ -455,14 +455,6 @@ impl Intake {
         audit.update(|r| {
             r.run = Some(json!({"trigger": trigger.name, "payload_sha256": digest}));
         });
-        self.rates
-            .take(&trigger.name, trigger.rate, Instant::now())
-            .map_err(|wait| IntakeError::RateLimited {
-                name: trigger.name.clone(),
-                count: trigger.rate.count,
-                per: trigger.rate.per,
-                retry_after: wait,
-            })?;
         let now = crate::store::now_ms();
         let held = trigger.approval;
         let mut spec = RunSpec::of(trigger);
@@ -523,6 +515,10 @@ impl Intake {
             |d| d.window,
         );
         let expires_ms = now + i64::try_from(window.as_millis()).unwrap_or(i64::MAX / 2);
+        let rate = RateLimit {
+            count: trigger.rate.count,
+            per_ms: i64::try_from(trigger.rate.per.as_millis()).unwrap_or(i64::MAX),
+        };
         let stored = {
             let (row, key) = (row.clone(), key.clone());
             self.runs
@@ -530,6 +526,7 @@ impl Intake {
                     s.enqueue(
                         &row,
                         key.as_deref().map(|key| Dedup { key, expires_ms }),
+                        Some(rate),
                         now,
                     )
                 })
@@ -542,19 +539,21 @@ impl Intake {
                 duplicate: false,
                 status: row.status,
             },
-            Ok(Enqueued::Duplicate(first)) => {
-                self.rates.give_back(&trigger.name, trigger.rate);
-                Admitted {
-                    run_id: first,
-                    trigger: trigger.name.clone(),
-                    duplicate: true,
-                    status: row.status,
-                }
+            Ok(Enqueued::Duplicate(first)) => Admitted {
+                run_id: first,
+                trigger: trigger.name.clone(),
+                duplicate: true,
+                status: row.status,
+            },
+            Ok(Enqueued::RateLimited { retry_after_ms }) => {
+                return Err(IntakeError::RateLimited {
+                    name: trigger.name.clone(),
+                    count: trigger.rate.count,
+                    per: trigger.rate.per,
+                    retry_after: Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0)),
+                })
             }
-            Err(e) => {
-                self.rates.give_back(&trigger.name, trigger.rate);
-                return Err(e.into());
-            }
+            Err(e) => return Err(e.into()),
         };
         audit.update(|r| {
             r.run = Some(json!({

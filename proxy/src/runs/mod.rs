@@ -9,8 +9,8 @@
 //!   deduplication key.
 //! - [`spec`] — what a run runs, fixed when the run is made.
 //! - [`intake`] — a delivery or an API call admitted in order (size, signature, payload,
-//!   schema, rate, deduplication) and stored as a queued run, or refused and audited.
-//! - [`rate`] — each trigger's rate limit.
+//!   schema, then deduplication and the trigger's rate, counted in the store with the run)
+//!   and stored as a queued run, or refused and audited.
 //! - [`reload`] — triggers reloaded with the policies (`SIGHUP`, `POST /v1/policy/reload`).
 //! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
 //!   retries and dead letters; `attempt` — one attempt's parts (its end classified, its
@@ -27,7 +27,6 @@ pub mod checkpoint;
 pub mod gate;
 pub mod intake;
 pub mod internal;
-pub mod rate;
 pub mod reload;
 pub mod runner;
 pub mod schedule;

@@ -58,15 +58,21 @@ pub struct RunnerSettings {
     pub lease: Duration,
     /// Given to `ostiary run` (never to its command) to end the run's session with its report.
     pub admin_token: crate::state::SecretString,
-    /// Triggers whose runs go one at a time (schedules with `forbid` or `queue`).
-    /// (Replaced when the triggers are reloaded.)
+    /// Triggers whose runs go one at a time (schedules with `forbid` or `queue`), across
+    /// replicas. (Replaced when the triggers are reloaded.)
     pub serial: Arc<std::sync::RwLock<HashSet<String>>>,
+    /// How long the checkpoint of a run that ended is kept (`[runs] checkpoint_retention`).
+    pub checkpoint_retention: Duration,
 }
 
 /// The audit records a dead letter keeps.
 const SNAPSHOT_RECORDS: u32 = 20;
 /// How often a running run looks for a cancellation made on another replica.
 const CANCEL_POLL: Duration = Duration::from_millis(250);
+/// How often expired deduplication keys and old checkpoints are swept: what is swept is
+/// already dead weight, so every replica sweeping once a minute is plenty (and harmless when
+/// they do it at once).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 pub struct Runner {
@@ -247,9 +253,13 @@ impl Runner {
         tokio::pin!(shutdown);
         let mut tasks = tokio::task::JoinSet::new();
         let (mut renewed, mut renewed_ok) = (None, Some(std::time::Instant::now()));
+        let mut swept = None;
         loop {
             if let Err(e) = self.keep_leases(&mut renewed, &mut renewed_ok).await {
                 tracing::warn!(error = %e, "runs: the leases of running runs could not be renewed");
+            }
+            if let Err(e) = self.sweep(&mut swept).await {
+                tracing::warn!(error = %e, "runs: expired deduplication keys and old checkpoints could not be swept");
             }
             if let Err(e) = self.settle_gates().await {
                 tracing::warn!(error = %e, "runs: held runs could not be checked against their approvals");
@@ -283,6 +293,30 @@ impl Runner {
             stop.notify_one();
         }
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// Expired deduplication keys, and the checkpoints of runs that ended more than the
+    /// retention ago, deleted (once a [`SWEEP_EVERY`]).
+    async fn sweep(&self, last: &mut Option<std::time::Instant>) -> Result<(), StoreError> {
+        if last.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+            return Ok(());
+        }
+        *last = Some(std::time::Instant::now());
+        let now = crate::store::now_ms();
+        let retention =
+            i64::try_from(self.settings.checkpoint_retention.as_millis()).unwrap_or(i64::MAX);
+        let swept = self
+            .runs
+            .call(move |s| s.sweep(now, now.saturating_sub(retention)))
+            .await?;
+        if swept != crate::store::runs::Swept::default() {
+            tracing::info!(
+                dedup_keys = swept.dedup_keys,
+                checkpoints = swept.checkpoints,
+                "runs: expired deduplication keys and old checkpoints swept"
+            );
+        }
+        Ok(())
     }
 
     /// Held runs whose approval ended without a yes (denied, expired) are cancelled; an
@@ -371,10 +405,14 @@ impl Runner {
                 }
                 triggers.sort();
                 for (_, trigger) in triggers {
-                    if serial.contains(&trigger) && s.running(&trigger)? > 0 {
-                        continue;
-                    }
-                    if let Some(run) = s.claim(&holder, Some(&trigger), now)? {
+                    // One at a time across every replica sharing the store: the store checks
+                    // that none of the trigger's runs is running as it claims.
+                    let claimed = if serial.contains(&trigger) {
+                        s.claim_serial(&holder, &trigger, now)?
+                    } else {
+                        s.claim(&holder, Some(&trigger), now)?
+                    };
+                    if let Some(run) = claimed {
                         // Leased from the start: a replica that dies at once loses the run
                         // after its lease, not after the longer unrenewed one.
                         s.renew(&holder, now + lease_ms)?;

@@ -7,8 +7,9 @@
 //! for all the ticks missed (its payload says how many) and never a burst; `"none"` skips
 //! them. A tick's run is deduplicated on the tick's time, so even two replicas ticking at
 //! once start it once. While a run of the schedule is going, `concurrency` decides: `forbid`
-//! skips the tick (audited), `queue` queues it behind (the runner starts one at a time),
-//! `replace` cancels the running one and starts the new.
+//! skips the tick (audited), `queue` queues it behind (the runner starts one at a time, on
+//! every replica: the store's claim checks that none of its runs is running), `replace`
+//! cancels the running one and starts the new.
 
 use std::future::Future;
 use std::str::FromStr;

@@ -54,10 +54,29 @@ const MIGRATIONS: &[Migration] = &[
         name: "runs.lease_until_ms (a running run's holder is alive until then)",
         sql: "ALTER TABLE runs ADD COLUMN IF NOT EXISTS lease_until_ms BIGINT",
     },
+    Migration {
+        version: 6,
+        name: "run_rates (each trigger's rate, shared by replicas); indexes for one-at-a-time claims and the sweep",
+        sql: RUN_RATES,
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 5;
+pub const LATEST: i64 = 6;
+
+// `full_at_us`: when the trigger's token bucket is full again (`RateLimit::take`). A run of a
+// one-at-a-time trigger is claimed only while none of its runs is running, and starts no
+// earlier than its last run ended: `(trigger, status)` and `(trigger, ended_ms)` answer
+// both without reading the trigger's history.
+const RUN_RATES: &str = "
+CREATE TABLE IF NOT EXISTS run_rates (
+    trigger    TEXT PRIMARY KEY,
+    full_at_us BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_trigger_status ON runs(trigger, status);
+CREATE INDEX IF NOT EXISTS runs_trigger_ended ON runs(trigger, ended_ms);
+CREATE INDEX IF NOT EXISTS run_dedup_expires ON run_dedup(expires_ms);
+";
 
 // `limit_hit` is `RunRow::limit`: LIMIT is reserved in both dialects (as on SQLite).
 const RUNS: &str = "

@@ -5,8 +5,12 @@
 //! once. A claim picks its run `FOR UPDATE SKIP LOCKED`, so two replicas claiming at once
 //! take different runs instead of queueing behind one. A delivery's dedup key is taken by
 //! `INSERT … ON CONFLICT`, which lets one of two replicas racing on one key win and makes
-//! the other see the winner's run. A cancel or requeue reads, then compares on the status
-//! it read, and reads again if the run moved meanwhile.
+//! the other see the winner's run; the trigger's rate is its row of `run_rates`, locked by
+//! the same transaction, so replicas enqueueing one trigger spend its rate one after the
+//! other. A one-at-a-time claim serialises on an advisory lock of its trigger, taken before
+//! the `UPDATE` whose `WHERE` says no run of the trigger is running: the next claimer's
+//! statement starts after the first committed, and sees its run. A cancel or requeue reads,
+//! then compares on the status it read, and reads again if the run moved meanwhile.
 
 use std::sync::Arc;
 
@@ -14,7 +18,8 @@ use postgres::{GenericClient, Row};
 
 use super::Db;
 use crate::runs::{
-    Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore, UNRENEWED_LEASE_MS,
+    final_statuses_sql, Cancel, Dedup, Enqueued, Finished, RateLimit, RunFilter, RunRow, RunStatus,
+    RunStore, Swept, UNRENEWED_LEASE_MS,
 };
 use crate::StoreError;
 
@@ -26,10 +31,45 @@ const COLUMNS: &str = "id, trigger, kind, status, spec, payload, payload_sha256,
      created_ms, not_before_ms, started_ms, ended_ms, session, holder, exit_code, limit_hit, \
      error, stderr_tail, cost_micros, dead_letter, cancel_requested, parent_run, approval";
 
-/// A run moved to `running` for `$1` at `$3`: a new attempt, with the last one's outcome
-/// cleared (its stderr tail and cost stay until this one ends, as the last attempt's).
-const START: &str = "status = 'running', holder = $1, attempt = attempt + 1, started_ms = $3, \
-     ended_ms = NULL, exit_code = NULL, limit_hit = NULL, error = NULL";
+/// A run moved to `running` for `$1`, started at `started`: a new attempt, with the last
+/// one's outcome cleared (its stderr tail and cost stay until this one ends, as the last
+/// attempt's).
+fn start_set(started: &str) -> String {
+    format!(
+        "status = 'running', holder = $1, attempt = attempt + 1, started_ms = {started}, \
+         ended_ms = NULL, exit_code = NULL, limit_hit = NULL, error = NULL"
+    )
+}
+
+/// A one-at-a-time trigger's (`$2`) run starts at `$3`, or when its last run ended if that
+/// is later (another replica's clock ahead of this one's).
+const AFTER_LAST: &str =
+    "GREATEST($3, (SELECT MAX(last.ended_ms) FROM runs last WHERE last.trigger = $2))";
+
+/// The first key of the advisory lock one-at-a-time claims take, the trigger's hash the
+/// second (any constant; the same in every replica). Two-key locks are a space apart from
+/// the one-key locks of the rest of the store.
+const SERIAL_LOCK: i32 = 0x6f73_7365;
+
+/// A one-at-a-time claim's guard: no run of the trigger (`$2`) is running.
+const NONE_RUNNING: &str =
+    "AND NOT EXISTS (SELECT 1 FROM runs going WHERE going.trigger = $2 AND going.status = 'running')";
+
+/// The oldest due queued run (at `$3`; of trigger `$2` unless it is null) moved to `running`
+/// for `$1`, started at `started`, if `guard` (more of the `WHERE`) holds as it moves.
+fn claim_sql(guard: &str, started: &str) -> String {
+    format!(
+        "UPDATE runs SET {}
+         WHERE id = (SELECT id FROM runs
+                     WHERE status = 'queued' AND not_before_ms <= $3
+                       AND ($2::TEXT IS NULL OR trigger = $2)
+                     ORDER BY created_ms, id LIMIT 1
+                     FOR UPDATE SKIP LOCKED)
+           AND status = 'queued' {guard}
+         RETURNING {COLUMNS}",
+        start_set(started)
+    )
+}
 
 /// [`RunStore::list`]'s page when the filter names none, and the most it returns.
 const LIST_DEFAULT: u32 = 100;
@@ -57,6 +97,7 @@ impl RunStore for PgRuns {
         &self,
         run: &RunRow,
         dedup: Option<Dedup<'_>>,
+        rate: Option<RateLimit>,
         now_ms: i64,
     ) -> Result<Enqueued, StoreError> {
         self.0.with(|c| {
@@ -86,6 +127,28 @@ impl RunStore for PgRuns {
                         &[&run.trigger, &dedup.key],
                     )?;
                     return Ok(Enqueued::Duplicate(first.get(0)));
+                }
+            }
+            // After the key (a duplicate spends nothing); a refusal rolls the key back. The
+            // row is locked (inserted, or "updated" to itself) until this transaction ends:
+            // another replica's delivery of the trigger reads it once this one committed.
+            if let Some(rate) = rate {
+                let full_at: i64 = tx
+                    .query_one(
+                        "INSERT INTO run_rates (trigger, full_at_us) VALUES ($1, $2)
+                         ON CONFLICT (trigger) DO UPDATE SET full_at_us = run_rates.full_at_us
+                         RETURNING full_at_us",
+                        &[&run.trigger, &now_ms.saturating_mul(1000)],
+                    )?
+                    .get(0);
+                match rate.take(Some(full_at), now_ms) {
+                    Ok(next) => {
+                        tx.execute(
+                            "UPDATE run_rates SET full_at_us = $2 WHERE trigger = $1",
+                            &[&run.trigger, &next],
+                        )?;
+                    }
+                    Err(retry_after_ms) => return Ok(Enqueued::RateLimited { retry_after_ms }),
                 }
             }
             insert_on(&mut tx, run)?;
@@ -124,19 +187,31 @@ impl RunStore for PgRuns {
         trigger: Option<&str>,
         now_ms: i64,
     ) -> Result<Option<RunRow>, StoreError> {
-        self.moved(
-            &format!(
-                "UPDATE runs SET {START}
-                 WHERE id = (SELECT id FROM runs
-                             WHERE status = 'queued' AND not_before_ms <= $3
-                               AND ($2::TEXT IS NULL OR trigger = $2)
-                             ORDER BY created_ms, id LIMIT 1
-                             FOR UPDATE SKIP LOCKED)
-                   AND status = 'queued'
-                 RETURNING {COLUMNS}"
-            ),
-            &[&holder, &trigger, &now_ms],
-        )
+        self.moved(&claim_sql("", "$3"), &[&holder, &trigger, &now_ms])
+    }
+
+    fn claim_serial(
+        &self,
+        holder: &str,
+        trigger: &str,
+        now_ms: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        let row = self.0.with(|c| {
+            let mut tx = c.transaction()?;
+            // Read committed: the `UPDATE` below reads as of its own start, after the lock,
+            // so it sees the run a claimer before this one started.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&SERIAL_LOCK, &trigger],
+            )?;
+            let row = tx.query_opt(
+                &claim_sql(NONE_RUNNING, AFTER_LAST),
+                &[&holder, &Some(trigger), &now_ms],
+            )?;
+            tx.commit()?;
+            Ok(row)
+        })?;
+        row.as_ref().map(from_row).transpose()
     }
 
     fn start(
@@ -152,7 +227,10 @@ impl RunStore for PgRuns {
             return Ok(None);
         }
         self.moved(
-            &format!("UPDATE runs SET {START} WHERE id = $2 AND status = $4 RETURNING {COLUMNS}"),
+            &format!(
+                "UPDATE runs SET {} WHERE id = $2 AND status = $4 RETURNING {COLUMNS}",
+                start_set("$3")
+            ),
             &[&holder, &id, &now_ms, &from.as_str()],
         )
     }
@@ -359,6 +437,27 @@ impl RunStore for PgRuns {
         self.0.with(|c| {
             c.query_opt("SELECT data FROM run_checkpoints WHERE root = $1", &[&root])
                 .map(|row| row.map(|r| r.get(0)))
+        })
+    }
+
+    fn sweep(&self, now_ms: i64, ended_before_ms: i64) -> Result<Swept, StoreError> {
+        let finals = final_statuses_sql();
+        self.0.with(|c| {
+            // A key an enqueue is taking over meanwhile is locked by it: the delete waits,
+            // then finds it live again and leaves it.
+            let dedup_keys =
+                c.execute("DELETE FROM run_dedup WHERE expires_ms <= $1", &[&now_ms])?;
+            let checkpoints = c.execute(
+                &format!(
+                    "DELETE FROM run_checkpoints WHERE root IN (
+                       SELECT id FROM runs WHERE status IN ({finals}) AND ended_ms < $1)"
+                ),
+                &[&ended_before_ms],
+            )?;
+            Ok(Swept {
+                dedup_keys,
+                checkpoints,
+            })
         })
     }
 }

@@ -2,16 +2,19 @@
 //!
 //! SQLite has one writer at a time, across connections and processes: a move that is one
 //! `UPDATE … WHERE status = … RETURNING` (a claim, a finish) is a compare-and-set as it
-//! stands, and a move that must read before it writes (a delivery's dedup key, a cancel, a
-//! requeue) runs in an `IMMEDIATE` transaction, which takes the write lock before the read,
-//! so nothing moves between the two.
+//! stands, and a move that must read before it writes (a delivery's dedup key and its
+//! trigger's rate, a cancel, a requeue) runs in an `IMMEDIATE` transaction, which takes the
+//! write lock before the read, so nothing moves between the two. A one-at-a-time claim is
+//! one `UPDATE` whose `WHERE` says no run of the trigger is running: checked under the same
+//! write lock as the move.
 
 use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::Db;
 use crate::runs::{
-    Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore, UNRENEWED_LEASE_MS,
+    final_statuses_sql, Cancel, Dedup, Enqueued, Finished, RateLimit, RunFilter, RunRow, RunStatus,
+    RunStore, Swept, UNRENEWED_LEASE_MS,
 };
 use crate::StoreError;
 
@@ -24,10 +27,39 @@ const COLUMNS: &str = "id, trigger, kind, status, spec, payload, payload_sha256,
      created_ms, not_before_ms, started_ms, ended_ms, session, holder, exit_code, limit_hit, \
      error, stderr_tail, cost_micros, dead_letter, cancel_requested, parent_run, approval";
 
-/// A run moved to `running` for `?1` at `?3`: a new attempt, with the last one's outcome
-/// cleared (its stderr tail and cost stay until this one ends, as the last attempt's).
-const START: &str = "status = 'running', holder = ?1, attempt = attempt + 1, started_ms = ?3, \
-     ended_ms = NULL, exit_code = NULL, limit_hit = NULL, error = NULL";
+/// A run moved to `running` for `?1`, started at `started`: a new attempt, with the last
+/// one's outcome cleared (its stderr tail and cost stay until this one ends, as the last
+/// attempt's).
+fn start_set(started: &str) -> String {
+    format!(
+        "status = 'running', holder = ?1, attempt = attempt + 1, started_ms = {started}, \
+         ended_ms = NULL, exit_code = NULL, limit_hit = NULL, error = NULL"
+    )
+}
+
+/// A one-at-a-time trigger's (`?2`) run starts at `?3`, or when its last run ended if that
+/// is later (another replica's clock ahead of this one's).
+const AFTER_LAST: &str =
+    "MAX(?3, COALESCE((SELECT MAX(ended_ms) FROM runs WHERE trigger = ?2), ?3))";
+
+/// A one-at-a-time claim's guard: no run of the trigger (`?2`) is running.
+const NONE_RUNNING: &str =
+    "AND NOT EXISTS (SELECT 1 FROM runs going WHERE going.trigger = ?2 AND going.status = 'running')";
+
+/// The oldest due queued run (at `?3`; of trigger `?2` unless it is null) moved to `running`
+/// for `?1`, started at `started`, if `guard` (more of the `WHERE`) holds as it moves.
+fn claim_sql(guard: &str, started: &str) -> String {
+    format!(
+        "UPDATE runs SET {}
+         WHERE id = (SELECT id FROM runs
+                     WHERE status = 'queued' AND not_before_ms <= ?3
+                       AND (?2 IS NULL OR trigger = ?2)
+                     ORDER BY created_ms, id LIMIT 1)
+           AND status = 'queued' {guard}
+         RETURNING {COLUMNS}",
+        start_set(started)
+    )
+}
 
 /// [`RunStore::list`]'s page when the filter names none, and the most it returns.
 const LIST_DEFAULT: u32 = 100;
@@ -38,6 +70,7 @@ impl RunStore for SqliteRuns {
         &self,
         run: &RunRow,
         dedup: Option<Dedup<'_>>,
+        rate: Option<RateLimit>,
         now_ms: i64,
     ) -> Result<Enqueued, StoreError> {
         self.0.with(|c| {
@@ -54,6 +87,29 @@ impl RunStore for SqliteRuns {
                 if let Some(first) = first {
                     return Ok(Enqueued::Duplicate(first));
                 }
+            }
+            // After the key (a duplicate spends nothing), before anything is written (a
+            // refusal takes no key).
+            if let Some(rate) = rate {
+                let full_at: Option<i64> = tx
+                    .query_row(
+                        "SELECT full_at_us FROM run_rates WHERE trigger = ?1",
+                        [&run.trigger],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                match rate.take(full_at, now_ms) {
+                    Ok(next) => {
+                        tx.execute(
+                            "INSERT INTO run_rates (trigger, full_at_us) VALUES (?1, ?2)
+                             ON CONFLICT (trigger) DO UPDATE SET full_at_us = ?2",
+                            params![run.trigger, next],
+                        )?;
+                    }
+                    Err(retry_after_ms) => return Ok(Enqueued::RateLimited { retry_after_ms }),
+                }
+            }
+            if let Some(dedup) = dedup {
                 // An expired key of the same name is taken over by this delivery.
                 tx.execute(
                     "INSERT INTO run_dedup (trigger, key, run_id, expires_ms)
@@ -102,15 +158,23 @@ impl RunStore for SqliteRuns {
     ) -> Result<Option<RunRow>, StoreError> {
         self.0.with(|c| {
             c.query_row(
-                &format!(
-                    "UPDATE runs SET {START}
-                     WHERE id = (SELECT id FROM runs
-                                 WHERE status = 'queued' AND not_before_ms <= ?3
-                                   AND (?2 IS NULL OR trigger = ?2)
-                                 ORDER BY created_ms, id LIMIT 1)
-                       AND status = 'queued'
-                     RETURNING {COLUMNS}"
-                ),
+                &claim_sql("", "?3"),
+                params![holder, trigger, now_ms],
+                from_row,
+            )
+            .optional()
+        })
+    }
+
+    fn claim_serial(
+        &self,
+        holder: &str,
+        trigger: &str,
+        now_ms: i64,
+    ) -> Result<Option<RunRow>, StoreError> {
+        self.0.with(|c| {
+            c.query_row(
+                &claim_sql(NONE_RUNNING, AFTER_LAST),
                 params![holder, trigger, now_ms],
                 from_row,
             )
@@ -133,7 +197,8 @@ impl RunStore for SqliteRuns {
         self.0.with(|c| {
             c.query_row(
                 &format!(
-                    "UPDATE runs SET {START} WHERE id = ?2 AND status = ?4 RETURNING {COLUMNS}"
+                    "UPDATE runs SET {} WHERE id = ?2 AND status = ?4 RETURNING {COLUMNS}",
+                    start_set("?3")
                 ),
                 params![holder, id, now_ms, from.as_str()],
                 from_row,
@@ -342,6 +407,24 @@ impl RunStore for SqliteRuns {
                 |r| r.get(0),
             )
             .optional()
+        })
+    }
+
+    fn sweep(&self, now_ms: i64, ended_before_ms: i64) -> Result<Swept, StoreError> {
+        let finals = final_statuses_sql();
+        self.0.with(|c| {
+            let dedup_keys = c.execute("DELETE FROM run_dedup WHERE expires_ms <= ?1", [now_ms])?;
+            let checkpoints = c.execute(
+                &format!(
+                    "DELETE FROM run_checkpoints WHERE root IN (
+                       SELECT id FROM runs WHERE status IN ({finals}) AND ended_ms < ?1)"
+                ),
+                [ended_before_ms],
+            )?;
+            Ok(Swept {
+                dedup_keys: dedup_keys as u64,
+                checkpoints: checkpoints as u64,
+            })
         })
     }
 }

@@ -1,14 +1,19 @@
 //! Runs' part of the store suite: rows come back as stored, delivery keys dedup within their
 //! window (also when two replicas race), claims take the oldest due run and never one run
 //! twice, every move is a compare-and-set for its holder, cancels and requeues in each
-//! state, recovery touches only the dead holder's runs, checkpoints survive reopening.
+//! state, recovery touches only the dead holder's runs, checkpoints survive reopening; a
+//! one-at-a-time trigger never has two runs running and a trigger's rate is one for all the
+//! stores sharing it (also when they race); the sweep deletes expired keys and the
+//! checkpoints of runs long ended, never a running run's.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use std::collections::BTreeSet;
 use std::sync::Barrier;
 
 use super::Backend;
-use crate::runs::{Cancel, Dedup, Enqueued, Finished, RunFilter, RunRow, RunStatus, RunStore};
+use crate::runs::{
+    Cancel, Dedup, Enqueued, Finished, RateLimit, RunFilter, RunRow, RunStatus, RunStore, Swept,
+};
 
 /// A queued run of `trigger`, made at `created_ms` and due then, with nothing else set.
 fn run(id: &str, trigger: &str, created_ms: i64) -> RunRow {
@@ -72,7 +77,10 @@ fn full(id: &str, status: RunStatus) -> RunRow {
 }
 
 fn new(s: &dyn RunStore, row: &RunRow) {
-    assert_eq!(s.enqueue(row, None, row.created_ms).unwrap(), Enqueued::New);
+    assert_eq!(
+        s.enqueue(row, None, None, row.created_ms).unwrap(),
+        Enqueued::New
+    );
 }
 
 fn key(key: &str, expires_ms: i64) -> Option<Dedup<'_>> {
@@ -94,6 +102,37 @@ fn ended(status: RunStatus, ended_ms: i64) -> Finished {
     }
 }
 
+/// An attempt that ended at `ended_ms` and goes back to the queue until `at_ms`.
+fn retry(at_ms: i64, ended_ms: i64) -> Finished {
+    Finished {
+        retry_at_ms: Some(at_ms),
+        ..ended(RunStatus::Queued, ended_ms)
+    }
+}
+
+/// `each` run on two threads at once, one with each store (as `a` and `b`), released together
+/// so that they race; what each returned, `a`'s first.
+fn at_once<T: Send>(
+    one: &dyn RunStore,
+    two: &dyn RunStore,
+    each: impl Fn(&dyn RunStore, &str) -> T + Sync,
+) -> Vec<T> {
+    let barrier = Barrier::new(2);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = [(one, "a"), (two, "b")]
+            .into_iter()
+            .map(|(s, who)| {
+                let (barrier, each) = (&barrier, &each);
+                scope.spawn(move || {
+                    barrier.wait();
+                    each(s, who)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 fn all(s: &dyn RunStore) -> Vec<RunRow> {
     s.list(&RunFilter {
         limit: Some(u32::MAX),
@@ -104,6 +143,13 @@ fn all(s: &dyn RunStore) -> Vec<RunRow> {
 
 fn ids(rows: &[RunRow]) -> Vec<&str> {
     rows.iter().map(|r| r.id.as_str()).collect()
+}
+
+/// The ids of every run stored, in order.
+fn sorted_ids(s: &dyn RunStore) -> Vec<String> {
+    let mut stored: Vec<String> = all(s).into_iter().map(|r| r.id).collect();
+    stored.sort();
+    stored
 }
 
 pub fn runs_a_row_comes_back_with_every_field_as_stored(b: &dyn Backend) {
@@ -132,36 +178,36 @@ pub fn runs_a_delivery_key_is_seen_once_within_its_window(b: &dyn Backend) {
     let dup = |id: &str| Enqueued::Duplicate(id.to_owned());
     let at = |id: &str, trigger: &str, now| run(id, trigger, now);
     assert_eq!(
-        s.enqueue(&at("run_1", "hook", 0), key("d1", 1_000), 0)
+        s.enqueue(&at("run_1", "hook", 0), key("d1", 1_000), None, 0)
             .unwrap(),
         Enqueued::New
     );
     assert_eq!(
-        s.enqueue(&at("run_2", "hook", 10), key("d1", 2_000), 10)
+        s.enqueue(&at("run_2", "hook", 10), key("d1", 2_000), None, 10)
             .unwrap(),
         dup("run_1")
     );
     assert_eq!(s.get("run_2").unwrap(), None, "a duplicate stores nothing");
     // The window is the first delivery's: a duplicate does not stretch it.
     assert_eq!(
-        s.enqueue(&at("run_3", "hook", 999), key("d1", 9_000), 999)
+        s.enqueue(&at("run_3", "hook", 999), key("d1", 9_000), None, 999)
             .unwrap(),
         dup("run_1")
     );
     // Another trigger's key of the same name is its own.
     assert_eq!(
-        s.enqueue(&at("run_4", "cron", 20), key("d1", 1_000), 20)
+        s.enqueue(&at("run_4", "cron", 20), key("d1", 1_000), None, 20)
             .unwrap(),
         Enqueued::New
     );
     // Expired at its own millisecond: a new delivery, whose key counts from now on.
     assert_eq!(
-        s.enqueue(&at("run_5", "hook", 1_000), key("d1", 3_000), 1_000)
+        s.enqueue(&at("run_5", "hook", 1_000), key("d1", 3_000), None, 1_000)
             .unwrap(),
         Enqueued::New
     );
     assert_eq!(
-        s.enqueue(&at("run_6", "hook", 1_001), key("d1", 3_000), 1_001)
+        s.enqueue(&at("run_6", "hook", 1_001), key("d1", 3_000), None, 1_001)
             .unwrap(),
         dup("run_5")
     );
@@ -171,20 +217,15 @@ pub fn runs_a_delivery_key_is_seen_once_within_its_window(b: &dyn Backend) {
     // The key and the run are one transaction: a run that cannot be stored (its id is
     // taken) takes no key, and the next delivery with that key is new.
     assert!(s
-        .enqueue(&at("run_1", "hook", 1_003), key("d2", 5_000), 1_003)
+        .enqueue(&at("run_1", "hook", 1_003), key("d2", 5_000), None, 1_003)
         .is_err());
     assert_eq!(
-        s.enqueue(&at("run_9", "hook", 1_004), key("d2", 5_000), 1_004)
+        s.enqueue(&at("run_9", "hook", 1_004), key("d2", 5_000), None, 1_004)
             .unwrap(),
         Enqueued::New
     );
-    let mut stored = ids(&all(&*s))
-        .into_iter()
-        .map(str::to_owned)
-        .collect::<Vec<_>>();
-    stored.sort();
     assert_eq!(
-        stored,
+        sorted_ids(&*s),
         ["run_1", "run_4", "run_5", "run_7", "run_8", "run_9"]
     );
 }
@@ -193,30 +234,24 @@ pub fn runs_two_stores_racing_one_key_store_one_run(b: &dyn Backend) {
     let (one, two) = (b.open().runs, b.open().runs);
     for round in 0..20 {
         let key = format!("delivery-{round}");
-        let barrier = Barrier::new(2);
-        let outcomes: Vec<(String, Enqueued)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = [(&one, "a"), (&two, "b")]
-                .into_iter()
-                .map(|(s, who)| {
-                    let (key, barrier) = (&key, &barrier);
-                    scope.spawn(move || {
-                        let row = run(&format!("run_{round}_{who}"), "hook", round);
-                        barrier.wait();
-                        let outcome = s
-                            .enqueue(
-                                &row,
-                                Some(Dedup {
-                                    key,
-                                    expires_ms: 1_000_000,
-                                }),
-                                round,
-                            )
-                            .unwrap();
-                        (row.id, outcome)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let outcomes: Vec<(String, Enqueued)> = at_once(&*one, &*two, |s, who| {
+            let row = run(&format!("run_{round}_{who}"), "hook", round);
+            let outcome = s
+                .enqueue(
+                    &row,
+                    Some(Dedup {
+                        key: &key,
+                        expires_ms: 1_000_000,
+                    }),
+                    // Ample: the key and the rate taken together, racing.
+                    Some(RateLimit {
+                        count: 100,
+                        per_ms: 1,
+                    }),
+                    round,
+                )
+                .unwrap();
+            (row.id, outcome)
         });
         let winners: Vec<&String> = outcomes
             .iter()
@@ -303,24 +338,13 @@ pub fn runs_two_stores_claiming_at_once_never_take_one_run(b: &dyn Backend) {
     for i in 0..20 {
         new(&*one, &run(&format!("run_{i:02}"), "hook", i));
     }
-    let barrier = Barrier::new(2);
-    let claimed: Vec<Vec<RunRow>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = [(&one, "a"), (&two, "b")]
-            .into_iter()
-            .map(|(s, holder)| {
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    barrier.wait();
-                    let mut mine = Vec::new();
-                    while let Some(row) = s.claim(holder, None, 1_000).unwrap() {
-                        assert_eq!(row.holder.as_deref(), Some(holder));
-                        mine.push(row);
-                    }
-                    mine
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let claimed: Vec<Vec<RunRow>> = at_once(&*one, &*two, |s, holder| {
+        let mut mine = Vec::new();
+        while let Some(row) = s.claim(holder, None, 1_000).unwrap() {
+            assert_eq!(row.holder.as_deref(), Some(holder));
+            mine.push(row);
+        }
+        mine
     });
     let total: usize = claimed.iter().map(Vec::len).sum();
     let distinct: BTreeSet<&str> = claimed.iter().flat_map(|rows| ids(rows)).collect();
@@ -831,4 +855,244 @@ pub fn runs_a_lapsed_holders_runs_are_reclaimed_and_a_live_ones_kept(b: &dyn Bac
     // a's lease ends too, unless renewed.
     assert!(one.reclaim(99_999, "lapsed", &letter).unwrap().is_empty());
     assert_eq!(one.reclaim(100_001, "lapsed", &letter).unwrap().len(), 2);
+}
+
+/// A queued run of `trigger` made at `created_ms`, through `enqueue` with `rate`.
+fn rated(s: &dyn RunStore, id: &str, trigger: &str, created_ms: i64, rate: RateLimit) -> Enqueued {
+    s.enqueue(&run(id, trigger, created_ms), None, Some(rate), created_ms)
+        .unwrap()
+}
+
+pub fn runs_a_serial_trigger_is_claimed_only_while_none_of_its_runs_runs(b: &dyn Backend) {
+    let (one, two) = (b.open().runs, b.open().runs);
+    new(&*one, &run("run_n1", "nightly", 10));
+    new(&*one, &run("run_n2", "nightly", 20));
+    new(&*one, &run("run_h1", "hook", 30));
+    let first = one.claim_serial("a", "nightly", 100).unwrap().unwrap();
+    assert_eq!(
+        (first.id.as_str(), first.status),
+        ("run_n1", RunStatus::Running)
+    );
+    assert_eq!((first.attempt, first.started_ms), (1, Some(100)));
+    assert_eq!(
+        one.get("run_n1").unwrap().as_ref(),
+        Some(&first),
+        "as stored"
+    );
+    // Whoever asks, and whoever holds the running one.
+    assert_eq!(two.claim_serial("b", "nightly", 200).unwrap(), None);
+    assert_eq!(one.claim_serial("a", "nightly", 200).unwrap(), None);
+    assert_eq!(
+        one.get("run_n2").unwrap().unwrap().status,
+        RunStatus::Queued,
+        "it waits its turn"
+    );
+    // Another trigger's runs are not held back.
+    let hook = two.claim_serial("b", "hook", 200).unwrap().unwrap();
+    assert_eq!(hook.id, "run_h1");
+    // Its run ended (by a clock ahead of the next claimer's): the next one starts, recorded
+    // as starting no earlier than that end.
+    assert!(one
+        .finish("run_n1", "a", &ended(RunStatus::Succeeded, 500))
+        .unwrap());
+    let next = two.claim_serial("b", "nightly", 400).unwrap().unwrap();
+    assert_eq!((next.id.as_str(), next.started_ms), ("run_n2", Some(500)));
+    assert_eq!(next.holder.as_deref(), Some("b"));
+    // A retry waits behind the running one too, and is started once it ended.
+    assert!(two.finish("run_n2", "b", &retry(600, 550)).unwrap());
+    new(&*one, &run("run_n3", "nightly", 560));
+    let third = one.claim_serial("a", "nightly", 700).unwrap().unwrap();
+    assert_eq!((third.id.as_str(), third.started_ms), ("run_n2", Some(700)));
+    assert_eq!(two.claim_serial("b", "nightly", 800).unwrap(), None);
+    assert_eq!(one.running("nightly").unwrap(), 1);
+    // Nothing due, nothing claimed.
+    assert_eq!(one.claim_serial("a", "none", 800).unwrap(), None);
+}
+
+pub fn runs_two_stores_claiming_a_serial_trigger_at_once_start_one_run(b: &dyn Backend) {
+    let (one, two) = (b.open().runs, b.open().runs);
+    for i in 0..40 {
+        new(&*one, &run(&format!("run_{i:02}"), "nightly", i));
+    }
+    for round in 0..20 {
+        let claimed = at_once(&*one, &*two, |s, holder| {
+            s.claim_serial(holder, "nightly", 1_000 + round).unwrap()
+        });
+        let started: Vec<&RunRow> = claimed.iter().flatten().collect();
+        assert_eq!(started.len(), 1, "round {round}: {claimed:?}");
+        assert_eq!(one.running("nightly").unwrap(), 1, "round {round}");
+        let run = started[0];
+        let holder = run.holder.as_deref().unwrap();
+        assert!(one
+            .finish(&run.id, holder, &ended(RunStatus::Succeeded, 1_000 + round))
+            .unwrap());
+    }
+}
+
+pub fn runs_a_triggers_rate_is_one_for_every_store_and_a_duplicate_spends_none(b: &dyn Backend) {
+    let (one, two) = (b.open().runs, b.open().runs);
+    // Two a minute: a burst of two, then one every 30 s.
+    let rate = RateLimit {
+        count: 2,
+        per_ms: 60_000,
+    };
+    let with_key = |s: &dyn RunStore, id: &str, k: &str, now: i64| {
+        s.enqueue(
+            &run(id, "hook", now),
+            key(k, now + 3_600_000),
+            Some(rate),
+            now,
+        )
+        .unwrap()
+    };
+    assert_eq!(with_key(&*one, "run_1", "k1", 0), Enqueued::New);
+    assert_eq!(with_key(&*two, "run_2", "k2", 10), Enqueued::New);
+    // Spent, through either store: nothing stored, and the key not taken.
+    let limited = Enqueued::RateLimited {
+        retry_after_ms: 29_980,
+    };
+    assert_eq!(with_key(&*one, "run_3", "k3", 20), limited);
+    assert_eq!(with_key(&*two, "run_3", "k3", 20), limited);
+    assert_eq!(one.get("run_3").unwrap(), None);
+    // A duplicate is answered as one, and spends nothing, even with the rate spent.
+    assert_eq!(
+        with_key(&*two, "run_x", "k1", 20),
+        Enqueued::Duplicate("run_1".into())
+    );
+    // Another trigger's rate is its own.
+    assert_eq!(rated(&*two, "run_c1", "cron", 20, rate), Enqueued::New);
+    assert_eq!(
+        with_key(&*one, "run_3", "k3", 29_999),
+        Enqueued::RateLimited { retry_after_ms: 1 }
+    );
+    // One run back after 30 s; the refused delivery's key is free.
+    assert_eq!(with_key(&*one, "run_3", "k3", 30_000), Enqueued::New);
+    assert_eq!(
+        rated(&*two, "run_4", "hook", 30_000, rate),
+        Enqueued::RateLimited {
+            retry_after_ms: 30_000
+        }
+    );
+    // A run that cannot be stored (its id is taken) spends nothing.
+    assert!(one
+        .enqueue(&run("run_1", "hook", 60_010), None, Some(rate), 60_010)
+        .is_err());
+    assert_eq!(rated(&*two, "run_5", "hook", 60_010, rate), Enqueued::New);
+    // Without a rate nothing is counted (runs made by the store's other callers).
+    new(&*one, &run("run_6", "hook", 60_010));
+    assert_eq!(
+        sorted_ids(&*one),
+        ["run_1", "run_2", "run_3", "run_5", "run_6", "run_c1"]
+    );
+}
+
+pub fn runs_two_stores_racing_on_one_rate_store_no_more_than_it(b: &dyn Backend) {
+    let (one, two) = (b.open().runs, b.open().runs);
+    let rate = RateLimit {
+        count: 7,
+        per_ms: 3_600_000,
+    };
+    let outcomes: Vec<Enqueued> = at_once(&*one, &*two, |s, who| {
+        (0..10)
+            .map(|i| rated(s, &format!("run_{who}_{i}"), "hook", 1_000 + i, rate))
+            .collect::<Vec<_>>()
+    })
+    .concat();
+    let admitted = outcomes.iter().filter(|o| **o == Enqueued::New).count();
+    assert_eq!(admitted, 7, "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Enqueued::New | Enqueued::RateLimited { .. })),
+        "{outcomes:?}"
+    );
+    assert_eq!(all(&*one).len(), 7);
+}
+
+pub fn runs_the_sweep_takes_expired_keys_and_long_ended_runs_checkpoints(b: &dyn Backend) {
+    let s = b.open().runs;
+    let enq = |id: &str, k: &str, expires_ms: i64, now: i64| {
+        s.enqueue(&run(id, "hook", now), key(k, expires_ms), None, now)
+            .unwrap()
+    };
+    assert_eq!(enq("run_live", "live", 2_000, 0), Enqueued::New);
+    assert_eq!(enq("run_dead", "dead", 1_000, 0), Enqueued::New);
+    // Expired at its own millisecond, as the enqueue reads it.
+    let swept = s.sweep(1_000, 0).unwrap();
+    assert_eq!(
+        swept,
+        Swept {
+            dedup_keys: 1,
+            checkpoints: 0
+        }
+    );
+    assert_eq!(s.sweep(1_000, 0).unwrap(), Swept::default(), "once");
+    assert_eq!(
+        enq("run_x", "live", 9_000, 1_500),
+        Enqueued::Duplicate("run_live".into()),
+        "a live key is kept"
+    );
+    assert_eq!(enq("run_y", "dead", 9_000, 1_500), Enqueued::New);
+
+    // Runs in each state, each with a checkpoint.
+    let done = |id: &str, status, at| {
+        new(&*s, &run(id, "hook", 0));
+        s.start(id, RunStatus::Queued, "a", 1).unwrap().unwrap();
+        assert!(s.finish(id, "a", &ended(status, at)).unwrap());
+    };
+    done("run_old", RunStatus::Succeeded, 100);
+    done("run_old_failed", RunStatus::Failed, 200);
+    done("run_recent", RunStatus::Succeeded, 50_000);
+    // Running now, its last attempt ended long ago.
+    new(&*s, &run("run_going", "hook", 0));
+    s.start("run_going", RunStatus::Queued, "a", 1)
+        .unwrap()
+        .unwrap();
+    assert!(s.finish("run_going", "a", &retry(150, 100)).unwrap());
+    s.start("run_going", RunStatus::Queued, "b", 200)
+        .unwrap()
+        .unwrap();
+    // Waiting for its retry, its attempt ended long ago.
+    new(&*s, &run("run_retry", "hook", 0));
+    s.start("run_retry", RunStatus::Queued, "a", 1)
+        .unwrap()
+        .unwrap();
+    assert!(s.finish("run_retry", "a", &retry(1_000_000, 100)).unwrap());
+    new(&*s, &run("run_queued", "hook", 0));
+    let all_ids = [
+        "run_old",
+        "run_old_failed",
+        "run_recent",
+        "run_going",
+        "run_retry",
+        "run_queued",
+        "run_nowhere",
+    ];
+    for id in all_ids {
+        s.save_checkpoint(id, id.as_bytes(), 10).unwrap();
+    }
+    let swept = s.sweep(100_000, 10_000).unwrap();
+    assert_eq!(swept.checkpoints, 2, "{swept:?}");
+    let kept = |id: &str| s.checkpoint(id).unwrap().is_some();
+    assert!(!kept("run_old") && !kept("run_old_failed"));
+    for id in [
+        "run_recent",
+        "run_going",
+        "run_retry",
+        "run_queued",
+        "run_nowhere",
+    ] {
+        assert!(kept(id), "{id}");
+    }
+    // Whatever the retention, a run that has not ended keeps its checkpoint.
+    let swept = b.open().runs.sweep(i64::MAX, i64::MAX).unwrap();
+    assert_eq!(swept.checkpoints, 1, "{swept:?}");
+    assert!(!kept("run_recent"));
+    for id in ["run_going", "run_retry", "run_queued", "run_nowhere"] {
+        assert_eq!(s.checkpoint(id).unwrap().as_deref(), Some(id.as_bytes()));
+    }
+    assert_eq!(
+        s.get("run_going").unwrap().unwrap().status,
+        RunStatus::Running
+    );
 }
