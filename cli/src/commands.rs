@@ -189,6 +189,13 @@ pub enum PolicyCommand {
     /// would change it.
     // Boxed: the tool flags make these arguments far larger than every other command's.
     Explain(Box<ExplainArgs>),
+    /// List the policy sets that were live, newest first: each set's version id, when it
+    /// first went live and when it was last replaced (asks the running proxy).
+    Versions {
+        /// At most this many sets.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -328,6 +335,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             tokio::task::spawn_blocking(move || audit::run(&config, cmd, out))
                 .await
                 .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
+        }
+        // The history is the running proxy's (its store), asked through the control API.
+        Command::Policy(PolicyCommand::Versions { limit }) => {
+            policy::versions(control_client(&config)?, limit, out).await
         }
         Command::Policy(cmd) => policy::run(&config, cmd, out),
         Command::Runs(cmd) => runs::run(control_client(&config)?, cmd, out).await,

@@ -338,6 +338,11 @@ pub fn cost_to_micros(cost: f64) -> i64 {
 pub struct Catalog {
     tools: Vec<Tool>,
     by_name: HashMap<String, usize>,
+    /// The text it was parsed from, by file name (`None`: no catalog file).
+    source: Option<(String, String)>,
+    /// The argument schema files its tools name, by the path as written, as read: with
+    /// `source`, every byte the catalog came from (a policy set's version hashes them).
+    schema_files: Vec<(String, String)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -408,7 +413,10 @@ impl Catalog {
                 message: e.message().trim_end().to_owned(),
             }
         })?;
-        let mut catalog = Self::default();
+        let mut catalog = Self {
+            source: Some((file.to_owned(), text.to_owned())),
+            ..Self::default()
+        };
         for raw_tool in raw.tool {
             let line = line_of(text, raw_tool.name.span().start);
             let name = raw_tool.name.get_ref().clone();
@@ -423,13 +431,28 @@ impl Catalog {
                     first_line: catalog.tools[first].line,
                 }));
             }
-            let tool = check_tool(raw_tool, line, dir).map_err(error)?;
+            let tool = check_tool(raw_tool, line, dir, &mut catalog.schema_files).map_err(error)?;
             catalog
                 .by_name
                 .insert(tool.name.clone(), catalog.tools.len());
             catalog.tools.push(tool);
         }
         Ok(catalog)
+    }
+
+    /// The catalog file's name and text; `None` when there was no file (an empty catalog).
+    pub fn source(&self) -> Option<(&str, &str)> {
+        self.source
+            .as_ref()
+            .map(|(name, text)| (name.as_str(), text.as_str()))
+    }
+
+    /// The argument schema files the tools name (path as written in the catalog, text as
+    /// read), in the order the tools name them; a file named twice is listed twice.
+    pub fn schema_files(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.schema_files
+            .iter()
+            .map(|(name, text)| (name.as_str(), text.as_str()))
     }
 
     /// The tools, in file order.
@@ -473,7 +496,14 @@ fn tool_at(text: &str, offset: usize) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn check_tool(raw: RawTool, line: usize, dir: Option<&Path>) -> Result<Tool, ToolProblem> {
+/// `schema_files` collects the text of each argument schema file read, as it was read: the
+/// bytes the tool's schema came from, not a second read that could see a later edit.
+fn check_tool(
+    raw: RawTool,
+    line: usize,
+    dir: Option<&Path>,
+    schema_files: &mut Vec<(String, String)>,
+) -> Result<Tool, ToolProblem> {
     let name = raw.name.into_inner();
     if !is_tool_name(&name) {
         return Err(ToolProblem::InvalidName);
@@ -503,6 +533,7 @@ fn check_tool(raw: RawTool, line: usize, dir: Option<&Path>) -> Result<Tool, Too
                 .map_err(|source| ToolProblem::SchemaRead { path, source })?;
             let value: Value = serde_json::from_str(&text)
                 .map_err(|e| ToolProblem::Schema(format!("{rel}: not JSON: {e}")))?;
+            schema_files.push((rel, text));
             Some(value)
         }
         Some(value @ Value::Object(_)) => Some(value),

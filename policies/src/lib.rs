@@ -16,6 +16,7 @@
 //!   match the request (sound slicing by principal, action and resource, and by the leading
 //!   conditions of `when` clauses, `conditions`).
 //! - [`testing`] — data-driven policy tests (`<policy dir>/tests/*.toml`, `ostiary policy test`).
+//! - [`version`] — a set's content-addressed id, recorded with every decision.
 //! - [`explain`] — a decision with its determining policies and what would change it
 //!   (`ostiary policy explain`).
 //!
@@ -35,6 +36,7 @@ pub mod load;
 pub mod request;
 pub mod schema;
 pub mod testing;
+pub mod version;
 
 pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};
 pub use decide::{Decision, DenyReason};
@@ -42,6 +44,7 @@ pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};
 pub use request::{AccessRequest, Action, SessionState};
 pub use testing::{run_dir, TestError, TestReport};
+pub use version::PolicyVersion;
 
 /// The policies of the library shipped with Ostiary, embedded so that `ostiary serve` works
 /// from any directory with no config at all. The files on disk under `policies/library/` are

@@ -83,6 +83,8 @@ pub struct PolicyEngine {
     entity_cache: crate::entities::EntityCache,
     /// The context attributes some policy reads; a decision builds only those.
     context_use: crate::context_use::ContextUse,
+    /// The set's content-addressed id (`version.rs`), recorded with every decision.
+    version: crate::version::PolicyVersion,
 }
 
 /// The regular files of `dir` ending in `.<ext>`, sorted by name (not recursive): policy
@@ -217,6 +219,7 @@ impl PolicyEngine {
             index: crate::index::PolicyIndex::new(&policies),
             context_use: crate::context_use::ContextUse::of(&policies),
             names: crate::decide::Names::new(&catalog).map_err(LoadError::Schema)?,
+            version: crate::version::PolicyVersion::of(sources, &catalog, &schema_text),
             catalog,
             schema_text,
             schema,
@@ -225,6 +228,11 @@ impl PolicyEngine {
             origins,
             entity_cache: Default::default(),
         })
+    }
+
+    /// The set's content-addressed version id (`sha256:<16 hex digits>`, see `version.rs`).
+    pub fn version(&self) -> &crate::version::PolicyVersion {
+        &self.version
     }
 
     /// The generated schema in Cedar's human syntax (`ostiary policy schema`).

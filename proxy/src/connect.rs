@@ -110,6 +110,7 @@ async fn open(
         })));
     }
     let engine = plane.policies.current();
+    audit.update(|r| r.policy_version = Some(engine.version().to_string()));
     let session = plane.guardrails.session_state(&principal);
     let opened_by = evaluate::port(
         &engine,

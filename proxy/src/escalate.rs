@@ -65,6 +65,7 @@ pub async fn hold(
     action: Action,
     tier: Option<String>,
     request_id: &str,
+    policy_version: Option<String>,
 ) -> Result<(String, ProxyError), ProxyError> {
     let config = &plane.config.approvals;
     let body = match recognise::read_body(req, config.max_body_bytes).await {
@@ -78,6 +79,7 @@ pub async fn hold(
         action,
         tier,
         rpc_id: None,
+        policy_version,
     };
     hold_body(
         plane,
@@ -99,6 +101,8 @@ pub struct Held {
     pub tier: Option<String>,
     /// The JSON-RPC id of an MCP `tools/call` (its body is that one call).
     pub rpc_id: Option<serde_json::Value>,
+    /// The version of the policy set that escalated it (the approval's held version).
+    pub policy_version: Option<String>,
 }
 
 /// Hold a request whose body is in hand (an MCP call taken out of its batch).
@@ -122,6 +126,7 @@ pub async fn hold_body(
         action,
         tier,
         rpc_id,
+        policy_version,
     } = held;
     let url = target.upstream_uri()?.to_string();
     let headers = headers
@@ -132,7 +137,7 @@ pub async fn hold_body(
     let fingerprint = fingerprint(target.method.as_str(), &url, body, rpc_id.is_some());
     let mut observed = observe(target, &action, tier);
     observed.rpc_id = rpc_id;
-    let approval = crate::approvals::model::pending(
+    let mut approval = crate::approvals::model::pending(
         config,
         Ask {
             principal,
@@ -150,6 +155,7 @@ pub async fn hold_body(
         },
         now_ms(),
     );
+    approval.held_policy_version = policy_version;
     let admission = plane
         .approvals
         .hold_bounded(

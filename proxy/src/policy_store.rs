@@ -14,7 +14,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use ostiary_policies::{LoadError, PolicyEngine};
@@ -24,6 +24,8 @@ use crate::check::Checks;
 use crate::config::{self, DEFAULT_POLICY_DIR};
 use crate::ids;
 use crate::metrics::Metrics;
+use crate::store::policy_versions::{PolicyVersionStore, Replaces, WentLive};
+use crate::store::StoreError;
 
 /// What a reload touches: the set it swaps, the checks that compile the new catalog's
 /// schemas, and where the outcome is counted and recorded. Held by the control plane, the
@@ -67,12 +69,15 @@ fn source_of(policy: &config::Policy) -> Source<'_> {
 }
 
 /// What a successful reload swapped in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReloadReport {
     /// Policies in the new set.
     pub policies: usize,
     /// The new set's generation (the set loaded at start-up is generation 1).
     pub generation: u64,
+    /// The new set's content-addressed version (the same as the old one's when no input
+    /// file changed).
+    pub version: String,
 }
 
 /// Why an asynchronous reload did not produce a new set.
@@ -160,6 +165,9 @@ pub struct PolicyStore {
     /// and holds the directory as the last reload found it, so that the watcher reloads once
     /// per change — also after a failed reload, which is retried only when the files change.
     last_seen: Mutex<Option<Snapshot>>,
+    /// Where each set that goes live is recorded (`ostiary policy versions`), once the
+    /// store is open ([`PolicyStore::record_history`]).
+    history: OnceLock<Arc<dyn PolicyVersionStore>>,
 }
 
 impl PolicyStore {
@@ -172,7 +180,32 @@ impl PolicyStore {
             current: RwLock::new(Arc::new(engine)),
             generation: AtomicU64::new(1),
             last_seen: Mutex::new(seen),
+            history: OnceLock::new(),
         })
+    }
+
+    /// Record in `history` the set in force (the start-up's) and, from now on, every set a
+    /// reload swaps in. `sole`: this process is the only one on its store (SQLite), so the
+    /// set it served before it last stopped is replaced now; replicas sharing a store leave
+    /// the others' sets alone. Blocking (a store call).
+    pub fn record_history(
+        &self,
+        history: Arc<dyn PolicyVersionStore>,
+        sole: bool,
+    ) -> Result<(), StoreError> {
+        // Under the reloads' lock, so that a reload racing start-up is recorded after it.
+        let _serial = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let replaces = if sole {
+            Replaces::AllOthers
+        } else {
+            Replaces::Nothing
+        };
+        went_live(&*history, &self.current(), replaces)?;
+        let _ = self.history.set(history);
+        Ok(())
     }
 
     /// The set to decide a request under. Take it once per request.
@@ -183,6 +216,11 @@ impl PolicyStore {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Where the sets that went live are recorded, once [`PolicyStore::record_history`] said.
+    pub fn history(&self) -> Option<Arc<dyn PolicyVersionStore>> {
+        self.history.get().cloned()
     }
 
     /// The generation of the current set: 1 at start-up, +1 per successful reload.
@@ -218,11 +256,25 @@ impl PolicyStore {
         let engine = Arc::new(build(&self.config)?);
         let policies = engine.len();
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        *current = engine;
+        let replaced = std::mem::replace(&mut *current, engine.clone());
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(current);
+        // Still under `last_seen`, so sets are recorded in the order they went live. The set
+        // is live whatever the store says: a failure to record it is logged, not undone.
+        if let Some(history) = self.history.get() {
+            let replaces = Replaces::Version(replaced.version().as_str());
+            if let Err(e) = went_live(&**history, &engine, replaces) {
+                tracing::error!(
+                    error = %e,
+                    version = %engine.version(),
+                    "the policy set is live but could not be recorded in the version history"
+                );
+            }
+        }
         Ok(ReloadReport {
             policies,
             generation,
+            version: engine.version().to_string(),
         })
     }
 
@@ -238,6 +290,21 @@ impl PolicyStore {
             .unwrap_or_else(PoisonError::into_inner);
         seen.as_ref() != Some(&now)
     }
+}
+
+/// Record that `engine` went live now, replacing `replaces`.
+fn went_live(
+    history: &dyn PolicyVersionStore,
+    engine: &PolicyEngine,
+    replaces: Replaces<'_>,
+) -> Result<(), StoreError> {
+    history.went_live(&WentLive {
+        version: engine.version().as_str(),
+        policies: i64::try_from(engine.len()).unwrap_or(i64::MAX),
+        tools: i64::try_from(engine.catalog().len()).unwrap_or(i64::MAX),
+        at_ms: crate::store::now_ms(),
+        replaces,
+    })
 }
 
 fn watched(config: &config::Policy) -> Option<&Path> {
@@ -265,6 +332,7 @@ pub fn reload_recorded(reloader: &Reloader, trigger: Trigger) -> Result<ReloadRe
                 %trigger,
                 policies = report.policies,
                 generation = report.generation,
+                version = %report.version,
                 dir = %reloader.policies.dir().display(),
                 "policy set reloaded"
             );
@@ -274,7 +342,12 @@ pub fn reload_recorded(reloader: &Reloader, trigger: Trigger) -> Result<ReloadRe
                 .checks
                 .prepare(reloader.policies.current().catalog());
             audit.update(|r| {
-                r.reason = Some(format!("policy set reloaded: {} policies", report.policies))
+                r.reason = Some(format!(
+                    "policy set reloaded: {} policies, version {}",
+                    report.policies, report.version
+                ));
+                // The set this reload swapped in, even if another reload followed it at once.
+                r.policy_version = Some(report.version.clone());
             });
             audit.event("allow", None);
         }
@@ -396,18 +469,42 @@ permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host:
 
         std::fs::write(dir.path().join("p.cedar"), TWO).unwrap();
         let report = store.reload().unwrap();
-        assert_eq!(
-            report,
-            ReloadReport {
-                policies: 2,
-                generation: 2
-            }
-        );
+        assert_eq!((report.policies, report.generation), (2, 2));
+        assert_eq!(report.version, store.current().version().to_string());
+        assert_ne!(report.version, before.version().to_string());
         assert_eq!(store.generation(), 2);
         assert_eq!(store.current().len(), 2);
         // A request holding the old set keeps it, unchanged.
         assert_eq!(before.len(), 1);
         assert!(!Arc::ptr_eq(&before, &store.current()));
+    }
+
+    #[test]
+    fn every_set_that_goes_live_is_recorded_once_the_history_is_attached() {
+        let dir = tempfile::tempdir().unwrap();
+        let policies = tempfile::tempdir().unwrap();
+        let store = store_in(policies.path(), ALLOW);
+        let history = crate::store::sqlite::open(&dir.path().join("db"))
+            .unwrap()
+            .policy_versions;
+        let v1 = store.current().version().to_string();
+        store.record_history(history.clone(), true).unwrap();
+
+        std::fs::write(policies.path().join("p.cedar"), TWO).unwrap();
+        let v2 = store.reload().unwrap().version;
+        assert_ne!(v1, v2);
+        // A set that does not load never went live.
+        std::fs::write(policies.path().join("p.cedar"), "nonsense").unwrap();
+        assert!(store.reload().is_err());
+
+        let rows = history.list(10).unwrap();
+        let listed: Vec<(&str, bool)> = rows
+            .iter()
+            .map(|r| (r.version.as_str(), r.replaced_ms.is_some()))
+            .collect();
+        assert_eq!(listed, [(v2.as_str(), false), (v1.as_str(), true)]);
+        assert_eq!((rows[0].policies, rows[1].policies), (2, 1));
+        assert_eq!(rows[1].replaced_ms, Some(rows[0].first_live_ms));
     }
 
     #[test]

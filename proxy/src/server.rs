@@ -453,7 +453,7 @@ impl Ostiary {
                 config.policy.dir.display()
             );
         }
-        tracing::info!(policies = policies.current().len(), dir = %config.policy.dir.display(), "policies loaded");
+        tracing::info!(policies = policies.current().len(), version = %policies.current().version(), dir = %config.policy.dir.display(), "policies loaded");
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
         let counters = shared_counters(&config, &metrics)?;
@@ -488,6 +488,17 @@ impl Ostiary {
             guardrails,
             leftovers,
         } = loaded;
+        let policies = Arc::new(policies);
+        // From here on, a record no policy set decided names the set in force.
+        let audit = audit.with_policies(policies.clone());
+        {
+            // The start-up's set went live; a lone process (SQLite) replaced its last one.
+            let (policies, history) = (policies.clone(), stores.policy_versions.clone());
+            let sole = config.state.store == "sqlite";
+            tokio::task::spawn_blocking(move || policies.record_history(history, sole))
+                .await
+                .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+        }
         let guard = Arc::new(Guard::new(
             options.resolver,
             options.dialer,
@@ -526,7 +537,6 @@ impl Ostiary {
             None => None,
         };
         let config = Arc::new(config);
-        let policies = Arc::new(policies);
         let sessions = Arc::new(sessions);
         let credentials = Arc::new(credentials);
         let approvals = Arc::new(approvals);

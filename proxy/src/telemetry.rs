@@ -236,6 +236,7 @@ fn attributes(r: &AuditRecord) -> Vec<KeyValue> {
     text("ostiary.approval", &r.approval);
     text("ostiary.error", &r.error);
     text("ostiary.rpc_method", &r.rpc_method);
+    text("ostiary.policy_version", &r.policy_version);
     text("http.request.method", &r.method);
     text("server.address", &r.host);
     text("url.path", &r.path);

@@ -298,6 +298,15 @@ impl ControlClient {
         self.call(call).await?.json()
     }
 
+    /// The policy sets that were live, the most recently gone live first: `{"current",
+    /// "versions": [{"version", "current", "live", "first_live_ms", "last_live_ms",
+    /// "replaced_ms", "policies", "tools"}]}` (`current`: the set this replica serves).
+    pub async fn policy_versions(&self, limit: Option<u32>) -> Result<Value, SdkError> {
+        let call = Call::new(Method::GET, "/v1/policy/versions".to_owned())
+            .query("limit", limit.map(|n| n.to_string()));
+        self.call(call).await?.json()
+    }
+
     /// Start a run of an `api` trigger with `payload`: `{"run_id", "trigger", "status",
     /// "duplicate", "status_url"}` (a duplicate of an earlier call, by the trigger's
     /// deduplication key, answers the first run's id).

@@ -202,6 +202,15 @@ pub struct Approval {
     /// Executions started (more than one only after a crash mid-execution).
     pub attempts: u32,
     pub result: Option<StoredResponse>,
+    /// The version of the policy set that held it (`None`: held by no policy decision, e.g.
+    /// a watchdog's resume question or a trigger's run, or by an Ostiary from before
+    /// versions).
+    #[serde(default)]
+    pub held_policy_version: Option<String>,
+    /// The version of the policy set its execution was decided again under (`None`: not
+    /// executed, or not decided again — a resume, a run, a session gone meanwhile).
+    #[serde(default)]
+    pub executed_policy_version: Option<String>,
 }
 
 impl Approval {
@@ -277,13 +286,15 @@ pub trait ApprovalStore: Send + Sync + std::fmt::Debug {
     /// `None` when someone else claimed it, or it is not approved.
     fn claim(&self, id: &str, now_ms: i64) -> Result<Option<Approval>, StoreError>;
     /// End an execution: `executing → executed | failed | refused`, with the stored
-    /// response (executed) or the reason (failed, refused). False if it was not executing.
+    /// response (executed) or the reason (failed, refused), and the version of the policy
+    /// set that decided the execution, if one did. False if it was not executing.
     fn finish(
         &self,
         id: &str,
         status: Status,
         result: Option<&StoredResponse>,
         reason: Option<&str>,
+        executed_policy_version: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError>;
     /// Executions claimed and not heard of since `stale_before_ms` (their claim's lease ran

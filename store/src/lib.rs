@@ -8,7 +8,8 @@
 //!   for verification), [`leases::LeaseStore`] (the broker's lease journal),
 //!   [`cursors::CursorStore`] (how far the audit trail's exports have delivered) and
 //!   [`runs::RunStore`] (runs that triggers started: their queue, deliveries' dedup keys,
-//!   checkpoints);
+//!   checkpoints) and [`policy_versions::PolicyVersionStore`] (the policy sets that were
+//!   live, and when);
 //! - [`StoreError`]: why a store call failed, with no driver type in it;
 //! - [`Call`]: how async code runs a store call (every trait is blocking; see below);
 //! - [`sqlite`]: the embedded backend — one database file, versioned migrations
@@ -32,6 +33,7 @@ pub mod cursors;
 mod error;
 pub mod guard;
 pub mod leases;
+pub mod policy_versions;
 pub mod postgres;
 pub mod runs;
 pub mod sessions;
@@ -52,6 +54,7 @@ pub struct Stores {
     pub leases: Arc<dyn leases::LeaseStore>,
     pub cursors: Arc<dyn cursors::CursorStore>,
     pub runs: Arc<dyn runs::RunStore>,
+    pub policy_versions: Arc<dyn policy_versions::PolicyVersionStore>,
 }
 
 /// Milliseconds since the Unix epoch.

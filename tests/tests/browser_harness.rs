@@ -155,6 +155,8 @@ fn approval(status: Status) -> Approval {
         reason: None,
         attempts: 0,
         result: None,
+        held_policy_version: None,
+        executed_policy_version: None,
     }
 }
 

@@ -54,6 +54,7 @@ mod mcp_rounds;
 mod notify_harness;
 mod parsing;
 mod placeholders_binding;
+mod policy_versions;
 mod profiles;
 mod reload;
 mod runs_api;

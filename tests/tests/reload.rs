@@ -12,14 +12,14 @@ use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::Session;
 
 /// Permits `/echo` only.
-const ECHO_ONLY: &str = r#"
+pub(crate) const ECHO_ONLY: &str = r#"
 @id("allow-echo")
 permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
 when { context.path == "/echo" };
 "#;
 
 /// Permits `/echo` and `/status/200`.
-const ECHO_AND_STATUS: &str = r#"
+pub(crate) const ECHO_AND_STATUS: &str = r#"
 @id("allow-echo")
 permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
 when { context.path == "/echo" };
@@ -139,11 +139,16 @@ async fn reload_endpoint_swaps_in_a_changed_policy() {
     let unauthenticated = control(fx.proxy.control_addr, "POST", "/v1/policy/reload", None).await;
     assert_eq!(unauthenticated.status, StatusCode::UNAUTHORIZED);
 
+    let policies = &fx.proxy.shared.reloader.policies;
+    let before = policies.current().version().to_string();
     let reply = reload(&fx.proxy).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply}");
+    // The new set's version: its files changed, so its id did.
+    let version = policies.current().version().to_string();
+    assert_ne!(version, before);
     assert_eq!(
         reply.json(),
-        serde_json::json!({"status": "reloaded", "policies": 2, "generation": 2})
+        serde_json::json!({"status": "reloaded", "policies": 2, "generation": 2, "version": version})
     );
     assert_eq!(fx.get("/status/200").await, StatusCode::OK);
     assert_eq!(fx.upstream.count("/status/200"), 1);
@@ -165,9 +170,12 @@ async fn reload_endpoint_swaps_in_a_changed_policy() {
     assert_eq!(policy.len(), 1, "{records:#?}");
     assert_eq!(policy[0].decision, "allow");
     assert_eq!(
-        policy[0].reason.as_deref(),
-        Some("policy set reloaded: 2 policies")
+        policy[0].reason,
+        Some(format!(
+            "policy set reloaded: 2 policies, version {version}"
+        ))
     );
+    assert_eq!(policy[0].policy_version.as_deref(), Some(version.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

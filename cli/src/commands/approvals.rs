@@ -199,6 +199,10 @@ fn print_approval(a: &Value) {
         );
     }
     println!("policies     {}", a["policies"]);
+    println!("held under   {}", text(&a["held_policy_version"]));
+    if !a["executed_policy_version"].is_null() {
+        println!("executed     under {}", text(&a["executed_policy_version"]));
+    }
     println!("created      {}", when(&a["created_ms"]));
     println!("deadline     {}", when(&a["deadline_ms"]));
     println!("idempotency  {}", text(&a["idempotency_key"]));

@@ -1,18 +1,20 @@
-//! `ostiary policy validate|schema|test|explain`: the policy set as `serve` would load it
-//! (or `--dir`), checked, printed, tested against its cases, or asked why it decides a
-//! request the way it does — all without a running proxy. With `--json` each prints one
-//! JSON document: the count and directory, the schema text, every case with a summary, or
-//! the explanation.
+//! `ostiary policy validate|schema|test|explain|versions`: the policy set as `serve` would
+//! load it (or `--dir`), checked, printed, tested against its cases, or asked why it
+//! decides a request the way it does — all without a running proxy; and `versions`, the
+//! sets a running proxy had live, from its store through the control API. With `--json`
+//! each prints one JSON document: the count, version and directory, the schema text, every
+//! case with a summary, the explanation, or the control API's answer as it came.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ostiary::config::Config;
 
-use serde_json::json;
+use ostiary_sdk::ControlClient;
+use serde_json::{json, Value};
 
 use super::{CliError, ExplainArgs, PolicyCommand};
-use crate::output::{paint, print_json, print_json_pretty, Output, BAD, GOOD};
+use crate::output::{paint, print_json, print_json_pretty, text, when, Output, BAD, GOOD};
 
 /// Run one `policy` subcommand; exit 1 when a test case fails.
 pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode, CliError> {
@@ -21,13 +23,19 @@ pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode,
             let engine = ostiary::server::load_policies(config)?;
             let dir = &config.policy.dir;
             if out.json {
-                print_json(&json!({ "ok": true, "policies": engine.len(), "dir": dir }));
+                print_json(&json!({
+                    "ok": true,
+                    "policies": engine.len(),
+                    "dir": dir,
+                    "version": engine.version().as_str(),
+                }));
             } else {
                 anstream::println!(
-                    "{}: {} policies in {} validate against the schema",
+                    "{}: {} policies in {} validate against the schema (version {})",
                     paint(GOOD, "ok"),
                     engine.len(),
-                    dir.display()
+                    dir.display(),
+                    engine.version()
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -43,7 +51,57 @@ pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode,
         }
         PolicyCommand::Test { dir } => policy_test(config, dir, out),
         PolicyCommand::Explain(args) => policy_explain(config, *args, out),
+        PolicyCommand::Versions { .. } => Err(CliError::Usage(
+            "`policy versions` asks the running proxy: see `versions`".into(),
+        )),
     }
+}
+
+/// `policy versions`: the sets the running proxy's store says were live, newest first.
+pub async fn versions(
+    client: ControlClient,
+    limit: u32,
+    out: Output,
+) -> Result<ExitCode, CliError> {
+    let listed = client.policy_versions(Some(limit)).await?;
+    if out.json {
+        print_json(&listed);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows = listed["versions"].as_array().cloned().unwrap_or_default();
+    if rows.is_empty() {
+        println!("no policy set recorded yet");
+    }
+    for v in &rows {
+        println!("{}", version_line(v));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One set: its id, whether it is the one served, its size, and its live period.
+fn version_line(v: &Value) -> String {
+    let state = if v["current"] == Value::Bool(true) {
+        paint(GOOD, "current ")
+    } else if v["live"] == Value::Bool(true) {
+        "live    ".to_owned()
+    } else {
+        "replaced".to_owned()
+    };
+    let mut line = format!(
+        "{}  {}  {} policies, {} tools  first live {}",
+        text(&v["version"]),
+        state,
+        v["policies"],
+        v["tools"],
+        when(&v["first_live_ms"]),
+    );
+    if v["last_live_ms"] != v["first_live_ms"] {
+        line.push_str(&format!(", last live {}", when(&v["last_live_ms"])));
+    }
+    if !v["replaced_ms"].is_null() {
+        line.push_str(&format!(", replaced {}", when(&v["replaced_ms"])));
+    }
+    line
 }
 
 /// The policy set `policy test` and `explain` work on, and its directory: `--dir` if given,

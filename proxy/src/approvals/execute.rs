@@ -170,8 +170,10 @@ pub async fn run(shared: Executor, id: String) {
             None,
         ),
     };
+    let executed_under = injected.policy_version.clone();
     let mut done = approval.clone();
     done.status = status;
+    done.executed_policy_version = executed_under.clone();
     let text = match &reason {
         Some(reason) => format!("{transition}: {reason}"),
         None => format!("{transition} (attempt {})", approval.attempts),
@@ -184,6 +186,9 @@ pub async fn run(shared: Executor, id: String) {
         r.credentials = injected.credentials;
         r.leases = injected.leases;
         r.upstream = injected.upstream;
+        // The set that decided the execution; without one (nothing was decided again), the
+        // sink names the set in force.
+        r.policy_version = injected.policy_version;
     });
     if !queue.flush_audit().await {
         tracing::error!(approval = %id, "the execution's audit record could not be written; its outcome is not stored");
@@ -193,7 +198,16 @@ pub async fn run(shared: Executor, id: String) {
         let (id, reason, result) = (id.clone(), reason.clone(), result.clone());
         queue
             .store
-            .call(move |s| s.finish(&id, status, result.as_ref(), reason.as_deref(), now_ms()))
+            .call(move |s| {
+                s.finish(
+                    &id,
+                    status,
+                    result.as_ref(),
+                    reason.as_deref(),
+                    executed_under.as_deref(),
+                    now_ms(),
+                )
+            })
             .await
     };
     match stored {
@@ -273,6 +287,8 @@ pub struct Used {
     pub credentials: Vec<String>,
     pub leases: Vec<String>,
     pub upstream: Option<String>,
+    /// The version of the policy set that decided the execution, when one did.
+    pub policy_version: Option<String>,
 }
 
 async fn execute(shared: &Executor, approval: &Approval) -> (Ending, Used) {
@@ -382,6 +398,7 @@ async fn attempt(
         used.credentials = record.credentials;
         used.leases = record.leases;
         used.upstream = record.upstream;
+        used.policy_version = record.policy_version;
     }
     let (response, scrubber) = answered?;
     let kept = keep(response, shared.queue.config.max_response_bytes).await?;

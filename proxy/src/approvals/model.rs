@@ -56,5 +56,8 @@ pub fn pending(config: &crate::config::Approvals, ask: Ask<'_>, now_ms: i64) -> 
         reason: None,
         attempts: 0,
         result: None,
+        // Set by whoever holds it: a policy decision knows the set that made it.
+        held_policy_version: None,
+        executed_policy_version: None,
     }
 }

@@ -241,6 +241,7 @@ fn ostiary_facts(record: &AuditRecord) -> Value {
         "kind": record.kind,
         "decision": record.decision,
         "policies": record.policies,
+        "policy_version": record.policy_version,
         "tier": record.tier,
         "approval": record.approval,
         "approver": record.approver,
@@ -298,6 +299,7 @@ mod tests {
         let mut r = record("http", "deny");
         r.error = Some("denied".into());
         r.policies = vec!["no-deletes".into()];
+        r.policy_version = Some("sha256:0123456789abcdef".into());
         r.status = Some(403);
         let e = event(&r);
         assert_eq!(e["class_uid"], 4002);
@@ -313,6 +315,10 @@ mod tests {
         assert_eq!(e["metadata"]["uid"], "r1");
         assert_eq!(e["metadata"]["version"], VERSION);
         assert_eq!(e["unmapped"]["ostiary"]["policies"], json!(["no-deletes"]));
+        assert_eq!(
+            e["unmapped"]["ostiary"]["policy_version"],
+            "sha256:0123456789abcdef"
+        );
         assert_eq!(e["time"], 1_767_225_600_000_i64);
         assert_eq!(e["duration"], 2);
         assert!(e.get("api").is_none(), "{e}");

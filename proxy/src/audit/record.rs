@@ -112,6 +112,12 @@ pub struct AuditRecord {
     /// [`super::attest`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub checkpoint: Option<super::attest::Checkpoint>,
+    /// The content-addressed version of the policy set that decided it (`sha256:…`); on a
+    /// record no set decided (a session's end, an approval's transition, a reload), the
+    /// version in force when it was written; absent where no set was loaded (records the
+    /// trail writes about itself, records from before versions).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub policy_version: Option<String>,
     /// How long each phase of the request took: for its span ([`crate::telemetry`]), never
     /// stored (the trail's format and hashes stay as they are).
     #[serde(skip)]

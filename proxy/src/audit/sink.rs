@@ -26,6 +26,8 @@ pub struct AuditSink {
     pub(super) health: Arc<Health>,
     /// Each record is also a span, when telemetry is on.
     pub(super) spans: Option<Arc<crate::telemetry::Spans>>,
+    /// The live policy set, whose version a record no set decided is stamped with.
+    pub(super) policies: Option<Arc<crate::policy_store::PolicyStore>>,
 }
 
 impl std::fmt::Debug for Command {
@@ -53,6 +55,13 @@ impl AuditSink {
         self
     }
 
+    /// This sink, stamping every record that names no policy version with the version of
+    /// the set `policies` holds when it is queued.
+    pub fn with_policies(mut self, policies: Arc<crate::policy_store::PolicyStore>) -> Self {
+        self.policies = Some(policies);
+        self
+    }
+
     /// Record a session lifecycle event (paused, resumed, ended by a human) in the chain.
     pub fn session_event(
         &self,
@@ -76,7 +85,12 @@ impl AuditSink {
     /// Queue one record. Once the queue is full, the refusal of a request refused for that
     /// very reason is counted rather than queued (memory stays bounded during an outage);
     /// every other record is queued. If the writer has stopped, the record is logged.
-    pub fn send(&self, record: AuditRecord) {
+    pub fn send(&self, mut record: AuditRecord) {
+        // A decision's record names the set that made it (taken with the set, whatever was
+        // swapped in since); any other names the one in force now.
+        if let (None, Some(policies)) = (&record.policy_version, &self.policies) {
+            record.policy_version = Some(policies.current().version().to_string());
+        }
         if let Some(spans) = &self.spans {
             spans.record(&record);
         }
@@ -175,6 +189,7 @@ mod tests {
                 tx,
                 health,
                 spans: None,
+                policies: None,
             },
             rx,
         )

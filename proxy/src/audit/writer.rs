@@ -119,6 +119,7 @@ impl AuditWriter {
                 tx,
                 health,
                 spans: None,
+                policies: None,
             },
         ))
     }

@@ -1,5 +1,6 @@
 //! The control API (docs/design.md §6), on its own listener that the egress guard never lets the
-//! proxy reach: sessions, approvals ([`approvals`]), audit, policy reload, metrics, health.
+//! proxy reach: sessions, approvals ([`approvals`]), audit, policy reload and versions,
+//! metrics, health.
 //!
 //! Admin calls carry `Authorization: Bearer <admin token>`, compared in constant time.
 
@@ -203,6 +204,9 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
             sessions::dead_letters(&shared, req.uri().query().unwrap_or("")).await
         }
         (Method::POST, ["v1", "policy", "reload"]) => reload_policies(&shared).await,
+        (Method::GET, ["v1", "policy", "versions"]) => {
+            policy_versions(&shared, req.uri().query().unwrap_or("")).await
+        }
         (Method::GET, ["v1", "approvals"]) => {
             approvals::list(&shared, req.uri().query().unwrap_or("")).await
         }
@@ -277,11 +281,57 @@ async fn reload_policies(shared: &Arc<ControlPlane>) -> Reply {
                 "status": "reloaded",
                 "policies": report.policies,
                 "generation": report.generation,
+                "version": report.version,
             }),
         ),
         Err(ReloadError::Invalid(e)) => ControlError::PolicyInvalid(e.to_string()).into(),
         Err(e @ ReloadError::Interrupted(_)) => ControlError::Internal(e.to_string()).into(),
     }
+}
+
+/// `GET /v1/policy/versions?limit=`: the policy sets that were live, the most recently gone
+/// live first, with when each first went live, last went live and was last replaced; and
+/// which one this replica serves (`current`).
+async fn policy_versions(shared: &ControlPlane, query: &str) -> Reply {
+    let mut limit = 100usize;
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        if key == "limit" {
+            limit = match value.parse::<usize>() {
+                Ok(n) => n.clamp(1, 10_000),
+                Err(_) => {
+                    return ControlError::BadRequest(format!("limit {value:?} is not a number"))
+                        .into()
+                }
+            };
+        }
+    }
+    let current = shared.reloader.policies.current().version().to_string();
+    let rows = match shared.reloader.policies.history() {
+        Some(history) => match history.call(move |h| h.list(limit)).await {
+            Ok(rows) => rows,
+            Err(e) => return ControlError::Internal(e.to_string()).into(),
+        },
+        None => Vec::new(),
+    };
+    let versions: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "version": r.version,
+                "current": r.version == current,
+                "live": r.replaced_ms.is_none(),
+                "first_live_ms": r.first_live_ms,
+                "last_live_ms": r.last_live_ms,
+                "replaced_ms": r.replaced_ms,
+                "policies": r.policies,
+                "tools": r.tools,
+            })
+        })
+        .collect();
+    Reply(
+        StatusCode::OK,
+        json!({ "current": current, "versions": versions }),
+    )
 }
 
 /// The placeholder variables of the credentials a session may use: every binding with a

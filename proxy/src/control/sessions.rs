@@ -351,6 +351,7 @@ fn child_agent(
         audit.update(|r| {
             r.set_principal(parent);
             r.reason = Some(format!("spawn a child session as agent {name:?}"));
+            r.policy_version = Some(engine.version().to_string());
         });
         audit.decided(resolved.as_ref().map(ChildAgent::policies));
     }

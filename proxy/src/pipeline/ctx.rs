@@ -85,6 +85,8 @@ impl<'a> RequestCtx<'a> {
             r.host = Some(host.clone());
             r.port = Some(target.port);
             r.path = Some(target.path.clone());
+            // The set that decides it, whatever a reload swaps in before the record is written.
+            r.policy_version = Some(engine.version().to_string());
         });
         Self {
             plane,

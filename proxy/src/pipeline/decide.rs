@@ -286,6 +286,7 @@ async fn hold(ctx: &mut RequestCtx<'_>, req: &mut Request<ProxyBody>, held: Held
         action,
         tier,
         ctx.request_id,
+        Some(ctx.engine.version().to_string()),
     )
     .await
     {

@@ -97,6 +97,7 @@ async fn hold(
             action: escalated.action,
             tier: Some(escalated.tier),
             rpc_id: escalated.message.get("id").cloned(),
+            policy_version: Some(ctx.engine.version().to_string()),
         };
         let held = escalate::hold_body(
             ctx.plane,
@@ -144,6 +145,7 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
                     r.tier = Some(tier.clone());
                 }
                 r.rpc_id = call.rpc_id.clone();
+                r.policy_version = Some(ctx.engine.version().to_string());
                 r.checks = call.checks.clone();
                 r.unchecked = call.unchecked;
                 r.cost_micros = call.cost_micros;
@@ -158,6 +160,7 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
                 r.port = Some(ctx.target.port);
                 r.rpc_id = message.rpc_id.clone();
                 r.rpc_method = Some(message.method.clone());
+                r.policy_version = Some(ctx.engine.version().to_string());
             });
             record.decided(message.outcome.as_ref().map(Vec::as_slice));
         }

@@ -19,7 +19,7 @@ use crate::StoreError;
 
 const COLUMNS: &str = "id, status, created_ms, deadline_ms, renotify_ms, rounds, session, agent, \
      tenant, request_id, policies, policy_generation, request, observed, approver, channel, \
-     decided_ms, reason, attempts, result";
+     decided_ms, reason, attempts, result, held_policy_version, executed_policy_version";
 
 #[derive(Debug)]
 pub(super) struct PgApprovals(pub(super) Arc<Db>);
@@ -169,15 +169,24 @@ impl ApprovalStore for PgApprovals {
         status: Status,
         result: Option<&StoredResponse>,
         reason: Option<&str>,
+        executed_policy_version: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
         let result = result.map(json);
         let changed = self.0.with(|c| {
             c.execute(
                 "UPDATE approvals SET status = $2, result = $3,
-                   reason = COALESCE($4, reason), updated_ms = $5
+                   reason = COALESCE($4, reason), updated_ms = $5,
+                   executed_policy_version = $6
                  WHERE id = $1 AND status = 'executing'",
-                &[&id, &status.as_str(), &result, &reason, &now_ms],
+                &[
+                    &id,
+                    &status.as_str(),
+                    &result,
+                    &reason,
+                    &now_ms,
+                    &executed_policy_version,
+                ],
             )
         })?;
         Ok(changed == 1)
@@ -408,8 +417,9 @@ pub(super) fn insert_on(
     c.execute(
         "INSERT INTO approvals (id, status, created_ms, deadline_ms, renotify_ms, rounds,
            session, agent, tenant, request_id, policies, policy_generation, request,
-           observed, attempts, updated_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 0, $3)",
+           observed, attempts, updated_ms, held_policy_version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 0, $3,
+           $15)",
         &[
             &a.id,
             &a.status.as_str(),
@@ -425,6 +435,7 @@ pub(super) fn insert_on(
             &(a.policy_generation as i64),
             &json(&a.request),
             &json(&a.observed),
+            &a.held_policy_version,
         ],
     )
     .map(drop)
@@ -465,5 +476,7 @@ fn from_row(r: &Row) -> Result<Approval, StoreError> {
             .as_deref()
             .map(|text| parse_json(text, "result"))
             .transpose()?,
+        held_policy_version: r.get(20),
+        executed_policy_version: r.get(21),
     })
 }

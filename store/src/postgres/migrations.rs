@@ -59,10 +59,30 @@ const MIGRATIONS: &[Migration] = &[
         name: "run_rates (each trigger's rate, shared by replicas); indexes for one-at-a-time claims and the sweep",
         sql: RUN_RATES,
     },
+    Migration {
+        version: 7,
+        name: "policy_versions (the policy sets that were live, and when); approvals.held_policy_version and executed_policy_version",
+        sql: POLICY_VERSIONS,
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 6;
+pub const LATEST: i64 = 7;
+
+// One row per set (its content-addressed id), however often it went live (as on SQLite).
+const POLICY_VERSIONS: &str = "
+CREATE TABLE IF NOT EXISTS policy_versions (
+    version       TEXT PRIMARY KEY,
+    first_live_ms BIGINT NOT NULL,
+    last_live_ms  BIGINT NOT NULL,
+    replaced_ms   BIGINT,
+    policies      BIGINT NOT NULL,
+    tools         BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS policy_versions_live ON policy_versions(last_live_ms);
+ALTER TABLE approvals ADD COLUMN IF NOT EXISTS held_policy_version TEXT;
+ALTER TABLE approvals ADD COLUMN IF NOT EXISTS executed_policy_version TEXT;
+";
 
 // `full_at_us`: when the trigger's token bucket is full again (`RateLimit::take`). A run of a
 // one-at-a-time trigger is claimed only while none of its runs is running, and starts no

@@ -32,6 +32,7 @@ mod guard;
 mod leases;
 pub mod migrations;
 mod outbox;
+mod policy_versions;
 mod runs;
 mod sessions;
 
@@ -108,7 +109,8 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
         audit: Arc::new(audit::PgAudit(db.clone())),
         leases: Arc::new(leases::PgLeases(db.clone())),
         cursors: Arc::new(cursors::PgCursors(db.clone())),
-        runs: Arc::new(runs::PgRuns(db)),
+        runs: Arc::new(runs::PgRuns(db.clone())),
+        policy_versions: Arc::new(policy_versions::PgPolicyVersions(db)),
     })
 }
 

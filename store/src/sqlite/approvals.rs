@@ -16,7 +16,7 @@ use crate::StoreError;
 
 const COLUMNS: &str = "id, status, created_ms, deadline_ms, renotify_ms, rounds, session, agent, \
      tenant, request_id, policies, policy_generation, request, observed, approver, channel, \
-     decided_ms, reason, attempts, result";
+     decided_ms, reason, attempts, result, held_policy_version, executed_policy_version";
 
 /// The approvals' connection.
 #[derive(Debug)]
@@ -168,15 +168,24 @@ impl SqliteApprovals {
         status: Status,
         result: Option<&StoredResponse>,
         reason: Option<&str>,
+        executed_policy_version: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
         let result = result.map(json);
         let changed = self.with(|c| {
             c.execute(
                 "UPDATE approvals SET status = ?2, result = ?3,
-                   reason = COALESCE(?4, reason), updated_ms = ?5
+                   reason = COALESCE(?4, reason), updated_ms = ?5,
+                   executed_policy_version = ?6
                  WHERE id = ?1 AND status = 'executing'",
-                params![id, status.as_str(), result, reason, now_ms],
+                params![
+                    id,
+                    status.as_str(),
+                    result,
+                    reason,
+                    now_ms,
+                    executed_policy_version
+                ],
             )
         })?;
         Ok(changed == 1)
@@ -377,8 +386,9 @@ pub(super) fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
     c.execute(
         "INSERT INTO approvals (id, status, created_ms, deadline_ms, renotify_ms, rounds,
            session, agent, tenant, request_id, policies, policy_generation, request,
-           observed, attempts, updated_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0, ?3)",
+           observed, attempts, updated_ms, held_policy_version)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 0, ?3,
+           ?15)",
         params![
             a.id,
             a.status.as_str(),
@@ -394,6 +404,7 @@ pub(super) fn insert_on(c: &Connection, a: &Approval) -> rusqlite::Result<()> {
             a.policy_generation as i64,
             request,
             observed,
+            a.held_policy_version,
         ],
     )
     .map(drop)
@@ -456,6 +467,8 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Approval> {
                 })
             })
             .transpose()?,
+        held_policy_version: r.get(20)?,
+        executed_policy_version: r.get(21)?,
     })
 }
 
@@ -489,9 +502,18 @@ impl ApprovalStore for SqliteApprovals {
         status: Status,
         result: Option<&StoredResponse>,
         reason: Option<&str>,
+        executed_policy_version: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        Self::finish(self, id, status, result, reason, now_ms)
+        Self::finish(
+            self,
+            id,
+            status,
+            result,
+            reason,
+            executed_policy_version,
+            now_ms,
+        )
     }
     fn recover(&self, now_ms: i64, stale_before_ms: i64) -> Result<Vec<String>, StoreError> {
         Self::recover(self, now_ms, stale_before_ms)

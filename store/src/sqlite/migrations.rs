@@ -56,10 +56,33 @@ const MIGRATIONS: &[Migration] = &[
         name: "run_rates (each trigger's rate, shared by replicas); indexes for one-at-a-time claims and the sweep",
         apply: |tx| tx.execute_batch(RUN_RATES),
     },
+    Migration {
+        version: 7,
+        name: "policy_versions (the policy sets that were live, and when); approvals.held_policy_version and executed_policy_version",
+        apply: |tx| {
+            tx.execute_batch(POLICY_VERSIONS)?;
+            add_column(tx, "approvals", "held_policy_version", "TEXT")?;
+            add_column(tx, "approvals", "executed_policy_version", "TEXT")
+        },
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 6;
+pub const LATEST: i64 = 7;
+
+// One row per set (its content-addressed id), however often it went live: at start-up, on
+// every replica, again after a rollback to the same files.
+const POLICY_VERSIONS: &str = "
+CREATE TABLE IF NOT EXISTS policy_versions (
+    version       TEXT PRIMARY KEY,
+    first_live_ms INTEGER NOT NULL,
+    last_live_ms  INTEGER NOT NULL,
+    replaced_ms   INTEGER,
+    policies      INTEGER NOT NULL,
+    tools         INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS policy_versions_live ON policy_versions(last_live_ms);
+";
 
 // `full_at_us`: when the trigger's token bucket is full again (`RateLimit::take`). A run of a
 // one-at-a-time trigger is claimed only while none of its runs is running, and starts no

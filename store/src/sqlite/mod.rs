@@ -27,6 +27,7 @@ mod guard;
 mod leases;
 pub mod migrations;
 mod outbox;
+mod policy_versions;
 mod runs;
 mod sessions;
 
@@ -69,6 +70,9 @@ pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
         leases: Arc::new(leases::SqliteLeases(db(options.busy_timeout)?)),
         cursors: Arc::new(cursors::SqliteCursors(db(options.busy_timeout)?)),
         runs: Arc::new(runs::SqliteRuns(db(options.busy_timeout)?)),
+        policy_versions: Arc::new(policy_versions::SqlitePolicyVersions(db(
+            options.busy_timeout
+        )?)),
     })
 }
 
@@ -90,6 +94,7 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
         leases: Arc::new(leases::SqliteLeases(db()?)),
         cursors: Arc::new(cursors::SqliteCursors(db()?)),
         runs: Arc::new(runs::SqliteRuns(db()?)),
+        policy_versions: Arc::new(policy_versions::SqlitePolicyVersions(db()?)),
     })
 }
 

@@ -65,6 +65,8 @@ pub(super) fn approval(id: &str, now: i64) -> Approval {
         reason: None,
         attempts: 0,
         result: None,
+        held_policy_version: Some("sha256:0123456789abcdef".into()),
+        executed_policy_version: None,
     }
 }
 
@@ -217,13 +219,28 @@ pub fn approvals_recovery_returns_claimed_executions_to_approved(b: &dyn Backend
         body: b"ok".to_vec(),
         truncated: false,
     };
+    let executed_under = Some("sha256:fedcba9876543210");
     assert!(s
-        .finish("apr_1", Status::Executed, Some(&result), None, 5)
+        .finish(
+            "apr_1",
+            Status::Executed,
+            Some(&result),
+            None,
+            executed_under,
+            5
+        )
         .unwrap());
     assert!(!s
-        .finish("apr_1", Status::Failed, None, Some("x"), 6)
+        .finish("apr_1", Status::Failed, None, Some("x"), None, 6)
         .unwrap());
-    assert_eq!(s.get("apr_1").unwrap().unwrap().result, Some(result));
+    let done = s.get("apr_1").unwrap().unwrap();
+    assert_eq!(done.result, Some(result));
+    // Held under one set, executed under another: both kept.
+    assert_eq!(
+        done.held_policy_version.as_deref(),
+        Some("sha256:0123456789abcdef")
+    );
+    assert_eq!(done.executed_policy_version.as_deref(), executed_under);
 }
 
 pub fn approvals_deadline_expires_and_reminders_advance(b: &dyn Backend) {

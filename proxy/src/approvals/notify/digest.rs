@@ -232,6 +232,8 @@ mod tests {
             reason: None,
             attempts: 0,
             result: None,
+            held_policy_version: None,
+            executed_policy_version: None,
         }
     }
 
