@@ -266,6 +266,13 @@ pub struct ExplainArgs {
     /// The agent of the session's parent (default none: a root session).
     #[arg(long)]
     pub parent_agent: Option<String>,
+    /// A label the session carries (`context.session.labels`); repeat for several.
+    #[arg(long = "session-label", value_name = "LABEL")]
+    pub session_labels: Vec<String>,
+    /// The session's recent calls (`context.session.recent`), e.g. `tool_1h=3`; repeat for
+    /// several of `tool_10m`, `tool_1h`, `tier_10m`, `tier_1h` (default 0).
+    #[arg(long = "session-recent", value_name = "WINDOW=N")]
+    pub session_recent: Vec<String>,
     /// A human approved this call (`context.approval`).
     #[arg(long, requires = "tool")]
     pub approved_by: Option<String>,

@@ -17,6 +17,7 @@ use serde_json::Value;
 use toml::Spanned;
 
 use crate::args::{self, Omitted, RecordType};
+use crate::labels::{check_labels, HostLabels, HostProblem, LabelProblem, RawHost};
 
 /// File name of the catalog inside the policy directory.
 pub const CATALOG_FILE: &str = "tools.toml";
@@ -49,6 +50,15 @@ pub enum CatalogError {
         tool: String,
         problem: ToolProblem,
     },
+    /// A `[[host]]` entry parsed but is not usable.
+    #[error("{file}:{line}: host {host:?}: {problem}")]
+    Host {
+        file: String,
+        /// 1-based line of the entry's `name`.
+        line: usize,
+        host: String,
+        problem: HostProblem,
+    },
 }
 
 /// What is wrong with one catalog entry.
@@ -79,6 +89,8 @@ pub enum ToolProblem {
     },
     #[error("args_schema: {0}")]
     Schema(String),
+    #[error("labels: {0}")]
+    Labels(#[from] LabelProblem),
 }
 
 fn line_suffix(line: &Option<usize>) -> String {
@@ -242,6 +254,7 @@ pub struct Tool {
     cost: Option<f64>,
     credential: Option<String>,
     reversible: bool,
+    labels: Vec<String>,
 }
 
 impl Tool {
@@ -315,6 +328,12 @@ impl Tool {
         self.reversible
     }
 
+    /// The labels a session takes on once policy allowed it a call of this tool
+    /// ([`crate::labels`]); most tools have none.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
     /// The host serving the tool (the REST host, or the MCP endpoint's host): the `Tool`
     /// entity's `server`.
     pub fn server(&self) -> &str {
@@ -343,6 +362,8 @@ pub struct Catalog {
     /// The argument schema files its tools name, by the path as written, as read: with
     /// `source`, every byte the catalog came from (a policy set's version hashes them).
     schema_files: Vec<(String, String)>,
+    /// The `[[host]]` entries' labels.
+    hosts: HostLabels,
 }
 
 #[derive(Debug, Deserialize)]
@@ -350,6 +371,8 @@ pub struct Catalog {
 struct RawFile {
     #[serde(default)]
     tool: Vec<RawTool>,
+    #[serde(default)]
+    host: Vec<RawHost>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -364,6 +387,8 @@ struct RawTool {
     cost: Option<f64>,
     credential: Option<String>,
     reversible: Option<bool>,
+    #[serde(default)]
+    labels: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -437,7 +462,42 @@ impl Catalog {
                 .insert(tool.name.clone(), catalog.tools.len());
             catalog.tools.push(tool);
         }
+        for raw_host in raw.host {
+            let line = line_of(text, raw_host.name.span().start);
+            let host = raw_host.name.get_ref().clone();
+            catalog
+                .hosts
+                .add(raw_host, line)
+                .map_err(|problem| CatalogError::Host {
+                    file: file.to_owned(),
+                    line,
+                    host,
+                    problem,
+                })?;
+        }
         Ok(catalog)
+    }
+
+    /// The labels of the `[[host]]` entries.
+    pub fn host_labels(&self) -> &HostLabels {
+        &self.hosts
+    }
+
+    /// The labels a session takes on when policy allows it this request: those of the host
+    /// it goes to and of the tool it calls (if any), each once, sorted.
+    pub fn labels_for(&self, host: &str, tool: Option<&Tool>) -> Vec<String> {
+        let mut labels: Vec<String> = self
+            .hosts
+            .of(host)
+            .chain(
+                tool.into_iter()
+                    .flat_map(|t| t.labels.iter().map(String::as_str)),
+            )
+            .map(str::to_owned)
+            .collect();
+        labels.sort_unstable();
+        labels.dedup();
+        labels
     }
 
     /// The catalog file's name and text; `None` when there was no file (an empty catalog).
@@ -509,6 +569,7 @@ fn check_tool(
         return Err(ToolProblem::InvalidName);
     }
     let matcher = check_match(raw.matcher)?;
+    check_labels(&raw.labels)?;
     if let Some(pointer) = raw.impact.as_ref().and_then(|i| i.records.as_ref()) {
         check_pointer(pointer).map_err(|reason| ToolProblem::Pointer {
             pointer: pointer.clone(),
@@ -569,6 +630,7 @@ fn check_tool(
         cost: raw.cost,
         credential: raw.credential,
         reversible,
+        labels: raw.labels,
     })
 }
 

@@ -28,6 +28,9 @@ pub(crate) struct ContextUse {
     /// Some policy uses `context` other than through a named attribute.
     all: bool,
     keys: BTreeSet<String>,
+    /// Some policy may read `context.session.labels` or `context.session.recent` (or the
+    /// session record whole): the proxy fetches them only then.
+    memory: bool,
 }
 
 impl ContextUse {
@@ -53,7 +56,13 @@ impl ContextUse {
         Self {
             all: true,
             keys: BTreeSet::new(),
+            memory: true,
         }
+    }
+
+    /// Whether a policy may read `context.session.labels` or `context.session.recent`.
+    pub(crate) fn reads_memory(&self) -> bool {
+        self.all || self.memory
     }
 
     /// Whether a policy may read `context.<key>`.
@@ -71,6 +80,14 @@ impl ContextUse {
                         if let (Some(left), Some(attr)) = (left, attr) {
                             if is_context(left) {
                                 self.keys.insert(attr.to_owned());
+                                // Reached here, `context.session` is used whole (an access
+                                // of one of its attributes is met below, never walked into).
+                                self.memory |= attr == "session";
+                                return;
+                            }
+                            if is_session(left) {
+                                self.keys.insert("session".to_owned());
+                                self.memory |= matches!(attr, "labels" | "recent");
                                 return;
                             }
                         }
@@ -93,12 +110,57 @@ fn is_context(node: &Json) -> bool {
     node.get("Var").and_then(Json::as_str) == Some("context")
 }
 
+/// `context.session`.
+fn is_session(node: &Json) -> bool {
+    node.get(".").is_some_and(|access| {
+        access.get("left").is_some_and(is_context)
+            && access.get("attr").and_then(Json::as_str) == Some("session")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn of(text: &str) -> ContextUse {
         ContextUse::of(&text.parse().expect("test policies parse"))
+    }
+
+    #[test]
+    fn labels_and_recent_counts_are_read_only_where_named() {
+        for (text, memory) in [
+            (
+                r#"permit (principal, action, resource) when { context.session.labels.contains("x") };"#,
+                true,
+            ),
+            (
+                r#"permit (principal, action, resource) when { context.session has labels };"#,
+                true,
+            ),
+            (
+                "permit (principal, action, resource) when { context.session.recent.tool_1h > 3 };",
+                true,
+            ),
+            (
+                "permit (principal, action, resource) when { context.session == context.session };",
+                true,
+            ),
+            (
+                "permit (principal, action, resource) when { context == context };",
+                true,
+            ),
+            (
+                "permit (principal, action, resource) when { context.session.depth > 0 };",
+                false,
+            ),
+            (
+                "permit (principal, action, resource) when { context.labels == 1 };",
+                false,
+            ),
+        ] {
+            let used = of(text);
+            assert_eq!(used.reads_memory(), memory, "{text}");
+        }
     }
 
     fn keys(used: &ContextUse) -> Vec<&str> {
@@ -115,6 +177,10 @@ mod tests {
         assert!(!used.all);
         assert_eq!(keys(&used), ["method", "path", "port", "session"]);
         assert!(used.reads("session") && !used.reads("query") && !used.reads("args"));
+        assert!(
+            !used.reads_memory(),
+            "calls is not what the session touched"
+        );
     }
 
     #[test]

@@ -506,6 +506,15 @@ mod tests {
                 depth: 1,
                 parent_agent: "root".into(),
                 profile: "strict".into(),
+                // Labels and recent counts are in every action's context: built and typed
+                // as the schema's `Session` says.
+                labels: ["private_data".to_owned(), "untrusted_input".to_owned()].into(),
+                recent: crate::request::Recent {
+                    tool_10m: 1,
+                    tool_1h: 2,
+                    tier_10m: 3,
+                    tier_1h: 4,
+                },
             },
             action,
         }

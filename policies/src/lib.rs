@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`catalog`] — the tool catalog (`tools.toml`): names, tiers, routes, argument schemas.
+//! - [`labels`] — the catalog's session labels (`labels` on tools, `[[host]]` entries).
 //! - [`schema`] — the schema of docs/design.md §4: a fixed core (`Agent`, `Tenant`, `Host`,
 //!   `Tool`; `http`, `connect`, `mcp`, `spawn`, the tier groups; `context.session`) plus one
 //!   action per tool, generated from the catalog.
@@ -32,6 +33,7 @@ pub mod decide;
 mod entities;
 pub mod explain;
 mod index;
+pub mod labels;
 pub mod load;
 pub mod request;
 pub mod schema;
@@ -42,7 +44,7 @@ pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};
 pub use decide::{Decision, DenyReason};
 pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};
-pub use request::{AccessRequest, Action, SessionState};
+pub use request::{AccessRequest, Action, Recent, SessionState};
 pub use testing::{run_dir, TestError, TestReport};
 pub use version::PolicyVersion;
 

@@ -5,6 +5,7 @@
 //! the context: an agent cannot talk its way into a different tier or budget.
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 
 use cedar_policy::{ExpressionConstructionError, RestrictedExpression};
 use serde_json::{json, Value};
@@ -86,28 +87,71 @@ pub struct SessionState {
     pub parent_agent: String,
     /// The sandbox profile the session runs under; empty when none.
     pub profile: String,
+    /// The labels of every labelled tool and host policy allowed the session (or an
+    /// ancestor, before the session was spawned) so far: `context.session.labels`.
+    pub labels: BTreeSet<String>,
+    /// `context.session.recent`: this tool's and its tier's calls in the last windows.
+    pub recent: Recent,
+}
+
+/// `context.session.recent`: the calls of the request's tool (`tool_*`) and of its tier
+/// (`tier_*`) that this session was allowed in the 10 minutes and the hour before the
+/// request, the request itself not counted. All 0 for an action that is not a tool call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recent {
+    pub tool_10m: i64,
+    pub tool_1h: i64,
+    pub tier_10m: i64,
+    pub tier_1h: i64,
+}
+
+impl Recent {
+    fn fields(&self) -> [(&'static str, i64); 4] {
+        [
+            ("tool_10m", self.tool_10m),
+            ("tool_1h", self.tool_1h),
+            ("tier_10m", self.tier_10m),
+            ("tier_1h", self.tier_1h),
+        ]
+    }
 }
 
 impl SessionState {
-    fn pairs(&self) -> Vec<(&'static str, RestrictedExpression)> {
+    fn pairs(
+        &self,
+    ) -> Result<Vec<(&'static str, RestrictedExpression)>, ExpressionConstructionError> {
         let l = RestrictedExpression::new_long;
         let s = |v: &str| RestrictedExpression::new_string(v.to_owned());
-        vec![
+        let labels = RestrictedExpression::new_set(self.labels.iter().map(|label| s(label)));
+        let recent = RestrictedExpression::new_record(
+            self.recent.fields().map(|(k, v)| (k.to_owned(), l(v))),
+        )?;
+        Ok(vec![
             ("calls", l(self.calls)),
             ("cost", l(self.cost_micros)),
             ("depth", l(self.depth)),
             ("parent_agent", s(&self.parent_agent)),
             ("profile", s(&self.profile)),
-        ]
+            ("labels", labels),
+            ("recent", recent),
+        ])
     }
 
     fn json(&self) -> Value {
+        let recent: serde_json::Map<String, Value> = self
+            .recent
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), json!(v)))
+            .collect();
         json!({
             "calls": self.calls,
             "cost": self.cost_micros,
             "depth": self.depth,
             "parent_agent": self.parent_agent,
             "profile": self.profile,
+            "labels": self.labels,
+            "recent": recent,
         })
     }
 }
@@ -200,7 +244,7 @@ impl AccessRequest {
                 })?;
             }
         }
-        keep("session", &|| record(self.session.pairs()))?;
+        keep("session", &|| record(self.session.pairs()?))?;
         Ok(pairs)
     }
 
@@ -215,16 +259,32 @@ impl AccessRequest {
         let (first, rest) = path.split_first()?;
         let leaf = |known: Known<'a>| rest.is_empty().then_some(known);
         if first == "session" {
+            let s = &self.session;
+            if let [recent, rest @ ..] = rest {
+                if recent == "recent" {
+                    return match rest {
+                        [] => Some(Known::Other),
+                        [window] => s
+                            .recent
+                            .fields()
+                            .into_iter()
+                            .find(|(k, _)| k == window)
+                            .map(|(_, v)| Known::Long(v)),
+                        _ => None,
+                    };
+                }
+            }
             let Some((attr, [])) = rest.split_first() else {
                 return rest.is_empty().then_some(Known::Other);
             };
-            let s = &self.session;
             return match attr.as_str() {
                 "calls" => Some(Known::Long(s.calls)),
                 "cost" => Some(Known::Long(s.cost_micros)),
                 "depth" => Some(Known::Long(s.depth)),
                 "parent_agent" => Some(Known::Str(&s.parent_agent)),
                 "profile" => Some(Known::Str(&s.profile)),
+                // A set: equal to no literal; `like` on it errors.
+                "labels" => Some(Known::Other),
                 _ => None,
             };
         }

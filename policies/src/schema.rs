@@ -21,6 +21,9 @@
 //! Every action's context carries `session` (`Session` below), so a policy can tell a child
 //! session from its root (`context.session.depth > 0`, `context.session.parent_agent`) and a
 //! sandboxed run from an unsandboxed one (`context.session.profile`), whatever it asks.
+//! `labels` is what the session touched (the catalog's labelled tools and hosts,
+//! [`crate::labels`]), and `recent` its recent calls of the request's tool and tier, so a
+//! policy can remember what the session did before this request.
 //!
 //! # Money
 //! Cedar has no floating-point type, so every cost (`impact.cost`, `session.cost`) is a
@@ -64,13 +67,25 @@ pub const CORE: &str = r#"
   // What the session asking has done so far, and where it sits in the spawn tree: the
   // `session` of every action's context. Costs are Long micro-units (0.001 = 1000).
   // `parent_agent` is empty for a root session; `profile` is the sandbox profile, empty
-  // when the session runs without one.
+  // when the session runs without one. `labels`: those of every labelled tool and host
+  // (tools.toml) the session or its ancestors were allowed; `recent`: the calls of this
+  // request's tool and of its tier allowed to the session in the last 10 minutes and hour,
+  // this request not counted (all 0 when the action is not a tool call).
   type Session = {
     calls: Long,
     cost: Long,
     depth: Long,
     parent_agent: String,
     profile: String,
+    labels: Set<String>,
+    recent: Recent,
+  };
+
+  type Recent = {
+    tool_10m: Long,
+    tool_1h: Long,
+    tier_10m: Long,
+    tier_1h: Long,
   };
 
   // An inspected HTTP request (plain http:// or inside an intercepted TLS tunnel).

@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 
 use cedar_policy::{PolicySet, Schema, ValidationMode, Validator};
 use ostiary_policies::{
-    AccessRequest, Action, Catalog, Decision, DenyReason, PolicyEngine, PolicySource, SessionState,
+    AccessRequest, Action, Catalog, Decision, DenyReason, PolicyEngine, PolicySource, Recent,
+    SessionState,
 };
 use serde_json::json;
 
@@ -32,6 +33,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("hi1", "high_impact"),
 ];
 const TIERS: &[&str] = &["read", "write", "irreversible", "high_impact"];
+/// Session labels a request may carry and a policy may name.
+const LABELS: &[&str] = &["private_data", "untrusted_input", "l2"];
 
 /// Multiplying any Long of magnitude ≥ 2 by this overflows: an evaluation error.
 const OVERFLOW: &str = "4611686018427387904";
@@ -197,7 +200,7 @@ fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
 
 /// One clause of a condition that type-checks for every action the scope admits.
 fn clause(rng: &mut Rng, ctx: Ctx) -> String {
-    let generic = |rng: &mut Rng| match rng.below(8) {
+    let generic = |rng: &mut Rng| match rng.below(10) {
         0 => format!("principal in {}", tenant(rng)),
         1 => format!("principal == {}", agent(rng)),
         5 => format!("principal.name == \"{}\"", rng.pick(AGENTS)),
@@ -214,6 +217,22 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
         // Every action's context carries the session.
         2 => "context.session.depth > 0".into(),
         3 => format!("context.session.parent_agent == \"{}\"", rng.pick(AGENTS)),
+        // What the session touched and did recently: a set the index cannot decide on
+        // (the chain stops there), and Longs under a nested record (it can).
+        8 => match rng.below(3) {
+            0 => format!("context.session.labels.contains(\"{}\")", rng.pick(LABELS)),
+            1 => format!(
+                "context.session.labels.containsAll([\"{}\", \"{}\"])",
+                rng.pick(LABELS),
+                rng.pick(LABELS)
+            ),
+            _ => "context.session.labels.isEmpty()".into(),
+        },
+        9 => match rng.below(3) {
+            0 => format!("context.session.recent.tool_1h > {}", rng.below(4)),
+            1 => format!("context.session.recent.tier_10m == {}", rng.below(3)),
+            _ => "context.session.recent.tool_10m >= context.session.recent.tier_1h".into(),
+        },
         _ => "true".into(),
     };
     if rng.chance(20) {
@@ -488,6 +507,24 @@ fn request(rng: &mut Rng) -> AccessRequest {
                 rng.pick(AGENTS).to_string()
             },
             profile: String::new(),
+            labels: LABELS
+                .iter()
+                .filter(|_| rng.chance(40))
+                .map(|l| (*l).to_owned())
+                .collect(),
+            recent: {
+                let (tool_10m, tier_10m) = (rng.below(3) as i64, rng.below(2) as i64);
+                let (tool_1h, tier_1h) = (
+                    tool_10m + rng.below(3) as i64,
+                    tier_10m + rng.below(3) as i64,
+                );
+                Recent {
+                    tool_10m,
+                    tool_1h,
+                    tier_10m: tier_10m + tool_10m,
+                    tier_1h: tier_1h + tool_1h,
+                }
+            },
         },
         action,
     }

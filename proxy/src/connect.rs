@@ -25,6 +25,7 @@ use crate::egress::address::{normalize_host, split_authority, Host};
 use crate::egress::EgressError;
 use crate::error::ProxyError;
 use crate::plane::DataPlane;
+use crate::store::now_ms;
 use crate::wire_guard::StrictH1;
 use crate::{authenticate, evaluate, ids, pipeline, recognise, respond, tunnel};
 
@@ -111,7 +112,13 @@ async fn open(
     }
     let engine = plane.policies.current();
     audit.update(|r| r.policy_version = Some(engine.version().to_string()));
-    let session = plane.guardrails.session_state(&principal);
+    let mut session = plane.guardrails.session_state(&principal);
+    let memory = &plane.sessions.memory;
+    let shared = plane.guardrails.shared.as_deref();
+    let reads = engine.reads_session_memory();
+    (session.labels, _) = memory
+        .state(shared, &principal.session_id, None, reads, now_ms())
+        .await?;
     let opened_by = evaluate::port(
         &engine,
         &plane.metrics,
@@ -159,6 +166,19 @@ async fn open(
         let policies =
             evaluate::decide(&engine, &plane.metrics, &principal, &session, &host, action)?;
         audit.update(|r| r.add_policies(policies));
+        // Whatever passes the tunnel is unseen: the host's labels go on the session now.
+        let labels = engine.catalog().labels_for(&host_text, None);
+        let expires_at = principal.expires_at;
+        memory
+            .record(
+                shared,
+                &principal.session_id,
+                labels,
+                None,
+                now_ms(),
+                expires_at,
+            )
+            .await?;
         return Ok(Plan::Relay { tunnel, addrs });
     }
     if let Host::Ip(ip) = host {

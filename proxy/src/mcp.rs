@@ -321,6 +321,9 @@ pub struct Asker<'a> {
     pub session: &'a SessionState,
     /// The approver of a held call being executed (`context.approval`); `None` live.
     pub approval: Option<&'a str>,
+    /// `context.session.recent` of each tool (by catalog name) a call may name; a tool not
+    /// in it, or no map, is decided with the session's as it is.
+    pub recent: Option<&'a std::collections::HashMap<String, ostiary_policies::Recent>>,
 }
 
 impl Asker<'_> {
@@ -359,11 +362,22 @@ impl Asker<'_> {
             approval,
             args,
         };
+        let with_recent;
+        let session = match self.recent.and_then(|r| r.get(tool.name())) {
+            Some(recent) => {
+                with_recent = SessionState {
+                    recent: *recent,
+                    ..self.session.clone()
+                };
+                &with_recent
+            }
+            None => self.session,
+        };
         evaluate::decide_or_escalate(
             self.engine,
             self.metrics,
             self.principal,
-            self.session,
+            session,
             &self.target.host,
             action,
         )
@@ -399,6 +413,14 @@ impl Exchange {
             }
             _ => None,
         }
+    }
+
+    /// The tool names (the agent's, as sent) of the body's `tools/call` messages.
+    pub fn call_names(&self) -> impl Iterator<Item = &str> {
+        self.messages.iter().filter_map(|(_, kind)| match kind {
+            Kind::Call { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
     }
 
     /// Whether any message is session plumbing rather than a `tools/call` (rated, and

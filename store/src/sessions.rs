@@ -48,4 +48,12 @@ pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn get_live(&self, id: &str, now: i64) -> Result<Option<SessionRow>, StoreError> {
         Ok(self.live(now)?.into_iter().find(|row| row.id == id))
     }
+    /// Add `labels` to session `id`'s (`context.session.labels`) at `at_ms`; a label it has
+    /// already keeps its first time. Labels are never taken off: what a session touched
+    /// stays touched.
+    fn add_labels(&self, id: &str, labels: &[String], at_ms: i64) -> Result<(), StoreError>;
+    /// Give `child` every label `parent` has now (a spawn: taint does not wash out).
+    fn inherit_labels(&self, parent: &str, child: &str, at_ms: i64) -> Result<(), StoreError>;
+    /// Session `id`'s labels, sorted.
+    fn labels(&self, id: &str) -> Result<Vec<String>, StoreError>;
 }

@@ -70,6 +70,7 @@ mod sandbox_limits;
 mod scrub_encodings;
 mod sdk_python;
 mod sdk_rust;
+mod session_labels;
 mod smoke;
 mod spawn;
 mod store_postgres;

@@ -184,6 +184,9 @@ fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<Exi
         depth: args.session_depth.unwrap_or(0),
         parent_agent: args.parent_agent.clone().unwrap_or_default(),
         profile: String::new(),
+        labels: args.session_labels.clone(),
+        recent: ostiary_policies::testing::CaseRecent::parse(&args.session_recent)
+            .map_err(CliError::Usage)?,
     }
     .state()
     .map_err(CliError::Usage)?;

@@ -188,6 +188,17 @@ fn render_session(s: &Value) -> String {
     if !s["in_flight"].is_null() {
         line("in flight", text(&s["in_flight"]));
     }
+    if let Some(labels) = s["labels"].as_array().filter(|l| !l.is_empty()) {
+        let labels: Vec<String> = labels.iter().map(text).collect();
+        line("labels", labels.join(", "));
+    }
+    if let Some(recent) = s["recent"].as_object().filter(|r| !r.is_empty()) {
+        let windows: Vec<String> = recent
+            .iter()
+            .map(|(window, n)| format!("{window} {}/10m {}/1h", text(&n["10m"]), text(&n["1h"])))
+            .collect();
+        line("recent", windows.join(", "));
+    }
     // Limits beyond calls and cost are shown as the server names them, so a new budget
     // shows up here without a CLI change.
     if let Some(limits) = limits.as_object() {
@@ -301,6 +312,32 @@ mod tests {
         ] {
             assert!(shown.contains(expected), "{expected:?} in:\n{shown}");
         }
+    }
+
+    #[test]
+    fn labels_and_recent_calls_are_shown_when_there_are_any() {
+        let mut session = json!({
+            "session_id": "s-1", "agent": "bot", "tenant": "acme", "parent": null,
+            "depth": 0, "expires_at": 60, "state": "live", "paused": null,
+            "usage": {"calls": 4, "cost": 0.0, "bytes_sent": 0, "bytes_received": 0},
+            "limits": {"max_calls": null, "max_cost": null},
+            "labels": ["private_data", "untrusted_input"],
+            "recent": {"tier:write": {"10m": 4, "1h": 4}, "tool:pay.refund": {"10m": 1, "1h": 3}}
+        });
+        let shown = render_session(&session);
+        for expected in [
+            "labels       private_data, untrusted_input",
+            "recent       tier:write 4/10m 4/1h, tool:pay.refund 1/10m 3/1h",
+        ] {
+            assert!(shown.contains(expected), "{expected:?} in:\n{shown}");
+        }
+        session["labels"] = json!([]);
+        session["recent"] = json!({});
+        let shown = render_session(&session);
+        assert!(
+            !shown.contains("labels ") && !shown.contains("recent "),
+            "{shown}"
+        );
     }
 
     #[test]

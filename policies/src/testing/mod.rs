@@ -29,7 +29,7 @@ use toml::Spanned;
 use crate::catalog::{cost_to_micros, Catalog};
 use crate::decide::Decision;
 use crate::load::PolicyEngine;
-use crate::request::{AccessRequest, Action, SessionState};
+use crate::request::{AccessRequest, Action, Recent, SessionState};
 
 /// Why a test directory could not be run. Failing cases are not errors: they are reported
 /// in [`TestReport`]; errors mean the tests themselves are unreadable.
@@ -149,6 +149,55 @@ pub struct CaseSession {
     /// The sandbox profile; empty for none.
     #[serde(default)]
     pub profile: String,
+    /// `context.session.labels`: what the session touched; default none.
+    #[serde(default)]
+    pub labels: Vec<String>,
+    /// `context.session.recent`; default all 0.
+    #[serde(default)]
+    pub recent: CaseRecent,
+}
+
+/// `session.recent` of a case: the request's tool's and tier's recent calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseRecent {
+    #[serde(default)]
+    pub tool_10m: i64,
+    #[serde(default)]
+    pub tool_1h: i64,
+    #[serde(default)]
+    pub tier_10m: i64,
+    #[serde(default)]
+    pub tier_1h: i64,
+}
+
+impl CaseRecent {
+    /// From `WINDOW=N` words (`tool_1h=3`), as `ostiary policy explain --session-recent`
+    /// takes them; unnamed windows are 0.
+    pub fn parse(words: &[String]) -> Result<Self, String> {
+        let mut recent = Self::default();
+        for word in words {
+            let (window, n) = word
+                .split_once('=')
+                .ok_or_else(|| format!("{word:?}: expected WINDOW=N, e.g. tool_1h=3"))?;
+            let n: i64 = n
+                .parse()
+                .map_err(|e| format!("{word:?}: {n:?} is not a count: {e}"))?;
+            let slot = match window {
+                "tool_10m" => &mut recent.tool_10m,
+                "tool_1h" => &mut recent.tool_1h,
+                "tier_10m" => &mut recent.tier_10m,
+                "tier_1h" => &mut recent.tier_1h,
+                other => {
+                    return Err(format!(
+                        "{other:?}: the windows are tool_10m, tool_1h, tier_10m and tier_1h"
+                    ))
+                }
+            };
+            *slot = n;
+        }
+        Ok(recent)
+    }
 }
 
 impl CaseSession {
@@ -170,12 +219,39 @@ impl CaseSession {
                     .into(),
             );
         }
+        if let Some(bad) = self.labels.iter().find(|l| !crate::labels::is_label(l)) {
+            return Err(format!(
+                "session.labels: {bad:?} is not a label (1-64 of `a-z`, `0-9`, `_`, starting \
+                 with a letter)"
+            ));
+        }
+        let r = &self.recent;
+        // The hour holds the ten minutes: its count is at least theirs.
+        if [r.tool_10m, r.tool_1h, r.tier_10m, r.tier_1h]
+            .iter()
+            .any(|n| *n < 0)
+            || r.tool_10m > r.tool_1h
+            || r.tier_10m > r.tier_1h
+        {
+            return Err(
+                "session.recent: counts must not be negative, and an hour's at least ten \
+                 minutes'"
+                    .into(),
+            );
+        }
         Ok(SessionState {
             calls: self.calls,
             cost_micros: cost_to_micros(self.cost),
             depth: self.depth,
             parent_agent: self.parent_agent.clone(),
             profile: self.profile.clone(),
+            labels: self.labels.iter().cloned().collect(),
+            recent: Recent {
+                tool_10m: r.tool_10m,
+                tool_1h: r.tool_1h,
+                tier_10m: r.tier_10m,
+                tier_1h: r.tier_1h,
+            },
         })
     }
 }

@@ -299,6 +299,7 @@ fn a_tool_case_is_the_call_the_proxy_would_decide() {
             depth: 2,
             parent_agent: "planner".into(),
             profile: String::new(),
+            ..SessionState::default()
         }
     );
 }

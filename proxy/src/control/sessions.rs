@@ -191,7 +191,7 @@ async fn admit_child(
     // The fan-out across replicas (`state.redis`), last of the refusals that cost nothing:
     // counted here, given back (on drop) if the child is not made after all.
     let reserved = reserve_child(shared, parent).await?;
-    let child = child_agent(shared, parent, asked)?;
+    let child = child_agent(shared, parent, asked).await?;
     Ok((reserved, child))
 }
 
@@ -332,7 +332,7 @@ async fn reserve_child(shared: &ControlPlane, parent: &Principal) -> Result<Rese
 
 /// The agent a child of `parent` runs as (`asked` by its creator, or none), or the reply
 /// refusing it. A refused spawn is audited (kind `spawn`) under the parent's session.
-fn child_agent(
+async fn child_agent(
     shared: &ControlPlane,
     parent: &Principal,
     asked: Option<&str>,
@@ -343,7 +343,23 @@ fn child_agent(
         }
     }
     let engine = shared.reloader.policies.current();
-    let session = shared.guardrails.session_state(parent);
+    let mut session = shared.guardrails.session_state(parent);
+    // What the parent touched is in the spawn's context too.
+    let remembered = shared
+        .sessions
+        .memory
+        .state(
+            shared.guardrails.shared.as_deref(),
+            &parent.session_id,
+            None,
+            engine.reads_session_memory(),
+            crate::store::now_ms(),
+        )
+        .await;
+    match remembered {
+        Ok((labels, _)) => session.labels = labels,
+        Err(e) => return Err(ControlError::Proxy(e).into()),
+    }
     let resolved = spawn::resolve(&engine, &shared.metrics, parent, &session, asked);
     if let Some(name) = asked.filter(|name| *name != parent.agent) {
         let request_id = crate::ids::request_id();
@@ -378,6 +394,19 @@ pub(super) async fn show(shared: &ControlPlane, id: &str) -> Reply {
     };
     let account = shared.guardrails.meter.snapshot(id).unwrap_or_default();
     let paused = shared.guardrails.paused(id);
+    let memory = match shared
+        .sessions
+        .memory
+        .show(
+            shared.guardrails.shared.as_deref(),
+            id,
+            crate::store::now_ms(),
+        )
+        .await
+    {
+        Ok(memory) => memory,
+        Err(e) => return ControlError::Proxy(e).into(),
+    };
     Reply(
         StatusCode::OK,
         json!({
@@ -409,6 +438,9 @@ pub(super) async fn show(shared: &ControlPlane, id: &str) -> Reply {
                 .map(|c| c.session_id.clone())
                 .collect::<Vec<_>>(),
             "in_flight": shared.guardrails.inflight.count(id),
+            // `context.session.labels`, and the calls `context.session.recent` counts.
+            "labels": memory.labels,
+            "recent": memory.recent,
         }),
     )
 }

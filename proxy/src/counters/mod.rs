@@ -1,6 +1,8 @@
 //! Counters several replicas share (`state.redis`, docs/design.md §8): session budgets
 //! (calls, cost, bytes), GCRA rate limits, spawn fan-out, pauses, the loop watchdog's trail
-//! ([`trail`]), and the news that a session was torn down. Without `state.redis` all of it lives in the process ([`crate::guardrails`]).
+//! ([`trail`]), the news that a session was torn down, and what policies remember of a
+//! session: its labels and recent tool calls ([`memory`]). Without `state.redis` all of it
+//! lives in the process ([`crate::guardrails`]).
 //!
 //! Every check-and-charge is one server-side script ([`scripts`]), so replicas racing on a
 //! session or a rate key cannot together pass a limit. Calls and cost are charged in Redis
@@ -16,6 +18,7 @@
 //! way rather than restarted from zero.
 
 pub mod accounts;
+pub mod memory;
 pub mod news;
 pub mod scripts;
 pub mod trail;

@@ -365,6 +365,9 @@ impl Guardrails {
             depth: i64::from(principal.depth),
             parent_agent: principal.parent_agent.clone().unwrap_or_default(),
             profile: principal.profile.clone().unwrap_or_default(),
+            // Filled by the decision that reads them (`session::memory`): they need a
+            // look-up this function does not make.
+            ..SessionState::default()
         }
     }
 

@@ -73,6 +73,8 @@ impl ToolFilter {
             // Every call is still decided with the session's usage when it is made.
             session: &self.session,
             approval: None,
+            // A listing is not a call: no tool's recent calls are counted against it.
+            recent: None,
         };
         // Allowed and escalatable tools stay listed (a call is decided when it is made).
         matches!(

@@ -44,6 +44,9 @@ pub(crate) struct Decided {
     pub mcp_reply: Option<ReplyPlan>,
     /// What an approved execution costs, charged when it is sent (`forward`).
     pub charge_when_sent: Option<i64>,
+    /// The catalog tools of the calls that go (one for a REST call, each allowed call of a
+    /// JSON-RPC body): their labels and calls are remembered (`remember`).
+    pub touched: Vec<String>,
 }
 
 /// Decide the request.
@@ -54,7 +57,12 @@ pub(super) async fn run(
 ) -> Result<Decided, ProxyError> {
     ctx.audit.mark(Phase::Decide);
     // `context.session` is read once, so every decision of the request sees the same usage.
-    let session = ctx.plane.guardrails.session_state(&ctx.principal);
+    let mut session = ctx.plane.guardrails.session_state(&ctx.principal);
+    let tool = match &recognised {
+        Recognised::Tool(call) => Some((call.tool.name(), call.tool.tier())),
+        _ => None,
+    };
+    super::remember::fill(ctx, &mut session, tool).await?;
     // The port rule first (a tunnel's port was decided at CONNECT; an approved execution's
     // when it was held).
     if matches!(ctx.mode, super::ctx::Mode::Live { plain: true }) {
@@ -121,6 +129,7 @@ async fn decide_one(
     };
     let mut decided = Decided {
         tool: tool.as_ref().map(|(t, _)| t.name().to_owned()),
+        touched: tool.iter().map(|(t, _)| t.name().to_owned()).collect(),
         response_dlp: ctx.plane.checks.wants(tier, "response_dlp"),
         ..Decided::default()
     };

@@ -29,6 +29,13 @@ pub(super) async fn run(
     bytes: Bytes,
 ) -> Result<Decided, ProxyError> {
     let approved = ctx.mode.approved().cloned();
+    // Each call sees its own tool's and tier's recent calls.
+    let catalog = ctx.engine.catalog();
+    let tools = exchange
+        .call_names()
+        .filter_map(|name| endpoint.tool(catalog, name))
+        .map(|tool| (tool.name().to_owned(), tool.tier()));
+    let recent = super::remember::recent_of(ctx, tools).await?;
     let asker = mcp::Asker {
         engine: ctx.engine,
         metrics: &ctx.plane.metrics,
@@ -36,6 +43,7 @@ pub(super) async fn run(
         target: &ctx.target,
         session,
         approval: approved.as_ref().map(|a| a.approver.as_str()),
+        recent: Some(&recent),
     };
     let mut decided = exchange.decide(&endpoint, asker)?;
     if approved.is_some() {
@@ -204,6 +212,7 @@ fn approved_call(
         .map_or(0, |t| t.cost_micros());
     Ok(Decided {
         tool: call.tool.as_ref().map(|(name, _)| name.clone()),
+        touched: call.tool.iter().map(|(name, _)| name.clone()).collect(),
         charge_when_sent: Some(cost),
         ..Decided::default()
     })
@@ -303,9 +312,17 @@ fn forward(
     if mcp_reply.is_some() {
         mcp::reply::ReplyPlan::prepare(req.headers_mut());
     }
+    // The calls that go: neither refused nor held.
+    let touched = plan
+        .calls
+        .iter()
+        .filter(|call| call.outcome.is_ok())
+        .filter_map(|call| call.tool.as_ref().map(|(name, _)| name.clone()))
+        .collect();
     Ok(Decided {
         tool: plan.tools.first().cloned(),
         mcp_reply,
+        touched,
         ..Decided::default()
     })
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! authenticate → gate → classify → [collect] → recognise → rate → idempotency →
-//! placeholders → decide (evaluate, check, limit, [hold]) → inject → forward → reply
+//! placeholders → decide (evaluate, check, limit, [hold]) → remember → inject → forward → reply
 //!                                                          (audit: a guard around all)
 //! ```
 //! A plain request, a REST tool call and a JSON-RPC POST to a catalogued MCP endpoint take
@@ -40,6 +40,7 @@ mod inject;
 mod placeholders;
 mod rate;
 mod recognise;
+mod remember;
 mod reply;
 mod upgrade;
 
@@ -186,6 +187,8 @@ async fn run(
         placeholders::run(&ctx, &req, &recognised)?;
         // decide — policy, checks, budget, and the hold when a human is asked.
         let mut decided = decide::run(&mut ctx, &mut req, recognised).await?;
+        // remember — what the session touched, before anything leaves.
+        remember::run(&ctx, &decided).await?;
         // inject — only for a request that is going, so nothing is fetched for a refused one.
         let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
         // forward — the egress guard on every dial, TLS verified before credentials leave.
@@ -239,6 +242,8 @@ pub async fn execute(
     placeholders::run(&ctx, &req, &recognised)?;
     // decide — again, with the approval, under the policies in force now.
     let mut decided = decide::run(&mut ctx, &mut req, recognised).await?;
+    // remember — what the session touched, before anything leaves.
+    remember::run(&ctx, &decided).await?;
     // inject — credentials minted now, and the execution's own idempotency key.
     let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
     // forward — charged as approved, then sent.

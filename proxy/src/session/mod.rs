@@ -6,8 +6,10 @@
 //! - [`watchdog`] — the loop watchdog: when a session repeats itself, it is paused.
 //! - [`spawn`] — which agent a child session runs as (its parent's, or one policy permits).
 //! - [`limits`] — the bounds every number a session asks for must keep.
+//! - [`memory`] — what policies remember of a session: its labels and recent tool calls.
 
 pub mod limits;
+pub mod memory;
 pub mod registry;
 pub mod spawn;
 pub mod token;

@@ -120,6 +120,8 @@ pub struct SessionRegistry {
     max_children: u32,
     /// Whether other replicas create sessions in the same store.
     shared: std::sync::atomic::AtomicBool,
+    /// The sessions' labels and recent calls (`context.session.labels`, `.recent`).
+    pub memory: super::memory::SessionMemory,
     /// Sessions known to have ended, so that their tokens are refused without a lookup.
     ended: moka::sync::Cache<String, ()>,
 }
@@ -183,6 +185,7 @@ impl SessionRegistry {
             .collect::<HashMap<_, _>>();
         Ok(Self {
             keys,
+            memory: super::memory::SessionMemory::new(db.clone()),
             db,
             live: RwLock::new(live),
             verified: moka::sync::Cache::builder()
@@ -311,6 +314,7 @@ impl SessionRegistry {
             .iter()
             .filter_map(|id| {
                 self.ended.insert(id.clone(), ());
+                self.memory.forget(id);
                 live.remove(id)
             })
             .collect())
@@ -403,8 +407,14 @@ impl SessionRegistry {
 
         let row = principal.clone();
         let (max_calls, max_cost) = (new.max_calls.map(|c| c as i64), new.max_cost);
+        let at_ms = now_ms();
         self.db
             .call(move |db| {
+                // A child starts with its parent's labels (taint does not wash out by
+                // spawning): given before the session exists, so it is never seen without.
+                if let Some(parent) = &row.parent {
+                    db.inherit_labels(parent, &row.session_id, at_ms)?;
+                }
                 db.insert(&NewSessionRow {
                     id: &row.session_id,
                     agent: &row.agent,
@@ -444,6 +454,9 @@ impl SessionRegistry {
             .filter(|(_, p)| p.expires_at <= now)
             .map(|(id, _)| id.clone())
             .collect();
+        for id in &expired {
+            self.memory.forget(id);
+        }
         expired.iter().filter_map(|id| live.remove(id)).collect()
     }
 
@@ -504,6 +517,7 @@ impl SessionRegistry {
     /// Take a session another replica ended out of the live map; remembered as ended.
     pub fn forget_ended(&self, session_id: &str) {
         self.ended.insert(session_id.to_owned(), ());
+        self.memory.forget(session_id);
         if let Ok(mut live) = self.live.write() {
             live.remove(session_id);
         }
@@ -516,6 +530,7 @@ impl SessionRegistry {
     /// Tear a session down. Returns false when it was not live. Idempotent.
     pub async fn revoke(&self, session_id: &str) -> Result<bool, SessionError> {
         self.ended.insert(session_id.to_owned(), ());
+        self.memory.forget(session_id);
         let removed = self
             .live
             .write()

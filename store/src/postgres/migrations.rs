@@ -64,10 +64,25 @@ const MIGRATIONS: &[Migration] = &[
         name: "policy_versions (the policy sets that were live, and when); approvals.held_policy_version and executed_policy_version",
         sql: POLICY_VERSIONS,
     },
+    Migration {
+        version: 8,
+        name: "session_labels (what each session touched: the catalog's labels, kept for its life)",
+        sql: SESSION_LABELS,
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 7;
+pub const LATEST: i64 = 8;
+
+// As on SQLite: one row per label a session took on.
+const SESSION_LABELS: &str = "
+CREATE TABLE IF NOT EXISTS session_labels (
+    session  TEXT NOT NULL,
+    label    TEXT NOT NULL,
+    added_ms BIGINT NOT NULL,
+    PRIMARY KEY (session, label)
+);
+";
 
 // One row per set (its content-addressed id), however often it went live (as on SQLite).
 const POLICY_VERSIONS: &str = "

@@ -50,6 +50,41 @@ impl SessionStore for PgSessions {
     fn get_live(&self, id: &str, now: i64) -> Result<Option<SessionRow>, StoreError> {
         Ok(self.select(" AND s.id = $2", now, Some(id))?.pop())
     }
+
+    fn add_labels(&self, id: &str, labels: &[String], at_ms: i64) -> Result<(), StoreError> {
+        self.0.with(|c| {
+            // One statement for the whole list: one round trip, all or none.
+            c.execute(
+                "INSERT INTO session_labels (session, label, added_ms)
+                 SELECT $1, label, $3 FROM unnest($2::TEXT[]) AS label
+                 ON CONFLICT (session, label) DO NOTHING",
+                &[&id, &labels, &at_ms],
+            )
+            .map(drop)
+        })
+    }
+
+    fn inherit_labels(&self, parent: &str, child: &str, at_ms: i64) -> Result<(), StoreError> {
+        self.0.with(|c| {
+            c.execute(
+                "INSERT INTO session_labels (session, label, added_ms)
+                 SELECT $1, label, $2 FROM session_labels WHERE session = $3
+                 ON CONFLICT (session, label) DO NOTHING",
+                &[&child, &at_ms, &parent],
+            )
+            .map(drop)
+        })
+    }
+
+    fn labels(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = self.0.with(|c| {
+            c.query(
+                "SELECT label FROM session_labels WHERE session = $1 ORDER BY label",
+                &[&id],
+            )
+        })?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
 }
 
 impl PgSessions {

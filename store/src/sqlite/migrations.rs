@@ -65,10 +65,26 @@ const MIGRATIONS: &[Migration] = &[
             add_column(tx, "approvals", "executed_policy_version", "TEXT")
         },
     },
+    Migration {
+        version: 8,
+        name: "session_labels (what each session touched: the catalog's labels, kept for its life)",
+        apply: |tx| tx.execute_batch(SESSION_LABELS),
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 7;
+pub const LATEST: i64 = 8;
+
+// One row per label a session took on; never deleted while the session row stays, so a
+// child spawned later still inherits it.
+const SESSION_LABELS: &str = "
+CREATE TABLE IF NOT EXISTS session_labels (
+    session  TEXT NOT NULL,
+    label    TEXT NOT NULL,
+    added_ms INTEGER NOT NULL,
+    PRIMARY KEY (session, label)
+);
+";
 
 // One row per set (its content-addressed id), however often it went live: at start-up, on
 // every replica, again after a rollback to the same files.

@@ -68,4 +68,42 @@ impl SessionStore for SqliteSessions {
             rows.collect()
         })
     }
+
+    fn add_labels(&self, id: &str, labels: &[String], at_ms: i64) -> Result<(), StoreError> {
+        self.0.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO session_labels (session, label, added_ms) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (session, label) DO NOTHING",
+                )?;
+                for label in labels {
+                    stmt.execute(params![id, label, at_ms])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    fn inherit_labels(&self, parent: &str, child: &str, at_ms: i64) -> Result<(), StoreError> {
+        self.0.with(|c| {
+            c.execute(
+                "INSERT INTO session_labels (session, label, added_ms)
+                 SELECT ?1, label, ?2 FROM session_labels WHERE session = ?3
+                 ON CONFLICT (session, label) DO NOTHING",
+                params![child, at_ms, parent],
+            )
+            .map(drop)
+        })
+    }
+
+    fn labels(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        self.0.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT label FROM session_labels WHERE session = ?1 ORDER BY label",
+            )?;
+            let rows = stmt.query_map([id], |row| row.get(0))?;
+            rows.collect()
+        })
+    }
 }

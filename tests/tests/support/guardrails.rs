@@ -130,17 +130,7 @@ impl Rig {
     }
 
     pub fn client_for(&self, token: &str) -> reqwest::Client {
-        reqwest::Client::builder()
-            .proxy(
-                reqwest::Proxy::all(format!("http://agent:{token}@{}", self.proxy.proxy_addr))
-                    .unwrap(),
-            )
-            .add_root_certificate(
-                reqwest::Certificate::from_pem(self.proxy.ca_pem.as_bytes()).unwrap(),
-            )
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap()
+        client_for(&self.proxy, token)
     }
 
     /// Create a session (`body` as `POST /v1/sessions` takes it); `parent`: as that
@@ -214,4 +204,14 @@ impl Rig {
             headers,
         )
     }
+}
+
+/// An HTTPS client through `proxy` with a session's `token`, trusting the proxy's CA.
+pub fn client_for(proxy: &TestProxy, token: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(format!("http://agent:{token}@{}", proxy.proxy_addr)).unwrap())
+        .add_root_certificate(reqwest::Certificate::from_pem(proxy.ca_pem.as_bytes()).unwrap())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
