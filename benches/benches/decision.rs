@@ -123,9 +123,48 @@ fn literal_shapes(
     }
 }
 
+/// What keeping a decision for replay and the shadow set costs, against the decision itself
+/// (a tool call with arguments, 100 per-argument permits): on the request path the kept JSON
+/// (`recorded::to_json`, its argument strings scanned by the DLP detectors); on the shadow's
+/// own thread reading it back and deciding it again.
+fn keeping() {
+    const ROUNDS: usize = 20_000;
+    let engine = engine_with_arguments(100);
+    let detectors = ostiary::check::dlp::Detectors::default_set();
+    let secret = |s: &str| detectors.scan(s.as_bytes()).is_some();
+    let requests: Vec<_> = (0..64).map(|i| argument_request(i % 100)).collect();
+    let p50 = |mut times: Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    let (mut decide, mut keep, mut shadow) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..ROUNDS {
+        let req = &requests[i % requests.len()];
+        let started = Instant::now();
+        let decision = std::hint::black_box(engine.decide(req));
+        decide.push(started.elapsed());
+        let started = Instant::now();
+        let kept =
+            std::hint::black_box(ostiary_policies::recorded::to_json(req, &decision, &secret));
+        keep.push(started.elapsed());
+        let started = Instant::now();
+        let back = ostiary_policies::recorded::from_json(&kept).expect("kept decisions read back");
+        std::hint::black_box(engine.decide(&back.request));
+        shadow.push(started.elapsed());
+    }
+    let (decide, keep, shadow) = (p50(decide), p50(keep), p50(shadow));
+    println!(
+        "keeping a decision: p50 decide {decide:?}, keep {keep:?} ({:.2}x the decision, on the \
+         request path), shadow re-decision {shadow:?} ({:.2}x, on the shadow's thread)",
+        keep.as_secs_f64() / decide.as_secs_f64(),
+        shadow.as_secs_f64() / decide.as_secs_f64()
+    );
+}
+
 criterion_group!(benches, decision);
 
 fn main() {
+    keeping();
     percentiles();
     benches();
     Criterion::default().configure_from_args().final_summary();

@@ -15,6 +15,7 @@ pub mod doctor;
 mod evidence;
 mod policy;
 pub mod records;
+mod replay;
 pub mod run;
 pub mod runs;
 pub mod sessions;
@@ -189,12 +190,43 @@ pub enum PolicyCommand {
     /// would change it.
     // Boxed: the tool flags make these arguments far larger than every other command's.
     Explain(Box<ExplainArgs>),
+    /// Decide again, against a candidate policy directory, the decisions the audit trail
+    /// kept, and print what would change (nothing is sent). With --json: one object with
+    /// `decided`, `changed` and `examples`.
+    Replay {
+        /// The candidate policy directory (its `tools.toml` and `*.cedar`).
+        #[arg(long)]
+        candidate: PathBuf,
+        /// Only records since: epoch milliseconds, RFC 3339, or a duration back (15m).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this session's records.
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Make the shadow set (`[policy] shadow_dir`) the enforced one: its files copied over
+    /// the policy directory and the set swapped in at once (asks the running proxy).
+    Promote,
+    /// What the shadow set disagreed with (asks the audit trail).
+    #[command(subcommand)]
+    Shadow(ShadowCommand),
     /// List the policy sets that were live, newest first: each set's version id, when it
     /// first went live and when it was last replaced (asks the running proxy).
     Versions {
         /// At most this many sets.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ShadowCommand {
+    /// The shadow set's disagreements with the enforced one, counted by policy, tool and
+    /// agent, with the latest examples.
+    Report {
+        /// Only records since: epoch milliseconds, RFC 3339, or a duration back (15m).
+        #[arg(long)]
+        since: Option<String>,
     },
 }
 
@@ -346,6 +378,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         // The history is the running proxy's (its store), asked through the control API.
         Command::Policy(PolicyCommand::Versions { limit }) => {
             policy::versions(control_client(&config)?, limit, out).await
+        }
+        // Replay reads the trail: a blocking store, off the runtime like `audit`'s.
+        Command::Policy(PolicyCommand::Promote) => {
+            policy::promote(control_client(&config)?, out).await
+        }
+        Command::Policy(cmd @ (PolicyCommand::Replay { .. } | PolicyCommand::Shadow(_))) => {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || policy::run(&config, cmd, out))
+                .await
+                .map_err(|e| CliError::Store(ostiary_store::StoreError::Task(e.to_string())))?
         }
         Command::Policy(cmd) => policy::run(&config, cmd, out),
         Command::Runs(cmd) => runs::run(control_client(&config)?, cmd, out).await,

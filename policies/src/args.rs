@@ -241,6 +241,59 @@ impl RecordType {
 }
 
 impl RecordType {
+    /// The names of the attributes the record declares.
+    #[cfg(test)]
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.attrs.iter().map(|a| a.name.as_str())
+    }
+
+    /// One record several records' values can all be given as: every attribute any of them
+    /// declares, optional (a value of one record need not have another's), except those
+    /// declared with different types, which are left out and named in the second part.
+    pub(crate) fn merged<'a>(
+        records: impl IntoIterator<Item = &'a RecordType>,
+    ) -> (Self, Vec<String>) {
+        let mut out = RecordType::default();
+        let mut clashes: Vec<String> = Vec::new();
+        for record in records {
+            for attr in &record.attrs {
+                if clashes.contains(&attr.name) {
+                    continue;
+                }
+                match out.attrs.iter().position(|a| a.name == attr.name) {
+                    None => out.attrs.push(Attr {
+                        required: false,
+                        ..attr.clone()
+                    }),
+                    Some(i) if out.attrs[i].ty == attr.ty => {}
+                    Some(i) => {
+                        out.attrs.remove(i);
+                        clashes.push(attr.name.clone());
+                    }
+                }
+            }
+        }
+        out.attrs.sort_by(|a, b| a.name.cmp(&b.name));
+        clashes.sort();
+        (out, clashes)
+    }
+
+    /// This record without the attributes `left_out` names; a value holding one of them is
+    /// still accepted where the record is closed (the schema declared it).
+    pub(crate) fn without(&self, left_out: &[String]) -> Self {
+        let mut out = self.clone();
+        let (dropped, kept) = out
+            .attrs
+            .into_iter()
+            .partition(|a| left_out.contains(&a.name));
+        out.attrs = kept;
+        out.omitted
+            .extend(dropped.into_iter().map(|a: Attr| a.name));
+        out
+    }
+}
+
+impl RecordType {
     /// The Cedar value at `path` inside `json` converted to this type, where it is a scalar
     /// the record declares (a record or set: [`Known::Other`]); `None` where the attribute
     /// is absent, null or not declared. A value of the wrong type makes the whole conversion

@@ -7,7 +7,7 @@
 //! the tool's schema here, per request; a mismatch is a deny of the same kind.
 //!
 //! # Escalation (docs/design.md §4)
-//! A tool call that is denied is escalated instead — [`Decision::Escalate`], "ask a human" —
+//! A tool call (or a trigger) that is denied is escalated instead — [`Decision::Escalate`], "ask a human" —
 //! when (a) at least one policy determined the deny and every one of them carries
 //! `@escalate("approval")`, and (b) the same request with `context.approval.granted == true`
 //! (the approver left as it was, empty if none) is allowed. A default deny never escalates,
@@ -29,6 +29,7 @@ use crate::index::ScopeKeys;
 use crate::load::PolicyEngine;
 use crate::request::{AccessRequest, Action};
 use crate::schema::NAMESPACE;
+use crate::triggers::Triggers;
 
 /// The annotation that makes a forbid escalate: `@escalate("approval")`.
 pub const ESCALATE_ANNOTATION: (&str, &str) = ("escalate", "approval");
@@ -105,7 +106,10 @@ pub(crate) struct Names {
     connect: EntityUid,
     mcp: EntityUid,
     spawn: EntityUid,
+    trigger: EntityUid,
+    trigger_type: EntityTypeName,
     tools: HashMap<String, ToolModel>,
+    triggers: Triggers,
 }
 
 /// What evaluating a call of one tool needs beyond the request.
@@ -123,7 +127,7 @@ struct ToolModel {
 }
 
 impl Names {
-    pub(crate) fn new(catalog: &Catalog) -> Result<Self, String> {
+    pub(crate) fn new(catalog: &Catalog, triggers: &Triggers) -> Result<Self, String> {
         let ty = |kind: &str| -> Result<EntityTypeName, String> {
             format!("{NAMESPACE}::{kind}")
                 .parse()
@@ -177,7 +181,10 @@ impl Names {
             connect: action_uid("connect".into()),
             mcp: action_uid("mcp".into()),
             spawn: action_uid("spawn".into()),
+            trigger: action_uid("trigger".into()),
+            trigger_type: ty("Trigger")?,
             tools,
+            triggers: triggers.clone(),
         })
     }
 
@@ -188,6 +195,7 @@ impl Names {
             Action::Connect { .. } => Some(&self.connect),
             Action::Mcp { .. } => Some(&self.mcp),
             Action::Spawn { .. } => Some(&self.spawn),
+            Action::Trigger { .. } => Some(&self.trigger),
             Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.action_uid),
         }
     }
@@ -203,7 +211,8 @@ impl Names {
             Action::Http { .. }
             | Action::Connect { .. }
             | Action::Mcp { .. }
-            | Action::Spawn { .. } => Vec::new(),
+            | Action::Spawn { .. }
+            | Action::Trigger { .. } => Vec::new(),
         }
     }
 
@@ -228,9 +237,15 @@ impl Names {
             }
             Action::Mcp { .. } => (self.mcp.clone(), Vec::new(), uid(&self.host, &req.host)),
             Action::Spawn { child } => (self.spawn.clone(), Vec::new(), uid(&self.agent, child)),
+            Action::Trigger { name, .. } => (
+                self.trigger.clone(),
+                Vec::new(),
+                uid(&self.trigger_type, name),
+            ),
         };
         let args = match &req.action {
             Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.args),
+            Action::Trigger { name, .. } => self.triggers.get(name).map(|t| &t.payload),
             _ => None,
         };
         Some(ScopeKeys {
@@ -292,7 +307,8 @@ impl PolicyEngine {
         else {
             return decision;
         };
-        let Action::Tool { approval: None, .. } = &req.action else {
+        // Only what a human can approve escalates, and only before they did.
+        let Some(None) = req.action.approval() else {
             return decision;
         };
         let (key, value) = ESCALATE_ANNOTATION;
@@ -303,7 +319,7 @@ impl PolicyEngine {
             return decision;
         }
         let mut approved = req.clone();
-        if let Action::Tool { approval, .. } = &mut approved.action {
+        if let Some(approval) = approved.action.approval_mut() {
             *approval = Some(String::new());
         }
         if self.decide_once(&approved, policies).is_allow() {
@@ -365,6 +381,32 @@ impl PolicyEngine {
                 uid(&names.agent, child),
                 Resource::Agent(child.clone()),
             ),
+            Action::Trigger {
+                name,
+                kind,
+                payload,
+                ..
+            } => {
+                // The payload passed the trigger's JSON Schema before it got here; converted
+                // with the trigger's own record, a payload that still does not fit (the
+                // engine was loaded with another definition of the trigger) is a deny. A
+                // trigger the engine was not loaded with has an empty payload.
+                let payload = match names.triggers.get(name) {
+                    Some(model) => model.payload.value(payload, "payload")?,
+                    None => RecordType::default().value(&serde_json::json!({}), "payload")?,
+                };
+                if reads("payload") {
+                    pairs.push(("payload".into(), payload));
+                }
+                (
+                    names.trigger.clone(),
+                    uid(&names.trigger_type, name),
+                    Resource::Trigger {
+                        name: name.clone(),
+                        kind: kind.clone(),
+                    },
+                )
+            }
             Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => {
                 let action = names
                     .action(&req.action)
@@ -473,6 +515,26 @@ impl PolicyEngine {
                     .map_err(|e| format!("agent entity: {e}"))?,
             ),
             Action::Spawn { .. } => {}
+            Action::Trigger { name, kind, .. } => {
+                let attrs = [
+                    (
+                        "name".to_owned(),
+                        RestrictedExpression::new_string(name.clone()),
+                    ),
+                    (
+                        "kind".to_owned(),
+                        RestrictedExpression::new_string(kind.clone()),
+                    ),
+                ];
+                entities.push(
+                    Entity::new(
+                        uid(&names.trigger_type, name),
+                        attrs.into_iter().collect(),
+                        Default::default(),
+                    )
+                    .map_err(|e| format!("trigger entity: {e}"))?,
+                );
+            }
             Action::Http { .. } | Action::Connect { .. } | Action::Mcp { .. } => entities.push(
                 Entity::new(
                     uid(&names.host, &req.host),
@@ -492,6 +554,7 @@ impl PolicyEngine {
 mod tests {
     use cedar_policy::{Context, EntityUid, Request};
 
+    use crate::decide::{Decision, DenyReason};
     use crate::load::{PolicyEngine, PolicySource};
     use crate::request::{AccessRequest, Action, SessionState};
 
@@ -560,6 +623,143 @@ mod tests {
             // And the engine decides it (the permit-all policy), through the index.
             assert!(engine.decide(&req).is_allow(), "{:?}", req.action);
         }
+    }
+
+    fn trigger_engine(policies: &str) -> PolicyEngine {
+        let triggers = crate::triggers::Triggers::new(&[
+            crate::triggers::TriggerDef {
+                name: "gh-push".into(),
+                kind: "webhook".into(),
+                schema: Some(serde_json::json!({
+                    "type": "object", "required": ["ref"],
+                    "properties": {"ref": {"type": "string"}, "size": {"type": "integer"}}
+                })),
+            },
+            crate::triggers::TriggerDef {
+                name: "nightly".into(),
+                kind: "schedule".into(),
+                schema: None,
+            },
+        ]);
+        PolicyEngine::with_triggers(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text: policies.into(),
+            }],
+            crate::catalog::Catalog::default(),
+            &triggers,
+        )
+        .unwrap()
+    }
+
+    fn trigger(name: &str, kind: &str, payload: serde_json::Value) -> AccessRequest {
+        request(Action::Trigger {
+            name: name.into(),
+            kind: kind.into(),
+            payload,
+            approval: None,
+        })
+    }
+
+    /// A trigger's context, with its payload converted by the engine, is what the schema
+    /// declares; the payload's undeclared fields are not in it.
+    #[test]
+    fn built_trigger_contexts_match_the_schema() {
+        let engine = trigger_engine("permit (principal, action, resource);");
+        let names = engine.names();
+        let model = names.triggers.get("gh-push").unwrap();
+        let req = trigger(
+            "gh-push",
+            "webhook",
+            serde_json::json!({"ref": "main", "x": [1]}),
+        );
+        let Action::Trigger { payload, .. } = &req.action else {
+            unreachable!()
+        };
+        let mut pairs = req.context_pairs().unwrap();
+        pairs.push((
+            "payload".into(),
+            model.payload.value(payload, "payload").unwrap(),
+        ));
+        let context = Context::from_pairs(pairs).unwrap();
+        let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
+        let resource: EntityUid = req.resource().parse().unwrap();
+        Request::new(
+            principal,
+            names.trigger.clone(),
+            resource,
+            context,
+            Some(engine.schema()),
+        )
+        .unwrap();
+        assert!(engine.decide(&req).is_allow());
+    }
+
+    #[test]
+    fn triggers_are_decided_on_their_kind_and_payload_and_escalate() {
+        let engine = trigger_engine(
+            r#"
+            @id("pushes")
+            permit (principal == Ostiary::Agent::"a", action == Ostiary::Action::"trigger", resource)
+            when { resource.kind == "webhook" && context.payload has ref };
+            @id("main-needs-human")
+            @escalate("approval")
+            forbid (principal, action == Ostiary::Action::"trigger", resource == Ostiary::Trigger::"gh-push")
+            when { context.payload has ref && context.payload.ref == "main" }
+            unless { context.approval.granted };
+            @id("schedules")
+            permit (principal, action, resource is Ostiary::Trigger)
+            when { resource.kind == "schedule" && context.session.depth == 1 };
+            "#,
+        );
+        let branch = trigger("gh-push", "webhook", serde_json::json!({"ref": "dev"}));
+        assert_eq!(engine.decide(&branch).policies(), ["pushes"]);
+        assert!(engine.decide(&branch).is_allow());
+        let main = trigger("gh-push", "webhook", serde_json::json!({"ref": "main"}));
+        assert!(
+            matches!(engine.decide(&main), Decision::Escalate { ref policies } if policies == &["main-needs-human"]),
+            "{:?}",
+            engine.decide(&main)
+        );
+        let mut approved = main.clone();
+        *approved.action.approval_mut().unwrap() = Some("alice".into());
+        assert!(engine.decide(&approved).is_allow());
+        // The payload's type is the trigger's: a wrong one is a deny, not a silent skip.
+        let wrong = trigger("gh-push", "webhook", serde_json::json!({"ref": 7}));
+        assert!(matches!(
+            engine.decide(&wrong),
+            Decision::Deny {
+                reason: DenyReason::EvaluationError(_),
+                ..
+            }
+        ));
+        // A schedule has no payload attributes; its decision reads the session.
+        let tick = trigger("nightly", "schedule", serde_json::json!({"ref": "main"}));
+        assert_eq!(engine.decide(&tick).policies(), ["schedules"]);
+        // Indexed and unindexed agree on each.
+        for req in [branch, main, approved, wrong, tick] {
+            assert_eq!(engine.decide(&req), engine.decide_unindexed(&req));
+        }
+    }
+
+    #[test]
+    fn a_policy_reading_an_undeclared_payload_attribute_does_not_load() {
+        let triggers = crate::triggers::Triggers::new(&[]);
+        let err = PolicyEngine::with_triggers(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text: r#"permit (principal, action == Ostiary::Action::"trigger", resource)
+                         when { context.payload.ref == "main" };"#
+                    .into(),
+            }],
+            crate::catalog::Catalog::default(),
+            &triggers,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("t.cedar") || format!("{err:?}").contains("ref"),
+            "{err:?}"
+        );
     }
 
     /// The same for a tool call: the typed parts and the args record converted against the

@@ -30,6 +30,11 @@ pub(crate) enum Resource {
     Host(String),
     Tool(String),
     Agent(String),
+    /// A trigger's entity carries its kind, which a reload may change under the same name.
+    Trigger {
+        name: String,
+        kind: String,
+    },
 }
 
 #[derive(Debug, Default)]

@@ -195,6 +195,7 @@ impl PolicyEngine {
         let (resource_type, resource_id) = match &req.action {
             crate::request::Action::Tool { name, .. } => (format!("{NAMESPACE}::Tool"), name),
             crate::request::Action::Spawn { child } => (format!("{NAMESPACE}::Agent"), child),
+            crate::request::Action::Trigger { name, .. } => (format!("{NAMESPACE}::Trigger"), name),
             _ => (format!("{NAMESPACE}::Host"), &req.host),
         };
         for policy in self.policy_set().policies() {

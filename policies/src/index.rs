@@ -99,6 +99,7 @@ impl ScopeKeys<'_> {
                     Some(Known::Str(&self.request.host))
                 }
                 Action::Spawn { child } => Some(Known::Str(child)),
+                Action::Trigger { name, .. } => Some(Known::Str(name)),
                 // A tool has no `name` attribute: reading one errors.
                 Action::Tool { .. } => None,
             },

@@ -5,8 +5,12 @@
 //! - [`catalog`] — the tool catalog (`tools.toml`): names, tiers, routes, argument schemas.
 //! - [`labels`] — the catalog's session labels (`labels` on tools, `[[host]]` entries).
 //! - [`schema`] — the schema of docs/design.md §4: a fixed core (`Agent`, `Tenant`, `Host`,
-//!   `Tool`; `http`, `connect`, `mcp`, `spawn`, the tier groups; `context.session`) plus one
+//!   `Tool`, `Trigger`; `http`, `connect`, `mcp`, `spawn`, `trigger`, the tier groups; `context.session`) plus one
 //!   action per tool, generated from the catalog.
+//! - [`recorded`] — a decision as the audit trail keeps it, to be decided again (replay,
+//!   shadow sets).
+//! - [`triggers`] — `Action::"trigger"`: the `Trigger` resource and the payload type the
+//!   config's triggers share.
 //! - [`args`] — JSON Schema → Cedar type of `context.args`, and arguments → Cedar values.
 //! - [`load`] — reading `*.cedar` files and the catalog, naming policies by their `@id`,
 //!   strict validation.
@@ -35,9 +39,11 @@ pub mod explain;
 mod index;
 pub mod labels;
 pub mod load;
+pub mod recorded;
 pub mod request;
 pub mod schema;
 pub mod testing;
+pub mod triggers;
 pub mod version;
 
 pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};
@@ -46,6 +52,7 @@ pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};
 pub use request::{AccessRequest, Action, Recent, SessionState};
 pub use testing::{run_dir, TestError, TestReport};
+pub use triggers::{TriggerDef, Triggers};
 pub use version::PolicyVersion;
 
 /// The policies of the library shipped with Ostiary, embedded so that `ostiary serve` works
@@ -55,6 +62,7 @@ pub use version::PolicyVersion;
 pub const EMBEDDED_LIBRARY: &[(&str, &str)] = &[
     ("egress.cedar", include_str!("../library/egress.cedar")),
     ("tiers.cedar", include_str!("../library/tiers.cedar")),
+    ("triggers.cedar", include_str!("../library/triggers.cedar")),
 ];
 
 /// The library's tool catalog (`policies/library/tools.toml`): `tiers.cedar` is written

@@ -15,6 +15,7 @@ use cedar_policy::{
 use miette::Diagnostic;
 
 use crate::catalog::{Catalog, CatalogError, CATALOG_FILE};
+use crate::triggers::Triggers;
 
 /// One policy file: a name for error messages and its text.
 #[derive(Debug, Clone)]
@@ -105,6 +106,11 @@ impl PolicyEngine {
     /// Load the catalog `dir/tools.toml` (absent: empty) and every `*.cedar` file of `dir`
     /// (sorted by name, not recursive).
     pub fn load_dir(dir: &Path) -> Result<Self, LoadError> {
+        Self::load_dir_with(dir, &Triggers::default())
+    }
+
+    /// [`Self::load_dir`] for a config with `triggers` (they type `Action::"trigger"`).
+    pub fn load_dir_with(dir: &Path, triggers: &Triggers) -> Result<Self, LoadError> {
         let paths = files_with_extension(dir, "cedar").map_err(|source| LoadError::ReadDir {
             dir: dir.to_owned(),
             source,
@@ -125,12 +131,17 @@ impl PolicyEngine {
             sources.push(PolicySource { name, text });
         }
         let catalog = Catalog::load_dir(dir)?;
-        Self::with_catalog(&sources, catalog)
+        Self::with_triggers(&sources, catalog, triggers)
     }
 
     /// The library shipped with Ostiary: [`crate::EMBEDDED_LIBRARY`] with its catalog
     /// [`crate::EMBEDDED_CATALOG`], the same policies and tools as `policies/library/` on disk.
     pub fn embedded() -> Result<Self, LoadError> {
+        Self::embedded_with(&Triggers::default())
+    }
+
+    /// [`Self::embedded`] for a config with `triggers`.
+    pub fn embedded_with(triggers: &Triggers) -> Result<Self, LoadError> {
         let sources: Vec<PolicySource> = crate::EMBEDDED_LIBRARY
             .iter()
             .map(|(name, text)| PolicySource {
@@ -141,7 +152,7 @@ impl PolicyEngine {
         // No directory: the shipped catalog gives its argument schemas inline, so there is no
         // schema file to resolve (a path would be refused here, not looked up somewhere else).
         let catalog = Catalog::parse(CATALOG_FILE, crate::EMBEDDED_CATALOG, None)?;
-        Self::with_catalog(&sources, catalog)
+        Self::with_triggers(&sources, catalog, triggers)
     }
 
     /// Build from in-memory sources with an empty catalog (the embedded library, tests).
@@ -152,7 +163,17 @@ impl PolicyEngine {
     /// Build from in-memory sources and a catalog: the schema is generated from the catalog
     /// and every policy is strictly validated against it.
     pub fn with_catalog(sources: &[PolicySource], catalog: Catalog) -> Result<Self, LoadError> {
-        let schema_text = crate::schema::generate(&catalog);
+        Self::with_triggers(sources, catalog, &Triggers::default())
+    }
+
+    /// [`Self::with_catalog`] for a config with `triggers`: the schema's `trigger` action
+    /// types their payloads ([`crate::triggers`]).
+    pub fn with_triggers(
+        sources: &[PolicySource],
+        catalog: Catalog,
+        triggers: &Triggers,
+    ) -> Result<Self, LoadError> {
+        let schema_text = crate::schema::generate(&catalog, triggers);
         let (schema, _warnings) = Schema::from_cedarschema_str(&schema_text)
             .map_err(|e| LoadError::Schema(format!("{e:?}")))?;
 
@@ -218,7 +239,7 @@ impl PolicyEngine {
             http_permit_hosts: http_permit_hosts(&policies),
             index: crate::index::PolicyIndex::new(&policies),
             context_use: crate::context_use::ContextUse::of(&policies),
-            names: crate::decide::Names::new(&catalog).map_err(LoadError::Schema)?,
+            names: crate::decide::Names::new(&catalog, triggers).map_err(LoadError::Schema)?,
             version: crate::version::PolicyVersion::of(sources, &catalog, &schema_text),
             catalog,
             schema_text,

@@ -57,6 +57,19 @@ pub enum Action {
         /// The agent name the child would run as.
         child: String,
     },
+    /// A trigger about to start a run (`Action::"trigger"`, resource `Trigger::"<name>"`,
+    /// principal the agent the run would be).
+    Trigger {
+        /// The trigger's name in the config.
+        name: String,
+        /// `webhook`, `schedule` or `api`.
+        kind: String,
+        /// The payload, validated against the trigger's schema; converted to
+        /// `context.payload` with the trigger's record (see [`crate::triggers`]).
+        payload: Value,
+        /// `Some(approver)` once a human approved the run: `context.approval.granted`.
+        approval: Option<String>,
+    },
     /// A call of a catalogued tool (`Action::"tool:<name>"`, resource `Tool::"<name>"`).
     Tool {
         /// The catalog name.
@@ -158,10 +171,12 @@ impl SessionState {
 
 impl AccessRequest {
     /// The resource as Cedar text: `Ostiary::Tool::"<name>"` for a tool call,
-    /// `Ostiary::Agent::"<child>"` for a spawn, else `Ostiary::Host::"<host>"`.
+    /// `Ostiary::Agent::"<child>"` for a spawn, `Ostiary::Trigger::"<name>"` for a trigger,
+    /// else `Ostiary::Host::"<host>"`.
     pub fn resource(&self) -> String {
         match &self.action {
             Action::Tool { name, .. } => format!("{NAMESPACE}::Tool::{name:?}"),
+            Action::Trigger { name, .. } => format!("{NAMESPACE}::Trigger::{name:?}"),
             Action::Spawn { child } => format!("{NAMESPACE}::Agent::{child:?}"),
             _ => format!("{NAMESPACE}::Host::{:?}", self.host),
         }
@@ -220,6 +235,10 @@ impl AccessRequest {
                 keep("server", &|| s(server))?;
             }
             Action::Spawn { .. } => {}
+            // `payload`, like a tool's `args`, is typed by the engine.
+            Action::Trigger { approval, .. } => {
+                keep("approval", &|| approval_record(approval))?;
+            }
             Action::Tool {
                 impact_records,
                 cost_micros,
@@ -233,15 +252,7 @@ impl AccessRequest {
                         ("cost", l(*cost_micros)),
                     ])
                 })?;
-                keep("approval", &|| {
-                    record(vec![
-                        (
-                            "granted",
-                            RestrictedExpression::new_bool(approval.is_some()),
-                        ),
-                        ("approver", s(approval.as_deref().unwrap_or_default())?),
-                    ])
-                })?;
+                keep("approval", &|| approval_record(approval))?;
             }
         }
         keep("session", &|| record(self.session.pairs()?))?;
@@ -299,7 +310,8 @@ impl AccessRequest {
             (Action::Connect { sni, .. }, "sni") => leaf(Known::Str(sni)),
             (Action::Mcp { method, .. }, "method") => leaf(Known::Str(method)),
             (Action::Mcp { server, .. }, "server") => leaf(Known::Str(server)),
-            (Action::Tool { args: json, .. }, "args") => match rest {
+            (Action::Tool { args: json, .. }, "args")
+            | (Action::Trigger { payload: json, .. }, "payload") => match rest {
                 [] => Some(Known::Other),
                 _ => args?.known(json, rest),
             },
@@ -339,6 +351,15 @@ impl AccessRequest {
             Action::Connect { port, sni } => json!({ "port": port, "sni": sni }),
             Action::Mcp { method, server } => json!({ "method": method, "server": server }),
             Action::Spawn { .. } => json!({}),
+            Action::Trigger {
+                payload, approval, ..
+            } => json!({
+                "payload": payload,
+                "approval": {
+                    "granted": approval.is_some(),
+                    "approver": approval.as_deref().unwrap_or_default(),
+                },
+            }),
             Action::Tool {
                 args,
                 impact_records,
@@ -360,14 +381,31 @@ impl AccessRequest {
 }
 
 impl Action {
-    /// The Cedar action id (`http`, `connect`, `mcp`, `spawn` or `tool:<name>`).
+    /// The Cedar action id (`http`, `connect`, `mcp`, `spawn`, `trigger` or `tool:<name>`).
     pub fn id(&self) -> Cow<'static, str> {
         match self {
             Action::Http { .. } => Cow::Borrowed("http"),
             Action::Connect { .. } => Cow::Borrowed("connect"),
             Action::Mcp { .. } => Cow::Borrowed("mcp"),
             Action::Spawn { .. } => Cow::Borrowed("spawn"),
+            Action::Trigger { .. } => Cow::Borrowed("trigger"),
             Action::Tool { name, .. } => Cow::Owned(format!("tool:{name}")),
+        }
+    }
+
+    /// Who approved it, for the actions a human can approve (a tool call, a trigger).
+    pub fn approval(&self) -> Option<&Option<String>> {
+        match self {
+            Action::Tool { approval, .. } | Action::Trigger { approval, .. } => Some(approval),
+            _ => None,
+        }
+    }
+
+    /// The same, to set when a decision is asked again as approved.
+    pub fn approval_mut(&mut self) -> Option<&mut Option<String>> {
+        match self {
+            Action::Tool { approval, .. } | Action::Trigger { approval, .. } => Some(approval),
+            _ => None,
         }
     }
 
@@ -375,4 +413,20 @@ impl Action {
     pub fn uid_text(&self) -> String {
         format!("{NAMESPACE}::Action::{:?}", self.id())
     }
+}
+
+/// `context.approval`: whether a human approved, and who.
+fn approval_record(
+    approval: &Option<String>,
+) -> Result<RestrictedExpression, ExpressionConstructionError> {
+    RestrictedExpression::new_record([
+        (
+            "granted".to_owned(),
+            RestrictedExpression::new_bool(approval.is_some()),
+        ),
+        (
+            "approver".to_owned(),
+            RestrictedExpression::new_string(approval.clone().unwrap_or_default()),
+        ),
+    ])
 }

@@ -17,6 +17,11 @@
 //!   action's context has);
 //! - `approval`: `granted`, and the `approver` (empty when not granted).
 //!
+//! # Triggers
+//! `Action::"trigger"` (principal the trigger's agent, resource `Trigger::"<name>"`) has the
+//! context `payload` (one record for every trigger, see [`crate::triggers`]), `session` and
+//! `approval`, so a trigger's run can be held for a human with `@escalate` like a tool call.
+//!
 //! # Session
 //! Every action's context carries `session` (`Session` below), so a policy can tell a child
 //! session from its root (`context.session.depth > 0`, `context.session.parent_agent`) and a
@@ -34,6 +39,7 @@
 use std::fmt::Write as _;
 
 use crate::catalog::{Catalog, Tier};
+use crate::triggers::Triggers;
 
 /// Cedar namespace of every Ostiary entity and action.
 pub const NAMESPACE: &str = "Ostiary";
@@ -62,6 +68,13 @@ pub const CORE: &str = r#"
     tier: String,
     reversible: Bool,
     server: String,
+  };
+
+  // A trigger of the config ([[trigger]]): the resource of `trigger`. `name` repeats the
+  // id; `kind` is "webhook", "schedule" or "api".
+  entity Trigger {
+    name: String,
+    kind: String,
   };
 
   // What the session asking has done so far, and where it sits in the spawn tree: the
@@ -164,8 +177,9 @@ pub const CORE: &str = r#"
 "#;
 
 /// The schema for a catalog, in Cedar's human-readable syntax (`ostiary policy schema`).
-pub fn generate(catalog: &Catalog) -> String {
+pub fn generate(catalog: &Catalog, triggers: &Triggers) -> String {
     let mut out = format!("namespace {NAMESPACE} {{{CORE}");
+    triggers.write_action(&mut out);
     debug_assert!(Tier::ALL.iter().all(|t| CORE.contains(t.as_str())));
     for tool in catalog.tools() {
         let _ = writeln!(

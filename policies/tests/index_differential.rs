@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use cedar_policy::{PolicySet, Schema, ValidationMode, Validator};
 use ostiary_policies::{
     AccessRequest, Action, Catalog, Decision, DenyReason, PolicyEngine, PolicySource, Recent,
-    SessionState,
+    SessionState, TriggerDef, Triggers,
 };
 use serde_json::json;
 
@@ -38,6 +38,30 @@ const LABELS: &[&str] = &["private_data", "untrusted_input", "l2"];
 
 /// Multiplying any Long of magnitude ≥ 2 by this overflows: an evaluation error.
 const OVERFLOW: &str = "4611686018427387904";
+
+/// The config's triggers: two with schemas sharing `ref`, one without.
+fn triggers() -> Triggers {
+    let def = |name: &str, kind: &str, schema: Option<serde_json::Value>| TriggerDef {
+        name: name.into(),
+        kind: kind.into(),
+        schema,
+    };
+    Triggers::new(&[
+        def(
+            "t1",
+            "webhook",
+            Some(json!({"type": "object", "required": ["ref"],
+                "properties": {"ref": {"type": "string"}, "size": {"type": "integer"}}})),
+        ),
+        def("t2", "schedule", None),
+        def(
+            "t3",
+            "api",
+            Some(json!({"type": "object",
+                "properties": {"ref": {"type": "string"}, "env": {"type": "string"}}})),
+        ),
+    ])
+}
 
 fn catalog() -> Catalog {
     let mut text = String::new();
@@ -87,6 +111,7 @@ enum Ctx {
     Mcp,
     Spawn,
     Tool,
+    Trigger,
     Mixed,
 }
 
@@ -123,7 +148,11 @@ fn principal_scope(rng: &mut Rng) -> String {
 }
 
 fn action_scope(rng: &mut Rng) -> (String, Ctx) {
-    match rng.below(12) {
+    match rng.below(13) {
+        12 => (
+            "action == Ostiary::Action::\"trigger\"".into(),
+            Ctx::Trigger,
+        ),
         10 => ("action == Ostiary::Action::\"mcp\"".into(), Ctx::Mcp),
         11 => ("action == Ostiary::Action::\"spawn\"".into(), Ctx::Spawn),
         0 => ("action".into(), Ctx::Mixed),
@@ -169,6 +198,18 @@ fn resource_scope(rng: &mut Rng, ctx: Ctx) -> String {
         ctx,
         Ctx::Http | Ctx::Connect | Ctx::HttpOrConnect | Ctx::Mcp
     );
+    if ctx == Ctx::Trigger {
+        let trigger = format!(
+            "Ostiary::Trigger::\"{}\"",
+            rng.pick(&["t1", "t2", "t3", "t9"])
+        );
+        return match rng.below(5) {
+            0 | 1 => "resource".into(),
+            2 => format!("resource == {trigger}"),
+            3 => format!("resource in {trigger}"),
+            _ => "resource is Ostiary::Trigger".into(),
+        };
+    }
     if ctx == Ctx::Spawn {
         return match rng.below(5) {
             0 | 1 => "resource".into(),
@@ -344,6 +385,25 @@ fn clause(rng: &mut Rng, ctx: Ctx) -> String {
             6 => format!("resource.tier == \"{}\"", rng.pick(TIERS)),
             _ => "resource.reversible".into(),
         },
+        Ctx::Trigger => match rng.below(7) {
+            0 => format!(
+                "resource == Ostiary::Trigger::\"{}\"",
+                rng.pick(&["t1", "t2", "t3"])
+            ),
+            1 => format!(
+                "resource.kind == \"{}\"",
+                rng.pick(&["webhook", "schedule", "api"])
+            ),
+            2 => format!(
+                "context.payload has ref && context.payload.ref == \"{}\"",
+                rng.pick(&["main", "dev"])
+            ),
+            3 => "context.payload has size && context.payload.size > 2".into(),
+            4 => "resource.name like \"t*\"".into(),
+            // Read without `has`: strict validation refuses it, so it is dropped.
+            5 => "context.payload.env == \"prod\"".into(),
+            _ => "context.session.depth == 1".into(),
+        },
         Ctx::Mixed => match rng.below(3) {
             0 => "context has method && context.method == \"GET\"".into(),
             // An attribute only tested for: absent from the context, the test says so.
@@ -367,7 +427,7 @@ fn policy(rng: &mut Rng, n: usize, conditioned: bool) -> String {
         (principal_scope(rng), resource_scope(rng, ctx))
     };
     let forbid = rng.chance(35);
-    let escalate = forbid && ctx == Ctx::Tool && rng.chance(60);
+    let escalate = forbid && matches!(ctx, Ctx::Tool | Ctx::Trigger) && rng.chance(60);
     let mut text = format!("@id(\"p{n}\")\n");
     if escalate {
         text.push_str("@escalate(\"approval\")\n");
@@ -425,7 +485,35 @@ fn validates(validator: &Validator, text: &str) -> bool {
 }
 
 fn request(rng: &mut Rng) -> AccessRequest {
-    let action = match rng.below(12) {
+    let action = match rng.below(13) {
+        12 => {
+            let (name, kind) = *rng.pick(&[
+                ("t1", "webhook"),
+                ("t2", "schedule"),
+                ("t3", "api"),
+                ("t9", "webhook"),
+            ]);
+            let mut payload = json!({});
+            if rng.chance(80) {
+                payload["ref"] = json!(rng.pick(&["main", "dev"]));
+            }
+            if rng.chance(40) {
+                payload["size"] = json!(rng.below(5));
+            }
+            if rng.chance(30) {
+                payload["env"] = json!("prod");
+            }
+            if rng.chance(5) {
+                // Not the trigger's schema: an error, indexed or not.
+                payload["ref"] = json!(3);
+            }
+            Action::Trigger {
+                name: name.into(),
+                kind: kind.into(),
+                payload,
+                approval: rng.chance(15).then(|| "alice".to_owned()),
+            }
+        }
         10 => Action::Mcp {
             method: rng
                 .pick(&["initialize", "ping", "resources/read", "notifications/x"])
@@ -567,7 +655,8 @@ fn differential(seed: u64, sets: usize, conditioned: bool) {
 fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize) {
     let started = std::time::Instant::now();
     let catalog = catalog();
-    let schema: Schema = PolicyEngine::with_catalog(&[], catalog.clone())
+    let triggers = triggers();
+    let schema: Schema = PolicyEngine::with_triggers(&[], catalog.clone(), &triggers)
         .expect("empty set loads")
         .schema()
         .clone();
@@ -596,10 +685,10 @@ fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize
             name: format!("set{set}.cedar"),
             text: text.clone(),
         }];
-        let engine = PolicyEngine::with_catalog(&sources, catalog.clone())
+        let engine = PolicyEngine::with_triggers(&sources, catalog.clone(), &triggers)
             .unwrap_or_else(|e| panic!("set {set} does not load: {e}\n{text}"));
         // The reference builds every context attribute; the engine only those its set reads.
-        let whole = PolicyEngine::with_catalog(&sources, catalog.clone())
+        let whole = PolicyEngine::with_triggers(&sources, catalog.clone(), &triggers)
             .expect("loaded once already")
             .building_whole_context();
 

@@ -71,6 +71,23 @@ pub fn decide_or_escalate(
     host: &Host,
     action: Action,
 ) -> Result<Verdict, ProxyError> {
+    decide_keeping(engine, metrics, principal, session, host, action, None)
+}
+
+/// Where a decision is kept, and which argument strings are credentials (redacted).
+pub type Keep<'a> = (&'a mut Option<serde_json::Value>, &'a dyn Fn(&str) -> bool);
+
+/// [`decide_or_escalate`], the decision also kept as `ostiary_policies::recorded` JSON in
+/// `kept` (for the audit record), arguments whose strings `secret` flags redacted.
+pub fn decide_keeping(
+    engine: &PolicyEngine,
+    metrics: &Metrics,
+    principal: &Principal,
+    session: &SessionState,
+    host: &Host,
+    action: Action,
+    kept: Option<Keep<'_>>,
+) -> Result<Verdict, ProxyError> {
     let request = AccessRequest {
         agent: principal.agent.clone(),
         tenant: principal.tenant.clone(),
@@ -83,6 +100,11 @@ pub fn decide_or_escalate(
     metrics
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());
+    if let Some((kept, secret)) = kept {
+        *kept = Some(ostiary_policies::recorded::to_json(
+            &request, &decision, secret,
+        ));
+    }
     match decision {
         Decision::Allow { policies } => Ok(Verdict::Allow {
             policies,

@@ -79,6 +79,7 @@ pub mod path_forms;
 pub mod pipeline;
 pub mod plane;
 pub mod policy_store;
+pub mod promote;
 pub mod recognise;
 pub mod reset_guard;
 pub mod respond;
@@ -87,6 +88,7 @@ pub mod sandbox;
 pub mod scrub;
 pub mod server;
 pub mod session;
+pub mod shadow;
 pub mod state;
 pub mod stores;
 /// Durable state: a trait per aggregate, the row types, migrations and the SQLite backend.

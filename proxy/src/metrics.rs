@@ -29,6 +29,13 @@ pub struct ReloadLabels {
     pub outcome: String,
 }
 
+/// Labels of the shadow set's counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShadowLabels {
+    /// `agree`, `disagree`, `dropped`, `partial`, `unreadable`.
+    pub outcome: String,
+}
+
 /// Labels of the credential counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CredentialLabels {
@@ -61,6 +68,8 @@ pub struct Metrics {
     pub decision_seconds: Histogram,
     pub upstream_seconds: Histogram,
     pub policy_reloads: Family<ReloadLabels, Counter>,
+    /// Decisions the shadow set compared, by outcome.
+    pub shadow: Family<ShadowLabels, Counter>,
     pub policy_generation: Gauge,
     pub credentials: Family<CredentialLabels, Counter>,
     pub credential_fetch_seconds: Histogram,
@@ -213,6 +222,13 @@ impl Default for Metrics {
             "Policy set reloads, by outcome (a failed one keeps the last good set)",
             policy_reloads.clone(),
         );
+        let shadow = Family::<ShadowLabels, Counter>::default();
+        registry.register(
+            "shadow_decisions",
+            "Decisions the shadow policy set compared, by outcome (agree, disagree, dropped: \
+             the queue was full, partial: kept without their arguments, unreadable)",
+            shadow.clone(),
+        );
         let policy_generation = Gauge::default();
         registry.register(
             "policy_generation",
@@ -342,6 +358,7 @@ impl Default for Metrics {
             decision_seconds,
             upstream_seconds,
             policy_reloads,
+            shadow,
             policy_generation,
         }
     }
@@ -433,6 +450,15 @@ impl Metrics {
     }
 
     /// Count one policy reload and publish the generation now in force.
+    /// Count one decision the shadow set compared (or could not).
+    pub fn shadow_decided(&self, outcome: &str) {
+        self.shadow
+            .get_or_create(&ShadowLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn policy_reloaded(&self, ok: bool, generation: u64) {
         self.policy_reloads
             .get_or_create(&ReloadLabels {

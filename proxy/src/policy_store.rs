@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ostiary_policies::{LoadError, PolicyEngine};
+use ostiary_policies::{LoadError, PolicyEngine, Triggers};
 
 use crate::audit::{AuditGuard, AuditSink};
 use crate::check::Checks;
@@ -43,11 +43,15 @@ pub struct Reloader {
 /// Build a policy set from the `[policy]` config: every `*.cedar` file of `policy.dir`,
 /// strictly validated — or the embedded library (policies and tool catalog) when `dir` is the
 /// default and absent, so that `ostiary serve` works from any directory.
-pub fn build(policy: &config::Policy) -> Result<PolicyEngine, LoadError> {
+///
+/// `triggers` are the config's (`[[trigger]]`): their payload schemas type
+/// `Action::"trigger"`, so a policy reading a payload attribute no trigger declares does not
+/// load.
+pub fn build(policy: &config::Policy, triggers: &Triggers) -> Result<PolicyEngine, LoadError> {
     match source_of(policy) {
-        Source::Dir(dir) => PolicyEngine::load_dir(dir),
+        Source::Dir(dir) => PolicyEngine::load_dir_with(dir, triggers),
         // The embedded policies together with the embedded catalog they are written against.
-        Source::Embedded => PolicyEngine::embedded(),
+        Source::Embedded => PolicyEngine::embedded_with(triggers),
     }
 }
 
@@ -168,14 +172,26 @@ pub struct PolicyStore {
     /// Where each set that goes live is recorded (`ostiary policy versions`), once the
     /// store is open ([`PolicyStore::record_history`]).
     history: OnceLock<Arc<dyn PolicyVersionStore>>,
+    /// The config's triggers, which type `Action::"trigger"`; replaced when they are
+    /// reloaded, just before the set is ([`PolicyStore::set_triggers`]).
+    triggers: RwLock<Triggers>,
+    /// The candidate set of `[policy] shadow_dir`, compared and never enforced.
+    shadow: Option<Arc<crate::shadow::Shadow>>,
 }
 
 impl PolicyStore {
-    /// Load the initial set (generation 1).
-    pub fn open(config: config::Policy) -> Result<Self, LoadError> {
+    /// Load the initial set (generation 1) for a config with `triggers`.
+    pub fn open(config: config::Policy, triggers: Triggers) -> Result<Self, LoadError> {
         let seen = watched(&config).map(Snapshot::take);
-        let engine = build(&config)?;
+        let engine = build(&config, &triggers)?;
+        let shadow = config
+            .shadow_dir
+            .as_deref()
+            .map(|dir| crate::shadow::Shadow::load(dir, &triggers).map(Arc::new))
+            .transpose()?;
         Ok(Self {
+            shadow,
+            triggers: RwLock::new(triggers),
             config,
             current: RwLock::new(Arc::new(engine)),
             generation: AtomicU64::new(1),
@@ -206,6 +222,28 @@ impl PolicyStore {
         went_live(&*history, &self.current(), replaces)?;
         let _ = self.history.set(history);
         Ok(())
+    }
+
+    /// Type `Action::"trigger"` by these triggers from the next reload on (the triggers were
+    /// reloaded).
+    pub fn set_triggers(&self, triggers: Triggers) {
+        *self
+            .triggers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = triggers;
+    }
+
+    /// The config's triggers as they are now.
+    fn triggers(&self) -> Triggers {
+        self.triggers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The shadow set, when one is configured.
+    pub fn shadow(&self) -> Option<&Arc<crate::shadow::Shadow>> {
+        self.shadow.as_ref()
     }
 
     /// The set to decide a request under. Take it once per request.
@@ -253,7 +291,41 @@ impl PolicyStore {
         // Taken before the files are read: an edit landing during the read then shows up as
         // a difference at the next poll, and is loaded again.
         *seen = self.watched_dir().map(Snapshot::take);
-        let engine = Arc::new(build(&self.config)?);
+        let triggers = self.triggers();
+        // The shadow set is read again with the enforced one; one that does not load keeps
+        // the last (it decides nothing).
+        if let Some(shadow) = &self.shadow {
+            if let Err(e) = shadow.reload(&triggers) {
+                tracing::error!(error = %e, dir = %shadow.dir().display(), "the shadow set does not load; the last one stays");
+            }
+        }
+        let engine = Arc::new(build(&self.config, &triggers)?);
+        Ok(self.swap_in(engine))
+    }
+
+    /// Make the shadow set the enforced one ([`crate::promote`]). Blocking.
+    pub fn promote(&self) -> Result<ReloadReport, crate::promote::PromoteError> {
+        use crate::promote::PromoteError;
+        let shadow = self.shadow.as_ref().ok_or(PromoteError::NoShadow)?;
+        let live = self
+            .watched_dir()
+            .ok_or_else(|| PromoteError::Embedded(self.config.dir.clone()))?;
+        let mut seen = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let triggers = self.triggers();
+        // Checked before anything is written: a shadow set that no longer loads is not
+        // copied over a good one.
+        PolicyEngine::load_dir_with(shadow.dir(), &triggers)?;
+        crate::promote::copy_over(shadow.dir(), live)?;
+        *seen = Some(Snapshot::take(live));
+        let engine = Arc::new(build(&self.config, &triggers)?);
+        Ok(self.swap_in(engine))
+    }
+
+    /// Swap `engine` in, under the reloads' lock; record it in the history.
+    fn swap_in(&self, engine: Arc<PolicyEngine>) -> ReloadReport {
         let policies = engine.len();
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let replaced = std::mem::replace(&mut *current, engine.clone());
@@ -271,11 +343,11 @@ impl PolicyStore {
                 );
             }
         }
-        Ok(ReloadReport {
+        ReloadReport {
             policies,
             generation,
             version: engine.version().to_string(),
-        })
+        }
     }
 
     /// Whether the policy directory differs from what the last load read. Blocking (stats).
@@ -378,7 +450,12 @@ fn reload_triggers(
     let request_id = ids::request_id();
     let mut audit = AuditGuard::start(&reloader.audit, &reloader.metrics, &request_id, "policy");
     match triggers.reload() {
-        Ok(n) => {
+        Ok(now) => {
+            // The set about to be built types `Action::"trigger"` by them.
+            reloader
+                .policies
+                .set_triggers(crate::runs::authorize::policy_triggers(&now));
+            let n = now.len();
             tracing::info!(%trigger, triggers = n, "triggers reloaded");
             audit.update(|r| r.reason = Some(format!("triggers reloaded: {n} triggers")));
             audit.event("allow", None);
@@ -452,10 +529,14 @@ permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host:
 
     fn store_in(dir: &Path, text: &str) -> PolicyStore {
         std::fs::write(dir.join("p.cedar"), text).unwrap();
-        PolicyStore::open(config::Policy {
-            dir: dir.to_owned(),
-            watch_interval: Duration::from_millis(10),
-        })
+        PolicyStore::open(
+            config::Policy {
+                dir: dir.to_owned(),
+                watch_interval: Duration::from_millis(10),
+                shadow_dir: None,
+            },
+            Triggers::default(),
+        )
         .unwrap()
     }
 
@@ -566,12 +647,13 @@ permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host:
         let policy = config::Policy {
             dir: PathBuf::from(DEFAULT_POLICY_DIR),
             watch_interval: Duration::from_secs(2),
+            shadow_dir: None,
         };
         // Only meaningful where the default directory is absent (the crate's own directory).
         if policy.dir.exists() {
             return;
         }
-        let store = PolicyStore::open(policy).unwrap();
+        let store = PolicyStore::open(policy, Triggers::default()).unwrap();
         assert_eq!(store.watched_dir(), None);
         assert!(!store.changed_on_disk());
         assert_eq!(store.current().len(), build_embedded_len());
@@ -580,10 +662,14 @@ permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host:
     }
 
     fn build_embedded_len() -> usize {
-        build(&config::Policy {
-            dir: PathBuf::from(DEFAULT_POLICY_DIR),
-            watch_interval: Duration::ZERO,
-        })
+        build(
+            &config::Policy {
+                dir: PathBuf::from(DEFAULT_POLICY_DIR),
+                watch_interval: Duration::ZERO,
+                shadow_dir: None,
+            },
+            &Triggers::default(),
+        )
         .unwrap()
         .len()
     }

@@ -141,11 +141,8 @@ async fn vault_session(
 struct Execution {
     plane: Arc<DataPlane>,
     desk: Desk,
-    /// Runs held for approval, and the runner's wake-up once one is released.
-    runs: Option<(
-        Arc<dyn crate::store::runs::RunStore>,
-        Arc<tokio::sync::Notify>,
-    )>,
+    /// Where runs held for approval are decided again and released.
+    runs: Option<Arc<crate::runs::intake::Intake>>,
 }
 
 impl Runner for Execution {
@@ -176,18 +173,13 @@ impl Runner for Execution {
     fn release_run<'a>(
         &'a self,
         run: &'a str,
-    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>> {
+        approver: &'a str,
+    ) -> BoxFuture<'a, Result<crate::runs::intake::Release, crate::store::StoreError>> {
         Box::pin(async move {
-            let Some((store, wake)) = &self.runs else {
-                return Ok(false);
-            };
-            let id = run.to_owned();
-            let now = crate::store::now_ms();
-            let released = crate::store::Call::call(store, move |s| s.release(&id, now)).await?;
-            if released.is_some() {
-                wake.notify_one();
+            match &self.runs {
+                Some(intake) => intake.release(run, approver).await,
+                None => Ok(crate::runs::intake::Release::NotWaiting),
             }
-            Ok(released.is_some())
         })
     }
 }
@@ -234,7 +226,8 @@ pub async fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::Un
 /// Load the policy set as the server would (the policy directory, or the embedded library
 /// when the default directory is absent); see [`policy_store::build`].
 pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
-    Ok(policy_store::build(&config.policy)?)
+    let triggers = crate::runs::authorize::policy_triggers(&config.trigger);
+    Ok(policy_store::build(&config.policy, &triggers)?)
 }
 
 /// The credential broker: Vault logged in to once now (retried in the background when that
@@ -446,7 +439,10 @@ impl Ostiary {
             Some(keys) => StateDir::open_shared(&config.state.dir, keys)?,
             None => StateDir::open_or_create(&config.state.dir)?,
         };
-        let policies = PolicyStore::open(config.policy.clone())?;
+        let policies = PolicyStore::open(
+            config.policy.clone(),
+            crate::runs::authorize::policy_triggers(&config.trigger),
+        )?;
         if policies.watched_dir().is_none() {
             tracing::info!(
                 "policy directory {} not found; using the embedded library",
@@ -491,6 +487,9 @@ impl Ostiary {
         let policies = Arc::new(policies);
         // From here on, a record no policy set decided names the set in force.
         let audit = audit.with_policies(policies.clone());
+        if let Some(shadow) = policies.shadow() {
+            shadow.start(audit.clone(), metrics.clone());
+        }
         {
             // The start-up's set went live; a lone process (SQLite) replaced its last one.
             let (policies, history) = (policies.clone(), stores.policy_versions.clone());
@@ -596,7 +595,7 @@ impl Ostiary {
             runner: Arc::new(Execution {
                 plane: data.clone(),
                 desk: desk.clone(),
-                runs: runs.as_ref().map(|r| (r.store.clone(), r.wake.clone())),
+                runs: runs.as_ref().map(|r| r.intake.clone()),
             }),
             audit: audit.clone(),
             metrics: metrics.clone(),

@@ -307,6 +307,13 @@ impl ControlClient {
         self.call(call).await?.json()
     }
 
+    /// Make the shadow set (`[policy] shadow_dir`) the enforced one: `{"status": "promoted",
+    /// "version", "replaced", "policies", "generation"}`.
+    pub async fn promote_policy(&self) -> Result<Value, SdkError> {
+        let call = Call::new(Method::POST, "/v1/policy/promote".to_owned());
+        self.call(call).await?.json()
+    }
+
     /// Start a run of an `api` trigger with `payload`: `{"run_id", "trigger", "status",
     /// "duplicate", "status_url"}` (a duplicate of an earlier call, by the trigger's
     /// deduplication key, answers the first run's id).

@@ -259,13 +259,27 @@ async fn tool_calls_are_decided_by_tier_and_arguments() {
         vec!["irreversible-needs-human".to_owned()]
     );
     assert!(http[5].approval.is_some());
+    // Arguments appear only in the decision kept for replay (bounded, credentials
+    // redacted: docs/policies.md), never in the rest of a record.
     for record in &records {
-        let json = serde_json::to_string(record).unwrap();
+        let mut record = record.clone();
+        let kept = record.decided.take();
+        let json = serde_json::to_string(&record).unwrap();
         assert!(
             !json.contains("Bug"),
             "arguments stay out of the audit: {json}"
         );
+        if let Some(kept) = kept {
+            assert!(kept["action"]["type"].is_string(), "{kept:#}");
+        }
     }
+    assert!(
+        http[1].decided.as_ref().unwrap()["action"]["args"]
+            .to_string()
+            .contains("Bug"),
+        "the kept decision holds what a re-decision needs: {:#?}",
+        http[1].decided
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,6 +51,17 @@ pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode,
         }
         PolicyCommand::Test { dir } => policy_test(config, dir, out),
         PolicyCommand::Explain(args) => policy_explain(config, *args, out),
+        PolicyCommand::Shadow(super::ShadowCommand::Report { since }) => {
+            super::replay::shadow_report(config, since.as_deref(), out)
+        }
+        PolicyCommand::Promote => Err(CliError::Usage(
+            "`policy promote` asks the running proxy: see `promote`".into(),
+        )),
+        PolicyCommand::Replay {
+            candidate,
+            since,
+            session,
+        } => super::replay::run(config, &candidate, since.as_deref(), session, out),
         PolicyCommand::Versions { .. } => Err(CliError::Usage(
             "`policy versions` asks the running proxy: see `versions`".into(),
         )),
@@ -58,6 +69,23 @@ pub fn run(config: &Config, cmd: PolicyCommand, out: Output) -> Result<ExitCode,
 }
 
 /// `policy versions`: the sets the running proxy's store says were live, newest first.
+/// `ostiary policy promote`.
+pub async fn promote(client: ControlClient, out: Output) -> Result<ExitCode, CliError> {
+    let promoted = client.promote_policy().await?;
+    if out.json {
+        print_json(&promoted);
+    } else {
+        println!(
+            "{}: version {} replaces {} ({} policies)",
+            paint(GOOD, "promoted"),
+            text(&promoted["version"]),
+            text(&promoted["replaced"]),
+            promoted["policies"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn versions(
     client: ControlClient,
     limit: u32,
@@ -111,7 +139,14 @@ fn policy_engine(
     dir: Option<PathBuf>,
 ) -> Result<(ostiary_policies::PolicyEngine, PathBuf), CliError> {
     match dir {
-        Some(dir) => Ok((ostiary_policies::PolicyEngine::load_dir(&dir)?, dir)),
+        // The config's triggers type `Action::"trigger"` whichever directory is tested.
+        Some(dir) => {
+            let triggers = ostiary::runs::authorize::policy_triggers(&config.trigger);
+            Ok((
+                ostiary_policies::PolicyEngine::load_dir_with(&dir, &triggers)?,
+                dir,
+            ))
+        }
         None => Ok((
             ostiary::server::load_policies(config)?,
             config.policy.dir.clone(),

@@ -109,6 +109,8 @@ pub enum CaseAction {
     Spawn,
     /// A call of the catalog tool named by the case's `tool`.
     Tool,
+    /// The trigger named by the case's `trigger` about to start a run.
+    Trigger,
 }
 
 impl TryFrom<String> for CaseAction {
@@ -121,8 +123,9 @@ impl TryFrom<String> for CaseAction {
             "mcp" => Ok(CaseAction::Mcp),
             "spawn" => Ok(CaseAction::Spawn),
             "tool" => Ok(CaseAction::Tool),
+            "trigger" => Ok(CaseAction::Trigger),
             other => Err(format!(
-                "unknown action {other:?}: expected \"http\", \"connect\", \"mcp\", \"spawn\" or \"tool\" \
+                "unknown action {other:?}: expected \"http\", \"connect\", \"mcp\", \"spawn\", \"tool\" or \"trigger\" \
                  (a tool call is `action = \"tool\"` with the catalog name in `tool = \"...\"`)"
             )),
         }
@@ -292,8 +295,14 @@ pub struct Case {
     pub args: Option<Map<String, Value>>,
     /// Every action; default all 0 and empty (a root session's first request).
     pub session: Option<CaseSession>,
-    /// tool only: a human approved this call (`context.approval.granted`, `approver`).
+    /// tool and trigger: a human approved this call (`context.approval.granted`, `approver`).
     pub approved_by: Option<String>,
+    /// trigger only, required: the trigger's name (`[[trigger]]` of the config).
+    pub trigger: Option<String>,
+    /// trigger only; default `webhook`: the trigger's kind.
+    pub kind: Option<String>,
+    /// trigger only; default `{}`: the payload as delivered.
+    pub payload: Option<Map<String, Value>>,
     pub expect: Expect,
     /// The exact determining policy ids, in any order. Absent: not checked.
     pub policies: Option<Vec<String>>,
@@ -319,10 +328,11 @@ impl Case {
     /// another action are refused rather than ignored: a `method` on a connect case, or `args`
     /// on an http case, means the author misunderstood the case.
     pub fn request(&self, catalog: &Catalog) -> Result<AccessRequest, String> {
-        let tool_only = [
-            ("tool", self.tool.is_some()),
-            ("args", self.args.is_some()),
-            ("approved_by", self.approved_by.is_some()),
+        let tool_only = [("tool", self.tool.is_some()), ("args", self.args.is_some())];
+        let trigger_only = [
+            ("trigger", self.trigger.is_some()),
+            ("kind", self.kind.is_some()),
+            ("payload", self.payload.is_some()),
         ];
         let http_only = [
             ("scheme", self.scheme.is_some()),
@@ -334,6 +344,16 @@ impl Case {
             if let Some(field) = given(&tool_only) {
                 return Err(format!("`{field}` applies to tool cases only"));
             }
+        }
+        if self.action != CaseAction::Trigger {
+            if let Some(field) = given(&trigger_only) {
+                return Err(format!("`{field}` applies to trigger cases only"));
+            }
+        }
+        if !matches!(self.action, CaseAction::Tool | CaseAction::Trigger)
+            && self.approved_by.is_some()
+        {
+            return Err("`approved_by` applies to tool and trigger cases only".into());
         }
         if self.action != CaseAction::Mcp && self.server.is_some() {
             return Err("`server` applies to mcp cases only".into());
@@ -410,6 +430,37 @@ impl Case {
                     return Err("`child` is empty".into());
                 }
                 (String::new(), Action::Spawn { child })
+            }
+            CaseAction::Trigger => {
+                let not_for_trigger = [
+                    ("host", self.host.is_some()),
+                    ("method", self.method.is_some()),
+                    ("port", self.port.is_some()),
+                    ("sni", self.sni.is_some()),
+                ];
+                if let Some(field) = given(&http_only).or_else(|| given(&not_for_trigger)) {
+                    return Err(format!(
+                        "`{field}` does not apply to trigger cases: a trigger case is `agent` \
+                         (the run's), `trigger`, `kind`, `payload`, `session` and `approved_by`"
+                    ));
+                }
+                let name = self
+                    .trigger
+                    .clone()
+                    .ok_or("`trigger` (the trigger's name) is required for trigger cases")?;
+                let kind = self.kind.clone().unwrap_or_else(|| "webhook".to_owned());
+                if !["webhook", "schedule", "api"].contains(&kind.as_str()) {
+                    return Err(format!(
+                        "`kind` {kind:?}: expected \"webhook\", \"schedule\" or \"api\""
+                    ));
+                }
+                let action = Action::Trigger {
+                    name,
+                    kind,
+                    payload: Value::Object(self.payload.clone().unwrap_or_default()),
+                    approval: self.approved_by.clone(),
+                };
+                (String::new(), action)
             }
             CaseAction::Tool => {
                 let mut http_only = http_only.to_vec();

@@ -399,6 +399,33 @@ fn tool_cases_decide_allow_deny_and_escalate() {
 }
 
 #[test]
+fn a_trigger_case_is_the_trigger_the_proxy_would_decide() {
+    let request = one_tool_case(
+        r#"[[case]]
+        name = "push"
+        agent = "ci-bot"
+        action = "trigger"
+        trigger = "gh-push"
+        payload = { ref = "main", size = 3 }
+        session = { profile = "default" }
+        approved_by = "alice"
+        expect = "allow""#,
+    )
+    .unwrap();
+    assert_eq!(request.agent, "ci-bot");
+    assert_eq!(
+        request.action,
+        Action::Trigger {
+            name: "gh-push".into(),
+            kind: "webhook".into(),
+            payload: serde_json::json!({"ref": "main", "size": 3}),
+            approval: Some("alice".into()),
+        }
+    );
+    assert_eq!(request.session.profile, "default");
+}
+
+#[test]
 fn bad_tool_cases_are_errors_with_file_and_line() {
     let case_error = |body: &str| {
         // The faulty case is the second, so the line says which entry is meant.
@@ -430,7 +457,7 @@ fn bad_tool_cases_are_errors_with_file_and_line() {
         ),
         (
             "action = \"connect\"\nhost = \"h\"\napproved_by = \"a\"\n",
-            "`approved_by` applies to tool cases only",
+            "`approved_by` applies to tool and trigger cases only",
         ),
         ("action = \"http\"\n", "`host` is required"),
         (
@@ -472,6 +499,26 @@ fn bad_tool_cases_are_errors_with_file_and_line() {
         (
             "action = \"spawn\"\nchild = \"b\"\nsession = { parent_agent = \"a\" }\n",
             "session.depth is 0",
+        ),
+        (
+            "action = \"trigger\"\n",
+            "`trigger` (the trigger's name) is required",
+        ),
+        (
+            "action = \"trigger\"\ntrigger = \"t\"\nkind = \"cron\"\n",
+            "`kind` \"cron\": expected",
+        ),
+        (
+            "action = \"trigger\"\ntrigger = \"t\"\nhost = \"h\"\n",
+            "`host` does not apply to trigger cases",
+        ),
+        (
+            "action = \"http\"\nhost = \"h\"\npayload = { a = 1 }\n",
+            "`payload` applies to trigger cases only",
+        ),
+        (
+            "action = \"tool\"\ntool = \"files.delete\"\ntrigger = \"t\"\n",
+            "`trigger` applies to trigger cases only",
         ),
     ];
     for (body, message) in cases {

@@ -77,12 +77,13 @@ pub trait Runner: Send + Sync + std::fmt::Debug + 'static {
         by: &'a str,
     ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>>;
 
-    /// Release a run a trigger held for approval into the queue (an approved "start this
-    /// run?"): `Ok(false)` when it is no longer waiting.
+    /// Release a run held for approval into the queue (an approved "start this run?"),
+    /// once policy, asked again with the approval granted, still permits it.
     fn release_run<'a>(
         &'a self,
         run: &'a str,
-    ) -> BoxFuture<'a, Result<bool, crate::store::StoreError>>;
+        approver: &'a str,
+    ) -> BoxFuture<'a, Result<crate::runs::intake::Release, crate::store::StoreError>>;
 }
 
 /// What executing approvals takes: the queue it claims from, the sessions it re-checks,
@@ -340,16 +341,18 @@ async fn attempt(
         .ok_or_else(|| Refusal::Refused("the approval names no approver".into()))?;
     // A run a trigger held: approving it starts it (it has no session yet to check).
     if let Some(run) = crate::runs::gate::run_target(approval) {
-        return match shared.runner.release_run(run).await {
-            Ok(true) => Ok(StoredResponse {
+        use crate::runs::intake::Release;
+        return match shared.runner.release_run(run, &approver).await {
+            Ok(Release::Queued) => Ok(StoredResponse {
                 status: 200,
                 headers: vec![("content-type".into(), "application/json".into())],
                 body: format!(r#"{{"status":"queued","run_id":"{run}"}}"#).into_bytes(),
                 truncated: false,
             }),
-            Ok(false) => Err(Refusal::Refused(
+            Ok(Release::NotWaiting) => Err(Refusal::Refused(
                 "the run is no longer waiting for approval (cancelled meanwhile)".into(),
             )),
+            Ok(Release::Refused(why)) => Err(Refusal::Refused(why)),
             Err(e) => Err(Refusal::Failed(format!("releasing the run: {e}"))),
         };
     }

@@ -58,7 +58,7 @@ pub struct AuditRecord {
     pub upstream: Option<String>,
     pub duration_us: u64,
     /// The catalogued tool a request was recognised as (`Action::"tool:<name>"`). Its
-    /// arguments are never recorded: they may carry secrets.
+    /// arguments are kept only in `decided` (bounded, credentials redacted), never here.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub tool: Option<String>,
     /// The tool's risk tier (`read`, `write`, `irreversible`, `high_impact`).
@@ -118,6 +118,16 @@ pub struct AuditRecord {
     /// trail writes about itself, records from before versions).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub policy_version: Option<String>,
+    /// The policy decision as it can be made again (`ostiary policy replay`, the shadow
+    /// set): the request in Cedar's terms, the outcome, the determining policies
+    /// (`ostiary_policies::recorded`; arguments bounded, credentials redacted). On the
+    /// records of plain requests, REST tool calls and uninspected tunnels.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub decided: Option<serde_json::Value>,
+    /// A disagreement of the shadow set (kind `shadow`): the action and resource, and what
+    /// the enforced and the shadow set decided (`decision`, `policies` each).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub shadow: Option<serde_json::Value>,
     /// How long each phase of the request took: for its span ([`crate::telemetry`]), never
     /// stored (the trail's format and hashes stay as they are).
     #[serde(skip)]

@@ -94,6 +94,10 @@ impl AuditSink {
         if let Some(spans) = &self.spans {
             spans.record(&record);
         }
+        // The shadow set compares the kept decision on its own thread.
+        if let Some(shadow) = self.policies.as_ref().and_then(|p| p.shadow()) {
+            shadow.observe(&record);
+        }
         let foldable = record.error.as_deref() == Some(AUDIT_UNAVAILABLE);
         if !self.health.admit(foldable) {
             return;

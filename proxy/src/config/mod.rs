@@ -241,6 +241,9 @@ pub struct Policy {
     /// turns watching off (`SIGHUP` and `POST /v1/policy/reload` still reload).
     #[serde(deserialize_with = "duration")]
     pub watch_interval: Duration,
+    /// A candidate set evaluated beside the enforced one, never enforced: every
+    /// disagreement is an audit record of kind `shadow` (docs/policies.md).
+    pub shadow_dir: Option<PathBuf>,
 }
 
 impl Default for Policy {
@@ -248,6 +251,7 @@ impl Default for Policy {
         Self {
             dir: PathBuf::from(DEFAULT_POLICY_DIR),
             watch_interval: Duration::from_secs(2),
+            shadow_dir: None,
         }
     }
 }

@@ -124,6 +124,7 @@ fn intake_status(e: &crate::runs::intake::IntakeError) -> StatusCode {
         E::BadPayload(_) => StatusCode::BAD_REQUEST,
         E::SchemaMismatch(_) => StatusCode::UNPROCESSABLE_ENTITY,
         E::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+        E::Denied { .. } => StatusCode::FORBIDDEN,
     }
 }
 
@@ -151,6 +152,13 @@ fn intake_body(e: &crate::runs::intake::IntakeError) -> Value {
             body["retry_after"] = json!(retry_after.as_secs().max(1));
         }
         E::Store(_) => body["component"] = json!("store"),
+        E::Denied {
+            trigger, policies, ..
+        } => {
+            body["policies"] = json!(policies);
+            body["action"] = json!("Ostiary::Action::\"trigger\"");
+            body["resource"] = json!(format!("Ostiary::Trigger::{trigger:?}"));
+        }
         _ => {}
     }
     body

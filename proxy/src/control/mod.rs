@@ -204,6 +204,7 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
             sessions::dead_letters(&shared, req.uri().query().unwrap_or("")).await
         }
         (Method::POST, ["v1", "policy", "reload"]) => reload_policies(&shared).await,
+        (Method::POST, ["v1", "policy", "promote"]) => promote_shadow(&shared).await,
         (Method::GET, ["v1", "policy", "versions"]) => {
             policy_versions(&shared, req.uri().query().unwrap_or("")).await
         }
@@ -286,6 +287,61 @@ async fn reload_policies(shared: &Arc<ControlPlane>) -> Reply {
         ),
         Err(ReloadError::Invalid(e)) => ControlError::PolicyInvalid(e.to_string()).into(),
         Err(e @ ReloadError::Interrupted(_)) => ControlError::Internal(e.to_string()).into(),
+    }
+}
+
+/// `POST /v1/policy/promote`: the shadow set becomes the enforced one (`crate::promote`),
+/// audited as kind `policy`. No shadow set, or the embedded library in force, is 409; a
+/// shadow set that no longer loads 422, and nothing changes.
+async fn promote_shadow(shared: &Arc<ControlPlane>) -> Reply {
+    use crate::promote::PromoteError;
+    let reloader = shared.reloader.clone();
+    let request_id = crate::ids::request_id();
+    let mut audit =
+        crate::audit::AuditGuard::start(&reloader.audit, &reloader.metrics, &request_id, "policy");
+    let before = reloader.policies.current().version().to_string();
+    let policies = reloader.policies.clone();
+    let result = match tokio::task::spawn_blocking(move || policies.promote()).await {
+        Ok(result) => result,
+        Err(e) => return ControlError::Internal(format!("promotion did not complete: {e}")).into(),
+    };
+    match result {
+        Ok(report) => {
+            reloader.metrics.policy_reloaded(true, report.generation);
+            reloader
+                .checks
+                .prepare(reloader.policies.current().catalog());
+            tracing::info!(version = %report.version, replaced = %before, "shadow set promoted");
+            audit.update(|r| {
+                r.reason = Some(format!(
+                    "shadow set promoted: version {} replaces {before} ({} policies)",
+                    report.version, report.policies
+                ));
+                r.policy_version = Some(report.version.clone());
+            });
+            audit.event("allow", None);
+            Reply(
+                StatusCode::OK,
+                json!({
+                    "status": "promoted",
+                    "version": report.version,
+                    "replaced": before,
+                    "policies": report.policies,
+                    "generation": report.generation,
+                }),
+            )
+        }
+        Err(e) => {
+            audit.update(|r| r.reason = Some(format!("shadow set not promoted: {e}")));
+            audit.event("error", Some("policy_invalid"));
+            match e {
+                PromoteError::NoShadow | PromoteError::Embedded(_) => {
+                    ControlError::Conflict(e.to_string()).into()
+                }
+                PromoteError::Invalid(e) => ControlError::PolicyInvalid(e.to_string()).into(),
+                PromoteError::Io(_) => ControlError::Internal(e.to_string()).into(),
+            }
+        }
     }
 }
 

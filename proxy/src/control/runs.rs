@@ -104,7 +104,12 @@ pub(super) async fn start(
     let parent = match (admin, super::sessions::bearer_session(shared, &req).await) {
         (false, Some(Ok(principal))) => {
             match runs.checkpoints.run_of(&principal.session_id).await {
-                Ok(Some(run)) => Some((run, principal.session_id.clone())),
+                Ok(Some(run)) => Some(Caller::Run {
+                    run,
+                    session: principal.session_id.clone(),
+                    agent: principal.agent.clone(),
+                    depth: principal.depth,
+                }),
                 Ok(None) => {
                     return answer(
                         shared,
@@ -134,7 +139,7 @@ pub(super) async fn start(
     let payload = start.payload.unwrap_or_else(|| json!({}));
     let caller = match (admin, parent) {
         (true, _) => Caller::Admin,
-        (false, Some((run, session))) => Caller::Run { run, session },
+        (false, Some(parent)) => parent,
         (false, None) => Caller::Token(token.as_deref()),
     };
     let result = runs.intake.api(&start.trigger, payload, caller).await;

@@ -111,14 +111,22 @@ async fn decide_one(
     action: Action,
     tool: Option<(&ostiary_policies::Tool, bytes::Bytes)>,
 ) -> Result<Decided, ProxyError> {
-    let (policies, action, escalated) = match evaluate::decide_or_escalate(
+    // Kept with the record whatever it says, so that it can be decided again (replay, the
+    // shadow set).
+    let mut kept = None;
+    let detectors = &ctx.plane.checks.detectors;
+    let secret = |s: &str| detectors.scan(s.as_bytes()).is_some();
+    let verdict = evaluate::decide_keeping(
         ctx.engine,
         &ctx.plane.metrics,
         &ctx.principal,
         session,
         &ctx.target.host,
         action,
-    )? {
+        Some((&mut kept, &secret)),
+    );
+    ctx.audit.update(|r| r.decided = kept);
+    let (policies, action, escalated) = match verdict? {
         Verdict::Allow { policies, action } => (policies, action, false),
         Verdict::Escalate { policies, action } => (policies, action, true),
     };

@@ -89,8 +89,9 @@ pub fn assemble(inputs: Inputs<'_>) -> Result<Option<Assembled>, String> {
             audit.clone(),
             metrics.clone(),
             wake.clone(),
+            policies.clone(),
         )?
-        .with_approvals(approvals, policies),
+        .with_approvals(approvals),
     );
     let internal = Arc::new(Internal {
         checkpoints: checkpoints.clone(),

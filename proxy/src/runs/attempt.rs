@@ -295,6 +295,8 @@ mod tests {
             attempts: 1,
             backoff_ms: 0,
             parent_session: None,
+            parent_agent: None,
+            depth: 0,
         };
         let new = new_session(&spec);
         assert_eq!(new.ttl.as_deref(), Some("30s"));

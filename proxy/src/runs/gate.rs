@@ -1,4 +1,5 @@
-//! Runs held for a human before they start (`approval = true` on a trigger), through the
+//! Runs held for a human before they start (`approval = true` on a trigger, or a policy's
+//! `@escalate` on `Action::"trigger"`), through the
 //! same approval queue and channels as held requests (the CLI, the review page, email,
 //! Slack): the approval shows what would start — the trigger, the agent, the command, the
 //! sandbox profile, the payload — and approving it releases the run into the queue, once;
@@ -19,11 +20,13 @@ pub const RUN_URL: &str = "ostiary:run/";
 /// The largest payload an approval shows whole; a larger one is shown by its digest.
 const SHOWN_PAYLOAD: usize = 4096;
 
-/// The approval that holds `run` of `trigger`.
+/// The approval that holds `run` of `trigger`, asked for by `policies` (the escalating
+/// policies, or `trigger:<name>:approval` for the trigger's own `approval = true`).
 pub fn approval_for(
     config: &crate::config::Approvals,
     trigger: &Trigger,
     run: &RunRow,
+    policies: Vec<String>,
     policy_generation: u64,
     now_ms: i64,
 ) -> Approval {
@@ -64,7 +67,7 @@ pub fn approval_for(
         Ask {
             principal: &principal,
             request_id: crate::ids::request_id(),
-            policies: vec![format!("trigger:{}:approval", trigger.name)],
+            policies,
             policy_generation,
             request: HeldRequest {
                 method: "POST".into(),
@@ -153,7 +156,15 @@ mod tests {
             parent_run: None,
             approval: None,
         };
-        let approval = approval_for(&Default::default(), &trigger, &run, 3, 1000);
+        let approval = approval_for(
+            &Default::default(),
+            &trigger,
+            &run,
+            vec!["deploys-need-a-human".into()],
+            3,
+            1000,
+        );
+        assert_eq!(approval.policies, ["deploys-need-a-human"]);
         assert_eq!(run_target(&approval), Some("run_1"));
         let args = approval.observed.args.as_ref().unwrap();
         assert_eq!(args["command"], json!(["./deploy.sh", "--prod"]));

@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! trigger known, of this kind → size (413) → signature (401; secret from the broker)
-//!   → payload as JSON (400) → schema (422) → deduplication key (400)
+//!   → payload as JSON (400) → schema (422) → policy (403, or held) → deduplication key (400)
 //!   → stored: deduplicated (200 duplicate), rate (429), new (202), one store transaction
 //! ```
 //! The size before the signature, so an unauthenticated sender cannot make the proxy read
 //! (or MAC) more than a payload may be; the signature before everything that reads the
-//! payload, so nothing an unauthenticated sender wrote is parsed; the rate after the
+//! payload, so nothing an unauthenticated sender wrote is parsed; the policy decision
+//! (`Action::"trigger"`, [`super::authorize`]) on a payload the schema accepted, which is
+//! what types it; the rate after the
 //! signature, so forged deliveries cannot spend a trigger's rate, and after the
 //! deduplication, so a duplicate spends none of it; the deduplication and the rate in the
 //! same store transaction as the run, so two deliveries of one event racing on two replicas
@@ -27,6 +29,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 
+use super::authorize::Verdict;
 use super::signature::Scheme;
 use super::spec::RunSpec;
 use super::webhook;
@@ -62,6 +65,13 @@ pub enum IntakeError {
         per: Duration,
         retry_after: Duration,
     },
+    /// The policy decision on `Action::"trigger"` said no.
+    #[error("policy denies starting a run of trigger {trigger:?}: {why}")]
+    Denied {
+        trigger: String,
+        policies: Vec<String>,
+        why: String,
+    },
     #[error("the run store is unavailable: {0}")]
     Store(#[from] StoreError),
 }
@@ -77,6 +87,7 @@ impl IntakeError {
             Self::BadPayload(_) => "bad_request",
             Self::SchemaMismatch(_) => "check_failed",
             Self::RateLimited { .. } => "limit_exceeded",
+            Self::Denied { .. } => "denied",
             Self::Store(_) => "state_unavailable",
         }
     }
@@ -109,9 +120,10 @@ pub struct Intake {
     metrics: Arc<Metrics>,
     /// Woken when a run is queued, so the runner starts it at once.
     wake: Arc<Notify>,
-    /// Where runs of triggers with `approval = true` wait for a human.
+    /// Where held runs wait for a human (`approval = true`, or a policy's `@escalate`).
     approvals: Option<Arc<crate::approvals::ApprovalQueue>>,
-    policies: Option<Arc<crate::policy_store::PolicyStore>>,
+    /// What decides `Action::"trigger"`.
+    policies: Arc<crate::policy_store::PolicyStore>,
 }
 
 impl std::fmt::Debug for Intake {
@@ -133,8 +145,14 @@ pub enum Caller<'a> {
     /// Whoever holds the trigger's own token (or presented this one).
     Token(Option<&'a str>),
     /// A run's agent, with its session's token: the new run is its child (its session a
-    /// child of `session`, carved from its budget, under the spawn rules).
-    Run { run: String, session: String },
+    /// child of `session`, carved from its budget, under the spawn rules). `agent` and
+    /// `depth` are that session's.
+    Run {
+        run: String,
+        session: String,
+        agent: String,
+        depth: u32,
+    },
 }
 
 /// The payload as the run gets it: the bytes delivered, when they are JSON (so the agent can
@@ -172,6 +190,26 @@ fn compile(triggers: &[Trigger]) -> Result<HashMap<String, Arc<Ready>>, String> 
     Ok(ready)
 }
 
+/// What approving a held run came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// Queued: the runner starts it.
+    Queued,
+    /// It was no longer waiting for approval (cancelled meanwhile, or released already).
+    NotWaiting,
+    /// Decided again, approved, policy still refuses it: cancelled, for this reason.
+    Refused(String),
+}
+
+/// The run a child run is started from, and its session.
+#[derive(Debug)]
+struct Parent {
+    run: String,
+    session: String,
+    agent: String,
+    depth: u32,
+}
+
 /// What a delivery brings.
 #[derive(Debug)]
 pub struct Delivery<'a> {
@@ -189,6 +227,7 @@ impl Intake {
         audit: AuditSink,
         metrics: Arc<Metrics>,
         wake: Arc<Notify>,
+        policies: Arc<crate::policy_store::PolicyStore>,
     ) -> Result<Self, String> {
         Ok(Self {
             triggers: RwLock::new(Arc::new(compile(triggers)?)),
@@ -198,18 +237,13 @@ impl Intake {
             metrics,
             wake,
             approvals: None,
-            policies: None,
+            policies,
         })
     }
 
-    /// Hold the runs of `approval = true` triggers in `approvals`.
-    pub fn with_approvals(
-        mut self,
-        approvals: Arc<crate::approvals::ApprovalQueue>,
-        policies: Arc<crate::policy_store::PolicyStore>,
-    ) -> Self {
+    /// Hold runs for a human in `approvals`.
+    pub fn with_approvals(mut self, approvals: Arc<crate::approvals::ApprovalQueue>) -> Self {
         self.approvals = Some(approvals);
-        self.policies = Some(policies);
         self
     }
 
@@ -340,9 +374,19 @@ impl Intake {
                     self.check_token(&ready.trigger, token).await?;
                     None
                 }
-                Caller::Run { run, session } => {
+                Caller::Run {
+                    run,
+                    session,
+                    agent,
+                    depth,
+                } => {
                     audit.update(|r| r.parent = Some(session.clone()));
-                    Some((run, session))
+                    Some(Parent {
+                        run,
+                        session,
+                        agent,
+                        depth,
+                    })
                 }
             };
             let body =
@@ -395,6 +439,95 @@ impl Intake {
         result
     }
 
+    /// A human approved held run `run_id`: decided again — approved, under the policies in
+    /// force now — and released into the queue, or cancelled with the policy's reason. The
+    /// decision is one audit record of kind `trigger`.
+    pub async fn release(&self, run_id: &str, approver: &str) -> Result<Release, StoreError> {
+        let id = run_id.to_owned();
+        let Some(row) = self.runs.call(move |s| s.get(&id)).await? else {
+            return Ok(Release::NotWaiting);
+        };
+        if row.status != RunStatus::AwaitingApproval {
+            return Ok(Release::NotWaiting);
+        }
+        let mut audit = self.record(&row.trigger);
+        let verdict = match serde_json::from_str::<RunSpec>(&row.spec) {
+            Ok(spec) => {
+                // Stored as JSON (a form's as its object), so it reads back as it was decided.
+                let payload = serde_json::from_str(&row.payload).unwrap_or(Value::Null);
+                let request = super::authorize::request(
+                    &row.trigger,
+                    &row.kind,
+                    &payload,
+                    &spec,
+                    Some(approver.to_owned()),
+                );
+                let decision = self.policies.current().decide(&request);
+                audit.update(|r| r.policies = decision.policies().to_vec());
+                super::authorize::verdict(decision)
+            }
+            Err(e) => Verdict::Denied {
+                policies: Vec::new(),
+                why: format!("the run's spec does not read: {e}"),
+            },
+        };
+        audit.update(|r| {
+            r.run = Some(json!({"trigger": row.trigger, "run_id": row.id, "approver": approver}));
+        });
+        let now = crate::store::now_ms();
+        let id = row.id.clone();
+        match verdict {
+            Verdict::Allowed => {
+                let released = self.runs.call(move |s| s.release(&id, now)).await;
+                let released = match released {
+                    Ok(released) => released.is_some(),
+                    Err(e) => {
+                        audit.update(|r| r.reason = Some(format!("releasing the run: {e}")));
+                        audit.event("error", Some("state_unavailable"));
+                        return Err(e);
+                    }
+                };
+                audit.update(|r| {
+                    r.reason = Some(format!(
+                        "trigger {}: approved by {approver}, run released",
+                        row.trigger
+                    ))
+                });
+                audit.event("allow", None);
+                if released {
+                    self.wake.notify_one();
+                    Ok(Release::Queued)
+                } else {
+                    Ok(Release::NotWaiting)
+                }
+            }
+            // Approved, a run that still does not pass is refused (an escalation cannot
+            // recur with the approval granted; were it to, it is no yes either).
+            Verdict::Escalated(policies) | Verdict::Denied { policies, .. } => {
+                let why = format!(
+                    "policy denies starting the approved run of trigger {:?} ({})",
+                    row.trigger,
+                    if policies.is_empty() {
+                        "no policy permits it".to_owned()
+                    } else {
+                        format!("policies: {}", policies.join(", "))
+                    }
+                );
+                let cancelled = {
+                    let why = why.clone();
+                    self.runs.call(move |s| s.cancel(&id, &why, now)).await
+                };
+                audit.update(|r| {
+                    r.reason = Some(why.clone());
+                    r.error = Some("denied".into());
+                });
+                audit.event("deny", Some("denied"));
+                cancelled?;
+                Ok(Release::Refused(why))
+            }
+        }
+    }
+
     fn ready(&self, name: &str, kind: Kind) -> Result<Arc<Ready>, IntakeError> {
         let ready = self
             .current()
@@ -436,7 +569,7 @@ impl Intake {
         payload: Value,
         raw: &[u8],
         key: Option<String>,
-        parent: Option<(String, String)>,
+        parent: Option<Parent>,
         audit: &mut AuditGuard,
     ) -> Result<Admitted, IntakeError> {
         let trigger = &ready.trigger;
@@ -456,9 +589,32 @@ impl Intake {
             r.run = Some(json!({"trigger": trigger.name, "payload_sha256": digest}));
         });
         let now = crate::store::now_ms();
-        let held = trigger.approval;
         let mut spec = RunSpec::of(trigger);
-        spec.parent_session = parent.as_ref().map(|(_, session)| session.clone());
+        if let Some(parent) = &parent {
+            spec.parent_session = Some(parent.session.clone());
+            spec.parent_agent = Some(parent.agent.clone());
+            spec.depth = parent.depth.saturating_add(1);
+        }
+        // Decided under the policies in force now; a held run is decided again, approved,
+        // when a human says yes.
+        let request =
+            super::authorize::request(&trigger.name, trigger.kind.as_str(), &payload, &spec, None);
+        let decision = self.policies.current().decide(&request);
+        audit.update(|r| r.policies = decision.policies().to_vec());
+        let (held, asked_by) = match super::authorize::verdict(decision) {
+            Verdict::Allowed => (
+                trigger.approval,
+                vec![format!("trigger:{}:approval", trigger.name)],
+            ),
+            Verdict::Escalated(policies) => (true, policies),
+            Verdict::Denied { policies, why } => {
+                return Err(IntakeError::Denied {
+                    trigger: trigger.name.clone(),
+                    policies,
+                    why,
+                })
+            }
+        };
         let spec =
             serde_json::to_string(&spec).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
         let row = RunRow {
@@ -487,18 +643,19 @@ impl Intake {
             cost_micros: None,
             dead_letter: None,
             cancel_requested: false,
-            parent_run: parent.map(|(run, _)| run),
+            parent_run: parent.map(|p| p.run),
             approval: None,
         };
         // The approval is made first so the run names it; it is put before humans only
         // once the run is stored (a duplicate delivery asks nobody).
         let approval = match (held, &self.approvals) {
             (true, Some(queue)) => {
-                let generation = self.policies.as_ref().map_or(0, |p| p.generation());
+                let generation = self.policies.generation();
                 Some(super::gate::approval_for(
                     &queue.config,
                     trigger,
                     &row,
+                    asked_by,
                     generation,
                     now,
                 ))

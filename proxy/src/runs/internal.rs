@@ -109,6 +109,8 @@ async fn start_child(
     let caller = Caller::Run {
         run,
         session: principal.session_id.clone(),
+        agent: principal.agent.clone(),
+        depth: principal.depth,
     };
     let admitted = internal
         .intake
@@ -191,6 +193,16 @@ fn refusal(e: IntakeError) -> ProxyError {
         IntakeError::Store(e) => ProxyError::StateUnavailable {
             component: "store",
             reason: e.to_string(),
+        },
+        IntakeError::Denied {
+            trigger,
+            policies,
+            why,
+        } => ProxyError::Denied {
+            policies,
+            action: "Ostiary::Action::\"trigger\"".into(),
+            resource: format!("Ostiary::Trigger::{trigger:?}"),
+            reason: why,
         },
         IntakeError::BadSignature(_) | IntakeError::Unauthenticated => {
             ProxyError::unauthenticated(e.to_string())

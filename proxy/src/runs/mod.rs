@@ -17,12 +17,16 @@
 //!   dead letter, its directory).
 //! - [`schedule`] — cron expressions in a time zone, and the ticks that start runs.
 //! - [`checkpoint`] — a run's checkpoint at the proxy's reserved name `ostiary.internal`.
-//! - [`gate`] — runs held for a human before they start (`approval = true`).
+//! - [`authorize`] — the Cedar decision on `Action::"trigger"` before a run is made, and
+//!   again when a human approves it.
+//! - [`gate`] — runs held for a human before they start (`approval = true`, or a policy's
+//!   `@escalate`).
 //! - [`internal`] — what a run's agent asks of the proxy itself at `ostiary.internal`:
 //!   its checkpoint, child runs.
 
 pub mod assemble;
 mod attempt;
+pub mod authorize;
 pub mod checkpoint;
 pub mod gate;
 pub mod intake;

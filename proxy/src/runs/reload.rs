@@ -46,9 +46,9 @@ impl TriggerReload {
         }
     }
 
-    /// Read the config file again and put its triggers in force: how many there are now,
-    /// or why the ones in force stay.
-    pub fn reload(&self) -> Result<usize, String> {
+    /// Read the config file again and put its triggers in force: the triggers now, or why
+    /// the ones in force stay.
+    pub fn reload(&self) -> Result<Vec<Trigger>, String> {
         let Some(path) = &self.source else {
             return Err("the proxy runs on the built-in defaults: no config file to read".into());
         };
@@ -69,7 +69,7 @@ impl TriggerReload {
                 format!("the triggers took, but runs still read the old config: {e}")
             })?;
         }
-        Ok(config.trigger.len())
+        Ok(config.trigger)
     }
 }
 

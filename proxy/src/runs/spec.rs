@@ -29,6 +29,13 @@ pub struct RunSpec {
     /// budget carved as for any child session; no credential inherited).
     #[serde(default)]
     pub parent_session: Option<String>,
+    /// The parent session's agent (`context.session.parent_agent` of the decision on the
+    /// run); `None` for a root run.
+    #[serde(default)]
+    pub parent_agent: Option<String>,
+    /// The depth the run's session will have (0 for a root run).
+    #[serde(default)]
+    pub depth: u32,
 }
 
 impl RunSpec {
@@ -45,6 +52,8 @@ impl RunSpec {
             attempts: trigger.retry.attempts,
             backoff_ms: u64::try_from(trigger.retry.backoff.as_millis()).unwrap_or(u64::MAX),
             parent_session: None,
+            parent_agent: None,
+            depth: 0,
         }
     }
 
@@ -80,6 +89,8 @@ mod tests {
             attempts: 5,
             backoff_ms: 1000,
             parent_session: None,
+            parent_agent: Some("planner".into()),
+            depth: 1,
         };
         let waits: Vec<u64> = (2..=5)
             .map(|n| spec.backoff_before(n).as_millis() as u64)

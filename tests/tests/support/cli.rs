@@ -196,8 +196,17 @@ impl Server {
         let policies = dir.path().join("policies");
         std::fs::create_dir_all(&policies).unwrap();
         std::fs::write(policies.join("test.cedar"), policy).unwrap();
+        // Files named `shadow/<name>` make a shadow set (`[policy] shadow_dir`) beside it.
+        let mut shadow_toml = String::new();
         for (name, text) in policy_files {
-            std::fs::write(policies.join(name), text).unwrap();
+            if let Some(name) = name.strip_prefix("shadow/") {
+                let shadow = dir.path().join("shadow");
+                std::fs::create_dir_all(&shadow).unwrap();
+                std::fs::write(shadow.join(name), text).unwrap();
+                shadow_toml = format!("shadow_dir = \"{}\"", shadow.display());
+            } else {
+                std::fs::write(policies.join(name), text).unwrap();
+            }
         }
         let ca_file = upstream.write_ca(dir.path());
         let state = dir.path().join("state");
@@ -223,6 +232,7 @@ dir = "{state}"
 
 [policy]
 dir = "{policies}"
+{shadow_toml}
 
 [egress]
 ports = [80, 443, {port}]

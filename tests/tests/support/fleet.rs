@@ -50,6 +50,9 @@ permit (principal, action in Ostiary::Action::"tier:irreversible", resource);
 @escalate("approval")
 forbid (principal, action in Ostiary::Action::"tier:irreversible", resource)
 unless { context.approval.granted };
+
+@id("triggers-start-runs")
+permit (principal, action == Ostiary::Action::"trigger", resource);
 "#;
 
 /// What every fleet here configures: fast sweeps and reaping, a short claim lease, a

@@ -15,7 +15,7 @@ use ostiary_e2e::upstream::Upstream;
 use serde_json::Value;
 use sha2::Sha256;
 
-use crate::support::cli::{audit_query, free_port, ostiary, Server, POLICY};
+use crate::support::cli::{audit_query, free_port, ostiary, Server};
 
 /// The GitHub webhook's signing secret (credential `gh`).
 pub(crate) const GH_SECRET: &str = "gh-webhook-secret-7f3a";
@@ -23,6 +23,16 @@ pub(crate) const GH_SECRET: &str = "gh-webhook-secret-7f3a";
 pub(crate) const STRIPE_SECRET: &str = "whsec_stripe-secret-91c2";
 /// An API trigger's own token (credential `api-token`).
 pub(crate) const API_TOKEN: &str = "api-trigger-token-5d0e";
+
+/// The rig's policy: the demo upstream's `/echo`, and every trigger may start its runs.
+pub(crate) const RUNS_POLICY: &str = r#"
+@id("allow-demo-echo")
+permit (principal, action == Ostiary::Action::"http", resource == Ostiary::Host::"api.example.test")
+when { context.path == "/echo" };
+
+@id("triggers-start-runs")
+permit (principal, action == Ostiary::Action::"trigger", resource);
+"#;
 
 /// How long a run may take to reach what a test waits for.
 pub(crate) const RUN_DEADLINE: Duration = Duration::from_secs(30);
@@ -97,6 +107,8 @@ pub(crate) struct Options {
     pub(crate) tls: bool,
     /// Bind `listen.triggers` too.
     pub(crate) triggers_listener: bool,
+    /// The policy file, instead of [`RUNS_POLICY`].
+    pub(crate) policy: Option<String>,
 }
 
 impl RunsRig {
@@ -161,7 +173,7 @@ stop_grace = "1s"
         let server = Server::start_with_listen(
             &upstream,
             &["api.example.test"],
-            POLICY,
+            options.policy.as_deref().unwrap_or(RUNS_POLICY),
             &[],
             &listen,
             &extra,
