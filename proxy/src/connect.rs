@@ -163,8 +163,19 @@ async fn open(
             port,
             sni: host.to_string(),
         };
-        let policies =
-            evaluate::decide(&engine, &plane.metrics, &principal, &session, &host, action)?;
+        // Kept with the record (replay, the shadow set); a Connect carries no arguments.
+        let mut kept = None;
+        let decided = evaluate::decide_kept(
+            &engine,
+            &plane.metrics,
+            &principal,
+            &session,
+            &host,
+            action,
+            Some((&mut kept, &|_: &str| false)),
+        );
+        audit.update(|r| r.decided = kept);
+        let policies = decided?;
         audit.update(|r| r.add_policies(policies));
         // Whatever passes the tunnel is unseen: the host's labels go on the session now.
         let labels = engine.catalog().labels_for(&host_text, None);

@@ -40,7 +40,20 @@ pub fn decide(
     host: &Host,
     action: Action,
 ) -> Result<Vec<String>, ProxyError> {
-    match decide_or_escalate(engine, metrics, principal, session, host, action)? {
+    decide_kept(engine, metrics, principal, session, host, action, None)
+}
+
+/// [`decide`], the decision also kept (see [`decide_keeping`]).
+pub fn decide_kept(
+    engine: &PolicyEngine,
+    metrics: &Metrics,
+    principal: &Principal,
+    session: &SessionState,
+    host: &Host,
+    action: Action,
+    kept: Option<Keep<'_>>,
+) -> Result<Vec<String>, ProxyError> {
+    match decide_keeping(engine, metrics, principal, session, host, action, kept)? {
         Verdict::Allow { policies, .. } => Ok(policies),
         Verdict::Escalate { policies, action } => Err(ProxyError::ApprovalRequired {
             resource: resource_of(principal, host, &action),

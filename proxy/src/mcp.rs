@@ -324,22 +324,43 @@ pub struct Asker<'a> {
     /// `context.session.recent` of each tool (by catalog name) a call may name; a tool not
     /// in it, or no map, is decided with the session's as it is.
     pub recent: Option<&'a std::collections::HashMap<String, ostiary_policies::Recent>>,
+    /// Keep each decision for its audit record (replay, the shadow set), argument strings
+    /// these detectors flag redacted; `None`: keep nothing.
+    pub keep: Option<&'a crate::check::dlp::Detectors>,
 }
 
 impl Asker<'_> {
+    /// Whether an argument string is a credential (kept decisions redact it).
+    fn secret(&self, s: &str) -> bool {
+        self.keep
+            .is_some_and(|detectors| detectors.scan(s.as_bytes()).is_some())
+    }
+
     /// Decide a message other than `tools/call` on `endpoint` (`Action::"mcp"`).
     pub fn message(&self, endpoint: &Endpoint, method: &str) -> Result<Verdict, ProxyError> {
+        self.message_keeping(endpoint, method, &mut None)
+    }
+
+    /// [`Self::message`], the decision kept in `kept` when the asker keeps decisions.
+    pub fn message_keeping(
+        &self,
+        endpoint: &Endpoint,
+        method: &str,
+        kept: &mut Option<Value>,
+    ) -> Result<Verdict, ProxyError> {
         let action = Action::Mcp {
             method: method.to_owned(),
             server: endpoint.url.to_string(),
         };
-        evaluate::decide_or_escalate(
+        let secret = |s: &str| self.secret(s);
+        evaluate::decide_keeping(
             self.engine,
             self.metrics,
             self.principal,
             self.session,
             &self.target.host,
             action,
+            self.keep.map(|_| (kept, &secret as &dyn Fn(&str) -> bool)),
         )
     }
 
@@ -351,6 +372,18 @@ impl Asker<'_> {
         name: &str,
         args: Value,
         approval: Option<String>,
+    ) -> Result<Verdict, ProxyError> {
+        self.call_keeping(endpoint, name, args, approval, &mut None)
+    }
+
+    /// [`Self::call`], the decision kept in `kept` when the asker keeps decisions.
+    pub fn call_keeping(
+        &self,
+        endpoint: &Endpoint,
+        name: &str,
+        args: Value,
+        approval: Option<String>,
+        kept: &mut Option<Value>,
     ) -> Result<Verdict, ProxyError> {
         let Some(tool) = endpoint.tool(self.engine.catalog(), name) else {
             return Err(unknown_tool(self.target, name));
@@ -373,13 +406,15 @@ impl Asker<'_> {
             }
             None => self.session,
         };
-        evaluate::decide_or_escalate(
+        let secret = |s: &str| self.secret(s);
+        evaluate::decide_keeping(
             self.engine,
             self.metrics,
             self.principal,
             session,
             &self.target.host,
             action,
+            self.keep.map(|_| (kept, &secret as &dyn Fn(&str) -> bool)),
         )
     }
 }

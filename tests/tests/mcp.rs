@@ -144,7 +144,7 @@ async fn raw_json_rpc_is_decided_per_call_and_bounded() {
     );
 
     // Each call of the batch is audited on its own, under the request's id, next to the
-    // request's own record; arguments stay out.
+    // request's own record; arguments stay out (but for the decision kept for replay).
     let request_id = by_id(2)["error"]["data"]["request_id"]
         .as_str()
         .unwrap_or_else(|| panic!("{reply}"))
@@ -178,8 +178,14 @@ async fn raw_json_rpc_is_decided_per_call_and_bounded() {
     for record in &calls {
         assert_eq!(record.host.as_deref(), Some(HOST), "{record:#?}");
         assert!(record.session.is_some() && record.agent.is_some() && record.tenant.is_some());
-        let json = serde_json::to_string(record).unwrap();
+        // Arguments only in the decision kept for replay, which reads back as decided.
+        let mut record = (*record).clone();
+        let kept = record.decided.take().expect("each call keeps its decision");
+        let json = serde_json::to_string(&record).unwrap();
         assert!(!json.contains("notes.txt"), "arguments stay out: {json}");
+        let kept = ostiary_policies::recorded::from_json(&kept).unwrap();
+        assert_eq!(kept.outcome, record.decision, "{kept:#?}");
+        assert_eq!(kept.policies, record.policies, "{kept:#?}");
     }
     let http: Vec<_> = records.iter().filter(|r| r.kind == "http").collect();
     assert_eq!(http.len(), 1, "{records:#?}");

@@ -53,6 +53,19 @@ async fn tunnel_hosts_are_relayed_uninspected_and_decided_as_connect() {
     assert_eq!(record.decision, "allow");
     assert_eq!(record.status, Some(200));
     assert_eq!(record.policies, vec!["tunnel-ok".to_owned()]);
+    // The decision is kept so that it can be made again (replay, a shadow set).
+    let kept = ostiary_policies::recorded::from_json(record.decided.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        (kept.outcome.as_str(), kept.policies.as_slice()),
+        ("allow", &record.policies[..])
+    );
+    assert!(
+        matches!(
+            kept.request.action,
+            ostiary_policies::Action::Connect { .. }
+        ),
+        "{kept:?}"
+    );
 
     // The client verifies the *upstream's* certificate: the proxy minted nothing.
     let stream = tls(

@@ -85,6 +85,8 @@ pub struct DecidedCall {
     pub seen: Seen,
     /// What policy allowed or escalated, while the checks may still change it.
     passed: Option<Passed>,
+    /// The decision as its audit record keeps it (replay, the shadow set).
+    pub kept: Option<Value>,
 }
 
 /// One decided message other than `tools/call`: what its audit record needs.
@@ -98,6 +100,8 @@ pub struct DecidedMessage {
     pub outcome: Result<Vec<String>, ProxyError>,
     /// The id of a `tools/list` request, whose answer is filtered when it is forwarded.
     list: Option<Value>,
+    /// The decision as its audit record keeps it (replay, the shadow set).
+    pub kept: Option<Value>,
 }
 
 /// A call policy allowed or escalated: what its checks and a hold need.
@@ -162,7 +166,9 @@ impl Exchange {
                         catalogued.is_some(),
                     );
                     let approval = asker.approval.map(str::to_owned);
-                    let (outcome, passed) = match asker.call(endpoint, &name, args, approval) {
+                    let mut kept = None;
+                    let verdict = asker.call_keeping(endpoint, &name, args, approval, &mut kept);
+                    let (outcome, passed) = match verdict {
                         Ok(Verdict::Allow { policies, action }) => (
                             Ok(policies.clone()),
                             Some(Passed {
@@ -192,11 +198,13 @@ impl Exchange {
                         cost_micros: None,
                         seen,
                         passed,
+                        kept,
                     });
                     Slot::Call(decided.calls.len() - 1)
                 }
                 Kind::Message { method, list } => {
-                    let outcome = match asker.message(endpoint, &method) {
+                    let mut kept = None;
+                    let outcome = match asker.message_keeping(endpoint, &method, &mut kept) {
                         Ok(Verdict::Allow { policies, .. }) => Ok(policies),
                         // `mcp` is never escalated (only tool calls are); no allow, no pass.
                         Ok(Verdict::Escalate { policies, action }) => {
@@ -217,6 +225,7 @@ impl Exchange {
                         method,
                         outcome,
                         list,
+                        kept,
                     });
                     Slot::Message(decided.others.len() - 1)
                 }

@@ -75,6 +75,8 @@ impl ToolFilter {
             approval: None,
             // A listing is not a call: no tool's recent calls are counted against it.
             recent: None,
+            // Nor is it a decision the trail keeps.
+            keep: None,
         };
         // Allowed and escalatable tools stay listed (a call is decided when it is made).
         matches!(

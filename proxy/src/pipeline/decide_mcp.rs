@@ -44,6 +44,8 @@ pub(super) async fn run(
         session,
         approval: approved.as_ref().map(|a| a.approver.as_str()),
         recent: Some(&recent),
+        // Each message's decision is kept with its record (replay, the shadow set).
+        keep: Some(&ctx.plane.checks.detectors),
     };
     let mut decided = exchange.decide(&endpoint, asker)?;
     if approved.is_some() {
@@ -157,6 +159,7 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
                 r.checks = call.checks.clone();
                 r.unchecked = call.unchecked;
                 r.cost_micros = call.cost_micros;
+                r.decided = call.kept.clone();
             });
             record.decided(call.outcome.as_ref().map(Vec::as_slice));
         }
@@ -169,6 +172,7 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
                 r.rpc_id = message.rpc_id.clone();
                 r.rpc_method = Some(message.method.clone());
                 r.policy_version = Some(ctx.engine.version().to_string());
+                r.decided = message.kept.clone();
             });
             record.decided(message.outcome.as_ref().map(Vec::as_slice));
         }
@@ -179,6 +183,14 @@ fn record(ctx: &mut RequestCtx<'_>, plan: &Plan) {
         }
         if let (false, [message]) = (plan.batch, plan.messages.as_slice()) {
             r.rpc_method = Some(message.method.clone());
+        }
+        // A lone message's decision is kept with the request's own record.
+        if !plan.batch {
+            let lone = plan.calls.iter().map(|c| &c.kept);
+            let lone = lone.chain(plan.messages.iter().map(|m| &m.kept));
+            if let Some(kept) = lone.flatten().next() {
+                r.decided = Some(kept.clone());
+            }
         }
         r.add_policies(plan.policies.clone());
         r.checks = plan.calls.iter().flat_map(|c| c.checks.clone()).collect();
