@@ -124,6 +124,11 @@ async fn policy_permits_refuses_and_holds_runs_and_decides_again_on_approval() {
     let denied = records.iter().find(|r| r["decision"] == "deny").unwrap();
     assert_eq!(denied["error"], "denied", "{denied:#}");
     assert_eq!(denied["policies"], json!(["freeze"]), "{denied:#}");
+    // Kept so that it can be decided again (replay, a shadow set).
+    let kept = ostiary_policies::recorded::from_json(&denied["decided"]).unwrap();
+    assert_eq!(kept.outcome, "deny", "{denied:#}");
+    assert_eq!(kept.policies, ["freeze"], "{denied:#}");
+    assert_eq!(kept.request.action.id(), "trigger", "{denied:#}");
 
     // Escalated: held for a human, naming the policy; approved, it runs.
     let prod = start(&rig, json!({"env": "prod"})).await;

@@ -121,7 +121,8 @@ pub struct AuditRecord {
     /// The policy decision as it can be made again (`ostiary policy replay`, the shadow
     /// set): the request in Cedar's terms, the outcome, the determining policies
     /// (`ostiary_policies::recorded`; arguments bounded, credentials redacted). On the
-    /// records of plain requests, REST tool calls, MCP messages and uninspected tunnels.
+    /// records of plain requests, REST tool calls, MCP messages, uninspected tunnels and
+    /// triggers.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub decided: Option<serde_json::Value>,
     /// A disagreement of the shadow set (kind `shadow`): the action and resource, and what

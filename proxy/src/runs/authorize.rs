@@ -70,6 +70,17 @@ pub fn verdict(decision: Decision) -> Verdict {
     }
 }
 
+/// The decision as the trigger's audit record keeps it (replay, the shadow set): the
+/// payload's strings the default DLP detectors flag redacted.
+pub fn kept(request: &AccessRequest, decision: &Decision) -> serde_json::Value {
+    static DETECTORS: std::sync::OnceLock<crate::check::dlp::Detectors> =
+        std::sync::OnceLock::new();
+    let detectors = DETECTORS.get_or_init(crate::check::dlp::Detectors::default_set);
+    ostiary_policies::recorded::to_json(request, decision, &|s: &str| {
+        detectors.scan(s.as_bytes()).is_some()
+    })
+}
+
 /// The triggers as the policy set types them (their payload schemas, resolved).
 pub fn policy_triggers(triggers: &[Trigger]) -> Triggers {
     let defs: Vec<TriggerDef> = triggers

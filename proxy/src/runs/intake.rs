@@ -463,7 +463,10 @@ impl Intake {
                     Some(approver.to_owned()),
                 );
                 let decision = self.policies.current().decide(&request);
-                audit.update(|r| r.policies = decision.policies().to_vec());
+                audit.update(|r| {
+                    r.policies = decision.policies().to_vec();
+                    r.decided = Some(super::authorize::kept(&request, &decision));
+                });
                 super::authorize::verdict(decision)
             }
             Err(e) => Verdict::Denied {
@@ -600,7 +603,10 @@ impl Intake {
         let request =
             super::authorize::request(&trigger.name, trigger.kind.as_str(), &payload, &spec, None);
         let decision = self.policies.current().decide(&request);
-        audit.update(|r| r.policies = decision.policies().to_vec());
+        audit.update(|r| {
+            r.policies = decision.policies().to_vec();
+            r.decided = Some(super::authorize::kept(&request, &decision));
+        });
         let (held, asked_by) = match super::authorize::verdict(decision) {
             Verdict::Allowed => (
                 trigger.approval,
