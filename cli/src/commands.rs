@@ -239,7 +239,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "default")]
     pub tenant: String,
     /// Destination host; canonicalised as the proxy does before policies see it.
-    #[arg(long, required_unless_present_any = ["tool", "spawn"])]
+    #[arg(long, required_unless_present_any = ["tool", "spawn", "trigger"])]
     pub host: Option<String>,
     /// HTTP method (default GET).
     #[arg(long)]
@@ -286,6 +286,16 @@ pub struct ExplainArgs {
     /// The tool call's arguments, a JSON object (default `{}`).
     #[arg(long, requires = "tool")]
     pub args: Option<String>,
+    /// Decide whether the config's trigger of this name may start a run
+    /// (`Action::"trigger"`, principal `--agent`); its kind comes from the config.
+    #[arg(
+        long,
+        conflicts_with_all = ["host", "method", "path", "query", "port", "scheme", "connect", "sni", "mcp", "tool", "spawn"]
+    )]
+    pub trigger: Option<String>,
+    /// The trigger's payload, a JSON object (default `{}`).
+    #[arg(long, requires = "trigger")]
+    pub payload: Option<String>,
     /// Calls the session made before this one (default 0).
     #[arg(long)]
     pub session_calls: Option<i64>,
@@ -305,8 +315,8 @@ pub struct ExplainArgs {
     /// several of `tool_10m`, `tool_1h`, `tier_10m`, `tier_1h` (default 0).
     #[arg(long = "session-recent", value_name = "WINDOW=N")]
     pub session_recent: Vec<String>,
-    /// A human approved this call (`context.approval`).
-    #[arg(long, requires = "tool")]
+    /// A human approved this call or run (`context.approval`): with --tool or --trigger.
+    #[arg(long)]
     pub approved_by: Option<String>,
     /// Policy directory (default: the config's `policy.dir`).
     #[arg(long)]

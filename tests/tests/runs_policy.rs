@@ -248,6 +248,50 @@ expect = "deny"
     )
     .await;
     assert!(tested.success(), "{tested}");
+    // `policy explain` decides a trigger as the proxy does (the config's policies).
+    let explain = |payload: &'static str| {
+        let config = config.clone();
+        async move {
+            ostiary(&[
+                "--config",
+                &config,
+                "--json",
+                "policy",
+                "explain",
+                "--agent",
+                "deployer",
+                "--trigger",
+                "deploy",
+                "--payload",
+                payload,
+            ])
+            .await
+        }
+    };
+    let frozen = explain(r#"{"env":"frozen"}"#).await;
+    assert!(frozen.success(), "{frozen}");
+    let frozen: Value = serde_json::from_str(&frozen.stdout).unwrap();
+    assert_eq!(frozen["decision"], "deny", "{frozen:#}");
+    assert!(frozen.to_string().contains("freeze"), "{frozen:#}");
+    let staging = explain(r#"{"env":"staging"}"#).await;
+    let staging: Value = serde_json::from_str(&staging.stdout).unwrap();
+    assert_eq!(staging["decision"], "allow", "{staging:#}");
+    let unknown = ostiary(&[
+        "--config",
+        &config,
+        "policy",
+        "explain",
+        "--agent",
+        "deployer",
+        "--trigger",
+        "nope",
+    ])
+    .await;
+    assert!(
+        !unknown.success() && unknown.stderr.contains("no such trigger"),
+        "{unknown}"
+    );
+
     // Unguarded, even a declared attribute is refused: every payload attribute is optional.
     let unguarded = test(
         r#"permit (principal, action == Ostiary::Action::"trigger", resource)

@@ -225,7 +225,43 @@ fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<Exi
     }
     .state()
     .map_err(CliError::Usage)?;
+    if args.approved_by.is_some() && args.tool.is_none() && args.trigger.is_none() {
+        return Err(CliError::Usage(
+            "--approved-by needs --tool or --trigger (only a call or a run is approved)".into(),
+        ));
+    }
     let (host, action) = match (args.tool, args.spawn) {
+        _ if args.trigger.is_some() => {
+            let name = args.trigger.unwrap_or_default();
+            let trigger = config
+                .trigger
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| {
+                    CliError::Usage(format!(
+                        "--trigger {name:?}: the config has no such trigger"
+                    ))
+                })?;
+            let payload = match args.payload.as_deref() {
+                None => serde_json::Value::Object(Default::default()),
+                Some(text) => match serde_json::from_str(text) {
+                    Ok(value @ serde_json::Value::Object(_)) => value,
+                    Ok(_) => return Err(CliError::Usage("--payload must be a JSON object".into())),
+                    Err(e) => {
+                        return Err(CliError::Usage(format!(
+                            "--payload must be a JSON object: {e}"
+                        )))
+                    }
+                },
+            };
+            let action = Action::Trigger {
+                name,
+                kind: trigger.kind.as_str().to_owned(),
+                payload,
+                approval: args.approved_by.clone(),
+            };
+            (String::new(), action)
+        }
         (Some(name), _) => {
             let call_args = match args.args.as_deref() {
                 None => serde_json::Map::new(),
