@@ -39,59 +39,7 @@ use crate::metrics::Metrics;
 use crate::store::runs::{Dedup, Enqueued, RateLimit, RunRow, RunStatus, RunStore};
 use crate::store::{Call, StoreError};
 
-/// Why a delivery or a call started nothing. Mapped to a status in the control API.
-#[derive(Debug, thiserror::Error)]
-pub enum IntakeError {
-    #[error("no trigger is named {0:?}")]
-    UnknownTrigger(String),
-    #[error("trigger {name:?} is a {kind} trigger: it is not started this way")]
-    WrongKind { name: String, kind: &'static str },
-    #[error("the payload is over the trigger's {limit} bytes")]
-    TooLarge { limit: usize },
-    #[error("the delivery's signature does not verify: {0}")]
-    BadSignature(String),
-    #[error("this call needs the admin token or the trigger's own token")]
-    Unauthenticated,
-    #[error("the trigger's secret {credential:?} cannot be read: {cause}")]
-    SecretUnavailable { credential: String, cause: String },
-    #[error("{0}")]
-    BadPayload(String),
-    #[error("the payload does not satisfy the trigger's schema: {0}")]
-    SchemaMismatch(String),
-    #[error("trigger {name:?} starts at most {count} runs per {per:?}")]
-    RateLimited {
-        name: String,
-        count: u32,
-        per: Duration,
-        retry_after: Duration,
-    },
-    /// The policy decision on `Action::"trigger"` said no.
-    #[error("policy denies starting a run of trigger {trigger:?}: {why}")]
-    Denied {
-        trigger: String,
-        policies: Vec<String>,
-        why: String,
-    },
-    #[error("the run store is unavailable: {0}")]
-    Store(#[from] StoreError),
-}
-
-impl IntakeError {
-    /// The `error` kind of the answer and the audit record.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::UnknownTrigger(_) | Self::WrongKind { .. } => "not_found",
-            Self::TooLarge { .. } => "payload_too_large",
-            Self::BadSignature(_) | Self::Unauthenticated => "unauthenticated",
-            Self::SecretUnavailable { .. } => "credential_unavailable",
-            Self::BadPayload(_) => "bad_request",
-            Self::SchemaMismatch(_) => "check_failed",
-            Self::RateLimited { .. } => "limit_exceeded",
-            Self::Denied { .. } => "denied",
-            Self::Store(_) => "state_unavailable",
-        }
-    }
-}
+pub use super::refusal::IntakeError;
 
 /// A run made (or found: a duplicate delivery's).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +156,43 @@ struct Parent {
     session: String,
     agent: String,
     depth: u32,
+}
+
+impl Ready {
+    /// The payload against the trigger's JSON Schema: the first mismatch, located.
+    fn check_schema(&self, payload: &Value) -> Result<(), IntakeError> {
+        let Some(first) = self
+            .schema
+            .as_ref()
+            .and_then(|s| s.iter_errors(payload).next())
+        else {
+            return Ok(());
+        };
+        let at = first.instance_path().to_string();
+        let at = if at.is_empty() {
+            "the top"
+        } else {
+            at.as_str()
+        };
+        Err(IntakeError::SchemaMismatch(format!("{first} (at {at})")))
+    }
+}
+
+/// Whether a run the policy decided is held for a human, and who asked for the hold: the
+/// escalating policies, or the trigger's own `approval = true`; a deny makes no run.
+fn held(trigger: &Trigger, verdict: Verdict) -> Result<(bool, Vec<String>), IntakeError> {
+    match verdict {
+        Verdict::Allowed => Ok((
+            trigger.approval,
+            vec![format!("trigger:{}:approval", trigger.name)],
+        )),
+        Verdict::Escalated(policies) => Ok((true, policies)),
+        Verdict::Denied { policies, why } => Err(IntakeError::Denied {
+            trigger: trigger.name.clone(),
+            policies,
+            why,
+        }),
+    }
 }
 
 /// What a delivery brings.
@@ -462,12 +447,7 @@ impl Intake {
                     &spec,
                     Some(approver.to_owned()),
                 );
-                let decision = self.policies.current().decide(&request);
-                audit.update(|r| {
-                    r.policies = decision.policies().to_vec();
-                    r.decided = Some(super::authorize::kept(&request, &decision));
-                });
-                super::authorize::verdict(decision)
+                self.decide(&request, &mut audit)
             }
             Err(e) => Verdict::Denied {
                 policies: Vec::new(),
@@ -531,6 +511,17 @@ impl Intake {
         }
     }
 
+    /// `Action::"trigger"` decided under the policies in force now, the decision kept on
+    /// the audit record (its policies, and `decided` for replay and the shadow set).
+    fn decide(&self, request: &ostiary_policies::AccessRequest, audit: &mut AuditGuard) -> Verdict {
+        let decision = self.policies.current().decide(request);
+        audit.update(|r| {
+            r.policies = decision.policies().to_vec();
+            r.decided = Some(super::authorize::kept(request, &decision));
+        });
+        super::authorize::verdict(decision)
+    }
+
     fn ready(&self, name: &str, kind: Kind) -> Result<Arc<Ready>, IntakeError> {
         let ready = self
             .current()
@@ -576,17 +567,7 @@ impl Intake {
         audit: &mut AuditGuard,
     ) -> Result<Admitted, IntakeError> {
         let trigger = &ready.trigger;
-        if let Some(schema) = &ready.schema {
-            if let Some(first) = schema.iter_errors(&payload).next() {
-                let at = first.instance_path().to_string();
-                let at = if at.is_empty() {
-                    "the top".to_owned()
-                } else {
-                    at
-                };
-                return Err(IntakeError::SchemaMismatch(format!("{first} (at {at})")));
-            }
-        }
+        ready.check_schema(&payload)?;
         let digest = hex::encode(Sha256::digest(raw));
         audit.update(|r| {
             r.run = Some(json!({"trigger": trigger.name, "payload_sha256": digest}));
@@ -602,25 +583,7 @@ impl Intake {
         // when a human says yes.
         let request =
             super::authorize::request(&trigger.name, trigger.kind.as_str(), &payload, &spec, None);
-        let decision = self.policies.current().decide(&request);
-        audit.update(|r| {
-            r.policies = decision.policies().to_vec();
-            r.decided = Some(super::authorize::kept(&request, &decision));
-        });
-        let (held, asked_by) = match super::authorize::verdict(decision) {
-            Verdict::Allowed => (
-                trigger.approval,
-                vec![format!("trigger:{}:approval", trigger.name)],
-            ),
-            Verdict::Escalated(policies) => (true, policies),
-            Verdict::Denied { policies, why } => {
-                return Err(IntakeError::Denied {
-                    trigger: trigger.name.clone(),
-                    policies,
-                    why,
-                })
-            }
-        };
+        let (held, asked_by) = held(trigger, self.decide(&request, audit))?;
         let spec =
             serde_json::to_string(&spec).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
         let row = RunRow {

@@ -11,6 +11,7 @@
 //! - [`intake`] — a delivery or an API call admitted in order (size, signature, payload,
 //!   schema, then deduplication and the trigger's rate, counted in the store with the run)
 //!   and stored as a queued run, or refused and audited.
+//! - [`refusal`] — why a delivery or a call started nothing.
 //! - [`reload`] — triggers reloaded with the policies (`SIGHUP`, `POST /v1/policy/reload`).
 //! - [`runner`] — queued runs claimed and run: a session, `ostiary run`, the outcome,
 //!   retries and dead letters; `attempt` — one attempt's parts (its end classified, its
@@ -31,6 +32,7 @@ pub mod checkpoint;
 pub mod gate;
 pub mod intake;
 pub mod internal;
+pub mod refusal;
 pub mod reload;
 pub mod runner;
 pub mod schedule;
