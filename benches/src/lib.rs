@@ -136,6 +136,7 @@ fn tool_call(name: String, args: serde_json::Value) -> AccessRequest {
             impact_records: 0,
             cost_micros: 0,
             approval: None,
+            undo: false,
         },
         ..request(0)
     }

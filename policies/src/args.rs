@@ -242,7 +242,6 @@ impl RecordType {
 
 impl RecordType {
     /// The names of the attributes the record declares.
-    #[cfg(test)]
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.attrs.iter().map(|a| a.name.as_str())
     }
@@ -375,7 +374,8 @@ fn integral(f: f64) -> Option<i64> {
     (f.fract() == 0.0 && f.abs() < 9.0e18).then_some(f as i64)
 }
 
-fn kind(json: &Value) -> &'static str {
+/// What a JSON value is, for messages that must not quote it.
+pub(crate) fn kind(json: &Value) -> &'static str {
     match json {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

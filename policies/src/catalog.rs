@@ -18,6 +18,7 @@ use toml::Spanned;
 
 use crate::args::{self, Omitted, RecordType};
 use crate::labels::{check_labels, HostLabels, HostProblem, LabelProblem, RawHost};
+use crate::undo::UndoSpec;
 
 /// File name of the catalog inside the policy directory.
 pub const CATALOG_FILE: &str = "tools.toml";
@@ -91,6 +92,10 @@ pub enum ToolProblem {
     Schema(String),
     #[error("labels: {0}")]
     Labels(#[from] LabelProblem),
+    #[error("undo: {0}")]
+    Undo(String),
+    #[error("the name is the undo action of the tool at line {tool_line} (\"tool:<name>.undo\")")]
+    UndoName { tool_line: usize },
 }
 
 fn line_suffix(line: &Option<usize>) -> String {
@@ -255,6 +260,7 @@ pub struct Tool {
     credential: Option<String>,
     reversible: bool,
     labels: Vec<String>,
+    undo: Option<UndoSpec>,
 }
 
 impl Tool {
@@ -328,6 +334,11 @@ impl Tool {
         self.reversible
     }
 
+    /// The request that reverses a call (`undo`), if the tool declares one.
+    pub fn undo(&self) -> Option<&UndoSpec> {
+        self.undo.as_ref()
+    }
+
     /// The labels a session takes on once policy allowed it a call of this tool
     /// ([`crate::labels`]); most tools have none.
     pub fn labels(&self) -> &[String] {
@@ -389,6 +400,15 @@ struct RawTool {
     reversible: Option<bool>,
     #[serde(default)]
     labels: Vec<String>,
+    undo: Option<RawUndo>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUndo {
+    method: String,
+    path: String,
+    body: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -462,6 +482,7 @@ impl Catalog {
                 .insert(tool.name.clone(), catalog.tools.len());
             catalog.tools.push(tool);
         }
+        catalog.check_undo_names(file)?;
         for raw_host in raw.host {
             let line = line_of(text, raw_host.name.span().start);
             let host = raw_host.name.get_ref().clone();
@@ -476,6 +497,26 @@ impl Catalog {
                 })?;
         }
         Ok(catalog)
+    }
+
+    /// No tool may be named as another's undo action: `tool:<name>.undo` names one action.
+    fn check_undo_names(&self, file: &str) -> Result<(), CatalogError> {
+        for tool in &self.tools {
+            let Some(undone) = tool.name.strip_suffix(".undo").and_then(|n| self.get(n)) else {
+                continue;
+            };
+            if undone.undo.is_some() {
+                return Err(CatalogError::Tool {
+                    file: file.to_owned(),
+                    line: tool.line,
+                    tool: tool.name.clone(),
+                    problem: ToolProblem::UndoName {
+                        tool_line: undone.line,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The labels of the `[[host]]` entries.
@@ -615,9 +656,20 @@ fn check_tool(
             args.ensure_string(param);
         }
     }
+    let undo = match raw.undo {
+        Some(undo) => Some(check_undo(
+            undo,
+            (raw.tier, raw.reversible),
+            &matcher,
+            args_schema.is_some().then_some(&args),
+        )?),
+        None => None,
+    };
+    // A tool that declares how to reverse it is reversible unless it says otherwise (which
+    // `check_undo` refuses).
     let reversible = raw
         .reversible
-        .unwrap_or(matches!(raw.tier, Tier::Read | Tier::Write));
+        .unwrap_or(undo.is_some() || matches!(raw.tier, Tier::Read | Tier::Write));
     Ok(Tool {
         name,
         line,
@@ -631,7 +683,50 @@ fn check_tool(
         credential: raw.credential,
         reversible,
         labels: raw.labels,
+        undo,
     })
+}
+
+/// An `undo` is a REST request to the tool's own host, for a tool that can be reversed,
+/// reading only arguments the tool has (when its arguments are declared).
+fn check_undo(
+    undo: RawUndo,
+    (tier, reversible): (Tier, Option<bool>),
+    matcher: &ToolMatch,
+    declared: Option<&RecordType>,
+) -> Result<UndoSpec, ToolProblem> {
+    let problem = |m: String| ToolProblem::Undo(m);
+    if tier == Tier::Irreversible {
+        return Err(problem(
+            "an irreversible tool has no undo (tier = \"irreversible\" says it cannot be reversed)"
+                .into(),
+        ));
+    }
+    if reversible == Some(false) {
+        return Err(problem(
+            "the tool says reversible = false, yet declares how to reverse it".into(),
+        ));
+    }
+    if matches!(matcher, ToolMatch::Mcp { .. }) {
+        return Err(problem(
+            "an undo is a REST request to the tool's host; MCP tools cannot declare one".into(),
+        ));
+    }
+    let spec = UndoSpec::parse(&undo.method, &undo.path, undo.body).map_err(problem)?;
+    // Without a schema the arguments are whatever the agent sent: any name may be there.
+    if let Some(args) = declared {
+        let known: HashSet<&str> = args.names().collect();
+        if let Some(missing) = spec
+            .arg_names()
+            .into_iter()
+            .find(|n| !known.contains(n.as_str()))
+        {
+            return Err(problem(format!(
+                "{{args.{missing}}}: the tool has no argument {missing:?} (neither its path nor its args_schema names one)"
+            )));
+        }
+    }
+    Ok(spec)
 }
 
 /// Tool names become the action id `"tool:<name>"` and appear in schema text and URLs, so

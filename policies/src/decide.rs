@@ -109,6 +109,8 @@ pub(crate) struct Names {
     trigger: EntityUid,
     trigger_type: EntityTypeName,
     tools: HashMap<String, ToolModel>,
+    /// The undo actions (`Action::"tool:<name>.undo"`) of the tools that declare one.
+    undos: HashMap<String, ToolModel>,
     triggers: Triggers,
 }
 
@@ -138,6 +140,7 @@ impl Names {
         let action_uid =
             |id: String| EntityUid::from_type_name_and_id(action.clone(), EntityId::new(id));
         let mut tools = HashMap::with_capacity(catalog.len());
+        let mut undos = HashMap::new();
         for tool in catalog.tools() {
             let group = action_uid(format!("tier:{}", tool.tier().as_str()));
             let attrs = [
@@ -160,18 +163,31 @@ impl Names {
                 Default::default(),
             )
             .map_err(|e| format!("tool entity {}: {e}", tool.name()))?;
-            let tool_action = action_uid(format!("tool:{}", tool.name()));
-            let model = ToolModel {
-                action: Entity::new_no_attrs(
-                    tool_action.clone(),
-                    [group.clone()].into_iter().collect(),
-                ),
-                action_uid: tool_action,
-                group: Entity::new_no_attrs(group, Default::default()),
-                resource,
-                args: tool.args.clone(),
+            // An undo is its own action, in the same tier group, on the same `Tool`, with
+            // the same context (the arguments of the call it reverses).
+            let model = |id: String| {
+                let uid = action_uid(id);
+                ToolModel {
+                    action: Entity::new_no_attrs(
+                        uid.clone(),
+                        [group.clone()].into_iter().collect(),
+                    ),
+                    action_uid: uid,
+                    group: Entity::new_no_attrs(group.clone(), Default::default()),
+                    resource: resource.clone(),
+                    args: tool.args.clone(),
+                }
             };
-            tools.insert(tool.name().to_owned(), model);
+            if tool.undo().is_some() {
+                undos.insert(
+                    tool.name().to_owned(),
+                    model(format!("tool:{}.undo", tool.name())),
+                );
+            }
+            tools.insert(
+                tool.name().to_owned(),
+                model(format!("tool:{}", tool.name())),
+            );
         }
         Ok(Self {
             agent: ty("Agent")?,
@@ -184,8 +200,19 @@ impl Names {
             trigger: action_uid("trigger".into()),
             trigger_type: ty("Trigger")?,
             tools,
+            undos,
             triggers: triggers.clone(),
         })
+    }
+
+    /// The model of a tool call's action: the tool's own, or its undo's; `None` for a tool
+    /// not in the catalog, or an undo of a tool that declares none.
+    fn tool(&self, name: &str, undo: bool) -> Option<&ToolModel> {
+        if undo {
+            self.undos.get(name)
+        } else {
+            self.tools.get(name)
+        }
     }
 
     /// The Cedar action entity of a request's action; `None` for a tool not in the catalog.
@@ -196,16 +223,15 @@ impl Names {
             Action::Mcp { .. } => Some(&self.mcp),
             Action::Spawn { .. } => Some(&self.spawn),
             Action::Trigger { .. } => Some(&self.trigger),
-            Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.action_uid),
+            Action::Tool { name, undo, .. } => self.tool(name, *undo).map(|t| &t.action_uid),
         }
     }
 
     /// The action groups the action is in (its tier group for a tool; none otherwise).
     pub(crate) fn groups(&self, action: &Action) -> Vec<EntityUid> {
         match action {
-            Action::Tool { name, .. } => self
-                .tools
-                .get(name)
+            Action::Tool { name, undo, .. } => self
+                .tool(name, *undo)
                 .map(|t| vec![t.group.uid()])
                 .unwrap_or_default(),
             Action::Http { .. }
@@ -223,8 +249,8 @@ impl Names {
             EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
         };
         let (action, groups, resource) = match &req.action {
-            Action::Tool { name, .. } => {
-                let model = self.tools.get(name)?;
+            Action::Tool { name, undo, .. } => {
+                let model = self.tool(name, *undo)?;
                 (
                     model.action_uid.clone(),
                     vec![model.group.uid()],
@@ -244,7 +270,7 @@ impl Names {
             ),
         };
         let args = match &req.action {
-            Action::Tool { name, .. } => self.tools.get(name).map(|t| &t.args),
+            Action::Tool { name, undo, .. } => self.tool(name, *undo).map(|t| &t.args),
             Action::Trigger { name, .. } => self.triggers.get(name).map(|t| &t.payload),
             _ => None,
         };
@@ -359,21 +385,23 @@ impl PolicyEngine {
             .context_pairs_reading(reads)
             .map_err(|e| format!("context: {e}"))?;
         let (action, resource, key) = match &req.action {
-            Action::Tool { name, args, .. } => {
+            Action::Tool {
+                name, args, undo, ..
+            } => {
                 let model = names
-                    .tools
-                    .get(name)
-                    .ok_or_else(|| format!("tool {name:?} is not in the catalog"))?;
+                    .tool(name, *undo)
+                    .ok_or_else(|| unknown_tool(name, *undo))?;
                 // Converted whether or not a policy reads them: arguments that do not fit
                 // the tool's type are a deny either way.
                 let args = model.args.value(args, "args")?;
                 if reads("args") {
                     pairs.push(("args".into(), args));
                 }
+                // Keyed by the action (an undo's entities hold its own action).
                 (
                     model.action_uid.clone(),
                     model.resource.uid(),
-                    Resource::Tool(name.clone()),
+                    Resource::Tool(req.action.id().into_owned()),
                 )
             }
             Action::Spawn { child } => (
@@ -493,11 +521,10 @@ impl PolicyEngine {
             Entity::new_no_attrs(tenant, Default::default()),
         ];
         match &req.action {
-            Action::Tool { name, .. } => {
+            Action::Tool { name, undo, .. } => {
                 let model = names
-                    .tools
-                    .get(name)
-                    .ok_or_else(|| format!("tool {name:?} is not in the catalog"))?;
+                    .tool(name, *undo)
+                    .ok_or_else(|| unknown_tool(name, *undo))?;
                 // The action and its tier group go in with the request, so that
                 // `action in Action::"tier:..."` sees the hierarchy.
                 entities.extend([
@@ -547,6 +574,16 @@ impl PolicyEngine {
         // Built here from observed facts, so they are well-formed by construction; validating
         // them against the schema on every request costs more than the evaluation itself.
         Entities::from_entities(entities, None).map_err(|e| format!("entities: {e}"))
+    }
+}
+
+/// Why a tool call's action is not in the set: the tool is not catalogued, or declares no
+/// undo.
+fn unknown_tool(name: &str, undo: bool) -> String {
+    if undo {
+        format!("tool {name:?} declares no undo")
+    } else {
+        format!("tool {name:?} is not in the catalog")
     }
 }
 
@@ -785,6 +822,7 @@ mod tests {
             impact_records: 1,
             cost_micros: 2,
             approval: Some("alice".into()),
+            undo: false,
         };
         let model = &engine.names().tools["gh.create"];
         let Action::Tool { args, .. } = &action else {

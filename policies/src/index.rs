@@ -601,6 +601,7 @@ match = { mcp = "https://mcp.example/mcp", tool = "write" }
                 impact_records: 0,
                 cost_micros: 0,
                 approval: None,
+                undo: false,
             },
             ..http("/", "GET")
         }

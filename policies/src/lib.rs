@@ -44,6 +44,7 @@ pub mod request;
 pub mod schema;
 pub mod testing;
 pub mod triggers;
+pub mod undo;
 pub mod version;
 
 pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};

@@ -88,9 +88,17 @@ pub fn to_json(
             impact_records,
             cost_micros,
             approval,
-        } => json!({"type": "tool", "name": name, "args": keep(args),
+            undo,
+        } => {
+            let mut tool = json!({"type": "tool", "name": name, "args": keep(args),
                      "impact_records": impact_records, "cost_micros": cost_micros,
-                     "approval": approval}),
+                     "approval": approval});
+            // Only an undo says so: every record kept before undo existed reads back the same.
+            if *undo {
+                tool["undo"] = json!(true);
+            }
+            tool
+        }
     };
     let s = &request.session;
     let reason = match decision {
@@ -199,6 +207,7 @@ pub fn from_json(value: &Value) -> Result<Recorded, String> {
             impact_records: long(a, "impact_records")?,
             cost_micros: long(a, "cost_micros")?,
             approval: approval(a),
+            undo: a.get("undo").and_then(Value::as_bool).unwrap_or(false),
         },
         other => return Err(format!("unknown action type {other:?}")),
     };

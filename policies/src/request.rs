@@ -83,6 +83,9 @@ pub enum Action {
         cost_micros: i64,
         /// `Some(approver)` once a human approved this call: `context.approval.granted`.
         approval: Option<String>,
+        /// The call's undo (`Action::"tool:<name>.undo"`, docs/undo.md): reversing an earlier
+        /// call of the tool, with that call's arguments.
+        undo: bool,
     },
 }
 
@@ -381,7 +384,8 @@ impl AccessRequest {
 }
 
 impl Action {
-    /// The Cedar action id (`http`, `connect`, `mcp`, `spawn`, `trigger` or `tool:<name>`).
+    /// The Cedar action id (`http`, `connect`, `mcp`, `spawn`, `trigger`, `tool:<name>` or
+    /// `tool:<name>.undo`).
     pub fn id(&self) -> Cow<'static, str> {
         match self {
             Action::Http { .. } => Cow::Borrowed("http"),
@@ -389,6 +393,9 @@ impl Action {
             Action::Mcp { .. } => Cow::Borrowed("mcp"),
             Action::Spawn { .. } => Cow::Borrowed("spawn"),
             Action::Trigger { .. } => Cow::Borrowed("trigger"),
+            Action::Tool {
+                name, undo: true, ..
+            } => Cow::Owned(format!("tool:{name}.undo")),
             Action::Tool { name, .. } => Cow::Owned(format!("tool:{name}")),
         }
     }

@@ -200,18 +200,21 @@ pub fn generate(catalog: &Catalog, triggers: &Triggers) -> String {
             );
         }
         // Tool names are restricted to [A-Za-z0-9_.-] by the catalog: safe inside quotes.
-        let _ = write!(
-            out,
-            "  action \"tool:{}\" in [Action::\"tier:{}\"] appliesTo {{\n    \
-             principal: [Agent],\n    resource: [Tool],\n    context: {{\n      args: ",
-            tool.name(),
-            tool.tier().as_str()
-        );
-        tool.args.write(&mut out, 3);
-        out.push_str(
-            ",\n      impact: Impact,\n      session: Session,\n      approval: Approval,\n    \
-             },\n  };\n",
-        );
+        // A tool that declares `undo` has a second action, its undo's, with the same context.
+        let undo = tool.undo().map(|_| format!("{}.undo", tool.name()));
+        for action in std::iter::once(tool.name()).chain(undo.as_deref()) {
+            let _ = write!(
+                out,
+                "  action \"tool:{action}\" in [Action::\"tier:{}\"] appliesTo {{\n    \
+                 principal: [Agent],\n    resource: [Tool],\n    context: {{\n      args: ",
+                tool.tier().as_str()
+            );
+            tool.args.write(&mut out, 3);
+            out.push_str(
+                ",\n      impact: Impact,\n      session: Session,\n      approval: Approval,\n    \
+                 },\n  };\n",
+            );
+        }
     }
     out.push_str("}\n");
     out

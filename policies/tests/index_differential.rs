@@ -574,6 +574,7 @@ fn request(rng: &mut Rng) -> AccessRequest {
                 impact_records: rng.below(20) as i64,
                 cost_micros: rng.below(5000) as i64,
                 approval: rng.chance(15).then(|| "alice".to_owned()),
+                undo: false,
             }
         }
     };

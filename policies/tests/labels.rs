@@ -269,6 +269,7 @@ fn more_than_three_refunds_in_an_hour_escalates() {
             impact_records: 0,
             cost_micros: 0,
             approval: None,
+            undo: false,
         },
     };
     assert!(engine.decide(&refund(2)).is_allow());

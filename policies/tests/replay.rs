@@ -138,6 +138,7 @@ fn request(rng: &mut Rng) -> AccessRequest {
             impact_records: 0,
             cost_micros: 0,
             approval: None,
+            undo: false,
         },
         _ => {
             let mut args = json!({"amount": rng.below(800)});
@@ -155,6 +156,7 @@ fn request(rng: &mut Rng) -> AccessRequest {
                 impact_records: 1,
                 cost_micros: 10,
                 approval: approval(rng),
+                undo: false,
             }
         }
     };
@@ -251,6 +253,7 @@ fn credentials_and_large_arguments_are_not_kept() {
         impact_records: 1,
         cost_micros: 0,
         approval: None,
+        undo: false,
     };
     let decision = live.decide(&req);
     let text = recorded::to_json(&req, &decision, &looks_secret).to_string();

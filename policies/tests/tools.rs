@@ -82,6 +82,7 @@ fn call(name: &str, args: Value) -> AccessRequest {
             impact_records: 0,
             cost_micros: 1000,
             approval: None,
+            undo: false,
         },
     }
 }

@@ -394,6 +394,7 @@ impl Asker<'_> {
             cost_micros: tool.cost_micros(),
             approval,
             args,
+            undo: false,
         };
         let with_recent;
         let session = match self.recent.and_then(|r| r.get(tool.name())) {

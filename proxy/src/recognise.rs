@@ -180,6 +180,7 @@ impl ToolCall<'_> {
             cost_micros: self.tool.cost_micros(),
             approval,
             args: self.args,
+            undo: false,
         }
     }
 }

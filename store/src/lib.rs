@@ -8,8 +8,9 @@
 //!   for verification), [`leases::LeaseStore`] (the broker's lease journal),
 //!   [`cursors::CursorStore`] (how far the audit trail's exports have delivered) and
 //!   [`runs::RunStore`] (runs that triggers started: their queue, deliveries' dedup keys,
-//!   checkpoints) and [`policy_versions::PolicyVersionStore`] (the policy sets that were
-//!   live, and when);
+//!   checkpoints), [`policy_versions::PolicyVersionStore`] (the policy sets that were
+//!   live, and when) and [`undo::UndoStore`] (the undo journal: for each successful call
+//!   of a tool declaring `undo`, the request that reverses it);
 //! - [`StoreError`]: why a store call failed, with no driver type in it;
 //! - [`Call`]: how async code runs a store call (every trait is blocking; see below);
 //! - [`sqlite`]: the embedded backend — one database file, versioned migrations
@@ -39,6 +40,7 @@ pub mod runs;
 pub mod sessions;
 pub mod sqlite;
 pub mod suite;
+pub mod undo;
 
 pub use call::Call;
 pub use error::StoreError;
@@ -55,6 +57,7 @@ pub struct Stores {
     pub cursors: Arc<dyn cursors::CursorStore>,
     pub runs: Arc<dyn runs::RunStore>,
     pub policy_versions: Arc<dyn policy_versions::PolicyVersionStore>,
+    pub undo: Arc<dyn undo::UndoStore>,
 }
 
 /// Milliseconds since the Unix epoch.

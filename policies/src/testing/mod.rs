@@ -545,6 +545,7 @@ pub fn tool_call(
         cost_micros: tool.cost_micros(),
         approval,
         args,
+        undo: false,
     };
     Ok((tool.server().to_owned(), action))
 }

@@ -289,6 +289,7 @@ fn a_tool_case_is_the_call_the_proxy_would_decide() {
             impact_records: 3,
             cost_micros: 250_000,
             approval: Some("alice@example.com".into()),
+            undo: false,
         }
     );
     assert_eq!(
@@ -319,6 +320,7 @@ fn a_tool_case_defaults_to_a_first_unapproved_call_without_arguments() {
             impact_records: 0,
             cost_micros: 0,
             approval: None,
+            undo: false,
         }
     );
     assert_eq!(request.session, SessionState::default());

@@ -69,10 +69,37 @@ const MIGRATIONS: &[Migration] = &[
         name: "session_labels (what each session touched: the catalog's labels, kept for its life)",
         sql: SESSION_LABELS,
     },
+    Migration {
+        version: 9,
+        name: "undo_journal (for each successful call of a tool declaring undo, the request that reverses it)",
+        sql: UNDO_JOURNAL,
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 8;
+pub const LATEST: i64 = 9;
+
+// As on SQLite, but `seq` comes from a sequence: replicas recording at once need no lock
+// to order their entries. A sequence may leave gaps (an insert that met an existing id, a
+// rolled-back one): only the order is read, never the count.
+const UNDO_JOURNAL: &str = "
+CREATE TABLE IF NOT EXISTS undo_journal (
+    id          TEXT PRIMARY KEY,
+    seq         BIGSERIAL NOT NULL UNIQUE,
+    session     TEXT NOT NULL,
+    recorded_ms BIGINT NOT NULL,
+    tool        TEXT NOT NULL,
+    tier        TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    args        TEXT NOT NULL,
+    request     TEXT,
+    status      TEXT NOT NULL,
+    detail      TEXT,
+    attempts    BIGINT NOT NULL DEFAULT 0,
+    finished_ms BIGINT
+);
+CREATE INDEX IF NOT EXISTS undo_journal_session ON undo_journal(session, seq);
+";
 
 // As on SQLite: one row per label a session took on.
 const SESSION_LABELS: &str = "

@@ -35,6 +35,7 @@ mod outbox;
 mod policy_versions;
 mod runs;
 mod sessions;
+mod undo;
 
 type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 
@@ -110,7 +111,8 @@ pub fn open(url: &str, options: &Options) -> Result<Stores, StoreError> {
         leases: Arc::new(leases::PgLeases(db.clone())),
         cursors: Arc::new(cursors::PgCursors(db.clone())),
         runs: Arc::new(runs::PgRuns(db.clone())),
-        policy_versions: Arc::new(policy_versions::PgPolicyVersions(db)),
+        policy_versions: Arc::new(policy_versions::PgPolicyVersions(db.clone())),
+        undo: Arc::new(undo::PgUndo(db)),
     })
 }
 

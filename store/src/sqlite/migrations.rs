@@ -70,10 +70,38 @@ const MIGRATIONS: &[Migration] = &[
         name: "session_labels (what each session touched: the catalog's labels, kept for its life)",
         apply: |tx| tx.execute_batch(SESSION_LABELS),
     },
+    Migration {
+        version: 9,
+        name: "undo_journal (for each successful call of a tool declaring undo, the request that reverses it)",
+        apply: |tx| tx.execute_batch(UNDO_JOURNAL),
+    },
 ];
 
 /// The schema version this binary writes.
-pub const LATEST: i64 = 8;
+pub const LATEST: i64 = 9;
+
+// `seq` is the recording order a session is reversed in, newest first. It is not a rowid
+// alias (`id` is the key: the call's request id, recorded again by a retry), so the insert
+// computes it as `MAX(seq) + 1` under SQLite's single writer; UNIQUE keeps that honest and
+// serves the `MAX`. `request` is NULL for an entry that is unavailable from the start.
+const UNDO_JOURNAL: &str = "
+CREATE TABLE IF NOT EXISTS undo_journal (
+    id          TEXT PRIMARY KEY,
+    seq         INTEGER NOT NULL UNIQUE,
+    session     TEXT NOT NULL,
+    recorded_ms INTEGER NOT NULL,
+    tool        TEXT NOT NULL,
+    tier        TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    args        TEXT NOT NULL,
+    request     TEXT,
+    status      TEXT NOT NULL,
+    detail      TEXT,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    finished_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS undo_journal_session ON undo_journal(session, seq);
+";
 
 // One row per label a session took on; never deleted while the session row stays, so a
 // child spawned later still inherits it.

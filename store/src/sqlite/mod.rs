@@ -30,6 +30,7 @@ mod outbox;
 mod policy_versions;
 mod runs;
 mod sessions;
+mod undo;
 
 /// How long a call waits for another connection's write lock before it fails
 /// ([`StoreError::Busy`]).
@@ -73,6 +74,7 @@ pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
         policy_versions: Arc::new(policy_versions::SqlitePolicyVersions(db(
             options.busy_timeout
         )?)),
+        undo: Arc::new(undo::SqliteUndo(db(options.busy_timeout)?)),
     })
 }
 
@@ -95,6 +97,7 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
         cursors: Arc::new(cursors::SqliteCursors(db()?)),
         runs: Arc::new(runs::SqliteRuns(db()?)),
         policy_versions: Arc::new(policy_versions::SqlitePolicyVersions(db()?)),
+        undo: Arc::new(undo::SqliteUndo(db()?)),
     })
 }
 
