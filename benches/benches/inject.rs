@@ -100,6 +100,7 @@ async fn once_as(f: &Fixture, principal: &Principal, target: &Target) {
                 principal,
                 tool: None,
                 upgrade: false,
+                scope: None,
             },
             &f.metrics,
         )

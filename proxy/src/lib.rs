@@ -97,6 +97,7 @@ pub mod strict_json;
 pub mod telemetry;
 pub mod tls;
 pub mod tunnel;
+pub mod undo;
 pub mod wire_guard;
 
 pub use config::Config;

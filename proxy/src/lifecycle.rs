@@ -280,6 +280,19 @@ impl Teardown {
         }
     }
 
+    /// Drop a session's cached credentials and revoke its leases, with what the proxy
+    /// derived from them (mTLS clients, scrubbers). Also what an undo of an ended session
+    /// does with the credentials it minted to send its requests.
+    pub async fn end_credentials(&self, session: &str) -> Revoked {
+        let report = self.credentials.broker.end_session(session).await;
+        for id in &report.dropped {
+            self.upstreams.forget(*id);
+        }
+        self.credentials.forget(&report.dropped);
+        self.metrics.revoked(&report);
+        report
+    }
+
     /// End a session's credentials and record it. The registry side (refusing the session) is
     /// the caller's: teardown revokes first, expiry has already happened.
     pub async fn end_session(&self, session: &str, agent: &str, tenant: &str, why: &str) {
@@ -309,12 +322,7 @@ impl Teardown {
             }
             Err(e) => tracing::error!(session, error = %e, "expiring a session's approvals failed"),
         }
-        let report = self.credentials.broker.end_session(session).await;
-        for id in &report.dropped {
-            self.upstreams.forget(*id);
-        }
-        self.credentials.forget(&report.dropped);
-        self.metrics.revoked(&report);
+        let report = self.end_credentials(session).await;
         // A paused session that ends is resolved as terminated.
         if self.guardrails.clear_paused(session).await {
             let owned = session.to_owned();

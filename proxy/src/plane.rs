@@ -88,6 +88,8 @@ pub struct DataPlane {
     /// What runs ask of the proxy itself at the reserved name `ostiary.internal`
     /// (checkpoints, child runs); `None` without triggers (the name is still never resolved).
     pub internal: Option<Arc<crate::runs::internal::Internal>>,
+    /// Where the undos of calls that succeeded are recorded (docs/undo.md).
+    pub undo: Arc<dyn crate::store::undo::UndoStore>,
 }
 
 impl DataPlane {
@@ -149,6 +151,8 @@ pub struct ControlPlane {
     pub proxy_addr: ProxyAddr,
     /// Runs started by triggers, when any trigger is configured.
     pub runs: Option<crate::control::runs::RunsControl>,
+    /// Sends a session's recorded undos (`POST /v1/sessions/{id}/undo`).
+    pub undo: crate::undo::Reverser,
 }
 
 impl ControlPlane {

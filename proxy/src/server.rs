@@ -588,6 +588,7 @@ impl Ostiary {
             tunnel_hosts,
             proxy_addr: proxy_addr.clone(),
             internal: runs.as_ref().map(|r| r.internal.clone()),
+            undo: stores.undo.clone(),
         });
         let executor = Executor {
             queue: approvals.clone(),
@@ -620,6 +621,10 @@ impl Ostiary {
             metrics: metrics.clone(),
             triggers: runs.as_ref().map(|r| r.reload.clone()),
         };
+        let undo = crate::undo::Reverser {
+            plane: data.clone(),
+            teardown: teardown.clone(),
+        };
         let scheduler = runs.as_mut().and_then(|r| r.scheduler.take());
         let run_trail = trail_reader.clone();
         let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
@@ -649,6 +654,7 @@ impl Ostiary {
                 db_path,
                 proxy_addr,
                 runs,
+                undo,
             }
         });
         Ok(Self {

@@ -290,6 +290,26 @@ impl ControlClient {
         self.post_empty(path).await
     }
 
+    /// Send a session's recorded undos, newest first (`POST /v1/sessions/{id}/undo`): the
+    /// report of what was reversed, failed, refused, unavailable and had no undo. `since`
+    /// is epoch milliseconds, RFC 3339 or a duration back from now; `dry_run` decides each
+    /// and sends nothing.
+    pub async fn undo_session(
+        &self,
+        session_id: &str,
+        since: Option<&str>,
+        dry_run: bool,
+    ) -> Result<Value, SdkError> {
+        let path = format!("/v1/sessions/{}/undo", segment(session_id, "a session id")?);
+        let mut body = serde_json::json!({ "dry_run": dry_run });
+        if let Some(since) = since {
+            body["since"] = serde_json::json!(since);
+        }
+        self.call(Call::new(Method::POST, path).body(body))
+            .await?
+            .json()
+    }
+
     /// Dead letters (what paused sessions were doing), all or one session's:
     /// `{"dead_letters": [{"id", "session", "kind", "reason", "at", "snapshot"}]}`.
     pub async fn dead_letters(&self, session: Option<&str>) -> Result<Value, SdkError> {

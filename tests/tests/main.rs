@@ -82,4 +82,5 @@ mod telemetry_otlp;
 mod tokens;
 mod tools;
 mod tunnels;
+mod undo;
 mod upstream_certificates;

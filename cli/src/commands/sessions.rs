@@ -34,6 +34,21 @@ pub enum SessionsCommand {
         /// The session's id.
         id: String,
     },
+    /// Reverse what a session did: send the undo recorded for each call of a tool that
+    /// declares one (docs/undo.md), newest first, each decided by policy as
+    /// `tool:<name>.undo`; report what was reversed, failed, refused and had no undo. Exit 1
+    /// when any undo failed or was refused.
+    Undo {
+        /// The session's id (live or ended).
+        id: String,
+        /// Only calls made since then: epoch milliseconds, RFC 3339, or a duration back
+        /// from now (`15m`).
+        #[arg(long)]
+        since: Option<String>,
+        /// Decide each undo and print what would be sent; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// List dead letters: what a paused session was doing when it stopped.
     DeadLetters {
         /// Only this session's dead letters.
@@ -53,6 +68,7 @@ pub async fn run(
         SessionsCommand::Terminate { id } => {
             (format!("session {id}"), Some((id.clone(), "terminated")))
         }
+        SessionsCommand::Undo { id, .. } => (format!("session {id}"), None),
         SessionsCommand::DeadLetters { session } => match session {
             Some(id) => (format!("session {id}"), None),
             None => ("dead letters".to_owned(), None),
@@ -68,6 +84,26 @@ pub async fn run(
         }),
         SessionsCommand::Resume { id } => client.resume_session(&id).await,
         SessionsCommand::Terminate { id } => client.terminate_session(&id).await,
+        SessionsCommand::Undo { id, since, dry_run } => {
+            match client.undo_session(&id, since.as_deref(), dry_run).await {
+                Ok(report) => {
+                    if out.json {
+                        print_json(&report);
+                    } else {
+                        print!("{}", render_undo(&report));
+                    }
+                    let unfinished = ["failed", "refused"]
+                        .iter()
+                        .any(|k| report[k].as_array().is_some_and(|a| !a.is_empty()));
+                    return Ok(if unfinished {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    });
+                }
+                Err(e) => Err(e),
+            }
+        }
         SessionsCommand::DeadLetters { session } => {
             client.dead_letters(session.as_deref()).await.map(|listed| {
                 if out.json {
@@ -207,6 +243,54 @@ fn render_session(s: &Value) -> String {
                 line(name, text(value));
             }
         }
+    }
+    out
+}
+
+/// An undo report for a person: one line per call, grouped by what became of it.
+fn render_undo(report: &Value) -> String {
+    let dry = report["dry_run"].as_bool().unwrap_or(false);
+    let mut out = String::new();
+    let groups = [
+        ("reversed", if dry { "would reverse" } else { "reversed" }),
+        ("failed", "failed"),
+        ("refused", "refused"),
+        ("unavailable", "no undo recorded"),
+        ("already_reversed", "already reversed"),
+        ("in_progress", "in progress elsewhere"),
+    ];
+    for (key, label) in groups {
+        for e in report[key].as_array().into_iter().flatten() {
+            let mut line = format!(
+                "{label:<22} {} {} ({})",
+                text(&e["tool"]),
+                text(&e["call"]),
+                when_any(&e["recorded_ms"])
+            );
+            if let (Some(m), Some(u)) = (e["method"].as_str(), e["url"].as_str()) {
+                line.push_str(&format!(": {m} {u}"));
+            }
+            if let Some(status) = e["status"].as_u64() {
+                line.push_str(&format!(" -> {status}"));
+            }
+            if let Some(detail) = e["detail"].as_str().filter(|_| key != "reversed") {
+                line.push_str(&format!(" [{detail}]"));
+            }
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    for call in report["no_undo"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<22} {} {} ({})\n",
+            "no undo declared",
+            text(&call["tool"]),
+            text(&call["call"]),
+            when_any(&call["at_ms"])
+        ));
+    }
+    if out.is_empty() {
+        out.push_str("nothing to undo\n");
     }
     out
 }

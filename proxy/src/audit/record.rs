@@ -29,7 +29,8 @@ pub struct AuditRecord {
     /// session), `policy`, `approval` (a transition of the approval queue), `audit` (the
     /// trail's own: an outage, a re-anchor), `mcp_call` (one `tools/call` of a JSON-RPC
     /// batch, under the request id of the `http` record that carried it) or `mcp_message`
-    /// (any other message of such a batch, decided as `Action::"mcp"`).
+    /// (any other message of such a batch, decided as `Action::"mcp"`) or `undo` (one undo
+    /// request `ostiary sessions undo` sent, docs/undo.md).
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
@@ -129,6 +130,11 @@ pub struct AuditRecord {
     /// the enforced and the shadow set decided (`decision`, `policies` each).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub shadow: Option<serde_json::Value>,
+    /// The undo journal's side of a call of a tool that declares `undo` (docs/undo.md):
+    /// `recorded`, `unavailable: <why>` or `unrecorded: <why>`; on an `undo` record, the
+    /// id of the call it reverses (`of <request id>`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub undo: Option<String>,
     /// How long each phase of the request took: for its span ([`crate::telemetry`]), never
     /// stored (the trail's format and hashes stay as they are).
     #[serde(skip)]

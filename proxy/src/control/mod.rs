@@ -25,6 +25,7 @@ mod approvals;
 mod error;
 pub mod runs;
 mod sessions;
+mod undo;
 
 use error::ControlError;
 
@@ -197,6 +198,7 @@ async fn route(shared: Arc<ControlPlane>, req: Request<Incoming>) -> Response<Pr
         (Method::POST, ["v1", "sessions", id, "terminate"]) => {
             sessions::terminate_as_told(&shared, req, id).await
         }
+        (Method::POST, ["v1", "sessions", id, "undo"]) => undo::undo(&shared, req, id).await,
         (Method::POST, ["v1", "sessions", id, "resume"]) => {
             sessions::resume(&shared, id, "an operator").await
         }

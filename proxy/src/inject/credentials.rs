@@ -102,6 +102,9 @@ pub struct Bound<'a> {
     pub tool: Option<&'a str>,
     /// A WebSocket handshake: credentials never ride one.
     pub upgrade: bool,
+    /// Whose credentials these are, when not the principal's session: an undo of a session
+    /// that already ended mints under a scope of its own, ended when the undo is done.
+    pub scope: Option<&'a str>,
 }
 
 impl Credentials {
@@ -202,11 +205,13 @@ impl Credentials {
             principal,
             tool,
             upgrade,
+            scope,
         } = request;
+        let session = scope.unwrap_or(&principal.session_id);
         let host = target.host.to_string();
         let bindings: Vec<_> = self.broker.for_host(&host).cloned().collect();
         let Some(first) = bindings.first() else {
-            let scrubber = self.session_scrubber(&principal.session_id, &[]).await;
+            let scrubber = self.session_scrubber(session, &[]).await;
             if scrubber.is_some() {
                 protect_response(&mut parts.headers);
             }
@@ -230,7 +235,7 @@ impl Credentials {
             });
         }
         let who = MintFor {
-            session: &principal.session_id,
+            session,
             agent: &principal.agent,
             tenant: &principal.tenant,
             host: &host,
@@ -283,9 +288,7 @@ impl Credentials {
             }
         }
         protect_response(&mut parts.headers);
-        let scrubber = self
-            .session_scrubber(&principal.session_id, &injected.held)
-            .await;
+        let scrubber = self.session_scrubber(session, &injected.held).await;
         injected.scrubber = Some(scrubber.unwrap_or_else(|| build_scrubber(&injected.held)));
         Ok(injected)
     }
@@ -559,6 +562,7 @@ mod tests {
             principal: &principal,
             tool: None,
             upgrade: false,
+            scope: None,
         };
         let injected = f
             .credentials

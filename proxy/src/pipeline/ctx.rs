@@ -24,12 +24,43 @@ pub(crate) enum Mode {
     },
     /// A held request a human approved, being executed once.
     Approved(Approved),
+    /// The recorded undo of an earlier call, being sent once (`ostiary sessions undo`).
+    Undo(Reversal),
+}
+
+/// What an undo carries into the request phases.
+#[derive(Debug, Clone)]
+pub(crate) struct Reversal {
+    /// Sent upstream as `Idempotency-Key`, derived from the call it reverses: an undo sent
+    /// twice (a crash between sending and recording it) is applied once by an upstream that
+    /// honours the key.
+    pub idempotency_key: String,
+    /// Where its credentials are minted when the session already ended (whose own are
+    /// refused for good): a scope the undo ends once it is done.
+    pub lease_scope: Option<String>,
 }
 
 impl Mode {
     pub(crate) fn approved(&self) -> Option<&Approved> {
         match self {
             Mode::Approved(approved) => Some(approved),
+            Mode::Live { .. } | Mode::Undo(_) => None,
+        }
+    }
+
+    /// Whose credentials the request mints, when not its session's.
+    pub(crate) fn lease_scope(&self) -> Option<&str> {
+        match self {
+            Mode::Undo(reversal) => reversal.lease_scope.as_deref(),
+            Mode::Live { .. } | Mode::Approved(_) => None,
+        }
+    }
+
+    /// The key that makes a re-send apply once upstream: an approved execution's, an undo's.
+    pub(crate) fn idempotency_key(&self) -> Option<&str> {
+        match self {
+            Mode::Approved(approved) => Some(&approved.idempotency_key),
+            Mode::Undo(reversal) => Some(&reversal.idempotency_key),
             Mode::Live { .. } => None,
         }
     }

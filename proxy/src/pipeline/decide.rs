@@ -47,6 +47,9 @@ pub(crate) struct Decided {
     /// The catalog tools of the calls that go (one for a REST call, each allowed call of a
     /// JSON-RPC body): their labels and calls are remembered (`remember`).
     pub touched: Vec<String>,
+    /// A call of a tool that declares `undo`: its undo is recorded once it succeeded
+    /// (`journal`).
+    pub undo: Option<crate::undo::journal::Plan>,
 }
 
 /// Decide the request.
@@ -139,6 +142,15 @@ async fn decide_one(
         tool: tool.as_ref().map(|(t, _)| t.name().to_owned()),
         touched: tool.iter().map(|(t, _)| t.name().to_owned()).collect(),
         response_dlp: ctx.plane.checks.wants(tier, "response_dlp"),
+        undo: match (&tool, &action) {
+            (Some((tool, _)), Action::Tool { args, .. }) if tool.undo().is_some() => {
+                Some(crate::undo::journal::Plan {
+                    tool: tool.name().to_owned(),
+                    args: args.clone(),
+                })
+            }
+            _ => None,
+        },
         ..Decided::default()
     };
     if ctx.mode.approved().is_some() {
@@ -312,6 +324,57 @@ async fn hold(ctx: &mut RequestCtx<'_>, req: &mut Request<ProxyBody>, held: Held
             held
         }
         Err(e) => e,
+    }
+}
+
+/// Decide the undo of an earlier call of `tool` (made with `args`): policy only, as
+/// `Action::"tool:<name>.undo"` in the tool's tier, under the policies in force now. The
+/// call's checks and budget were settled when it was made; an undo is never held (a policy
+/// that asks for a human refuses it: `approval_required`).
+pub(super) async fn undo(
+    ctx: &mut RequestCtx<'_>,
+    tool: &ostiary_policies::Tool,
+    args: serde_json::Value,
+) -> Result<Decided, ProxyError> {
+    ctx.audit.mark(Phase::Decide);
+    let tier = tool.tier().as_str();
+    ctx.audit.update(|r| {
+        r.tool = Some(tool.name().to_owned());
+        r.tier = Some(tier.to_owned());
+    });
+    let mut session = ctx.plane.guardrails.session_state(&ctx.principal);
+    super::remember::fill(ctx, &mut session, Some((tool.name(), tool.tier()))).await?;
+    let mut kept = None;
+    let detectors = &ctx.plane.checks.detectors;
+    let secret = |s: &str| detectors.scan(s.as_bytes()).is_some();
+    let verdict = evaluate::decide_kept(
+        ctx.engine,
+        &ctx.plane.metrics,
+        &ctx.principal,
+        &session,
+        &ctx.target.host,
+        undo_action(tool, args),
+        Some((&mut kept, &secret)),
+    );
+    ctx.audit.update(|r| r.decided = kept);
+    let policies = verdict?;
+    ctx.audit.update(|r| r.add_policies(policies));
+    Ok(Decided {
+        tool: Some(tool.name().to_owned()),
+        response_dlp: ctx.plane.checks.wants(tier, "response_dlp"),
+        ..Decided::default()
+    })
+}
+
+/// `Action::"tool:<name>.undo"` for a call of `tool` made with `args`.
+pub(crate) fn undo_action(tool: &ostiary_policies::Tool, args: serde_json::Value) -> Action {
+    Action::Tool {
+        name: tool.name().to_owned(),
+        impact_records: tool.impact_records(&args).unwrap_or(0),
+        cost_micros: tool.cost_micros(),
+        approval: None,
+        undo: true,
+        args,
     }
 }
 

@@ -63,6 +63,7 @@ pub(super) async fn run(
                 principal: &ctx.principal,
                 tool: decided.tool.as_deref(),
                 upgrade,
+                scope: ctx.mode.lease_scope(),
             },
             &ctx.plane.metrics,
         )
@@ -79,13 +80,12 @@ pub(super) async fn run(
         let trace = crate::telemetry::TraceContext::propagate(&mut parts.headers);
         ctx.audit.update(|r| r.trace = Some(trace));
     }
-    if let Some(approved) = ctx.mode.approved() {
+    if let Some(key) = ctx.mode.idempotency_key() {
         // The exactly-once guard towards the upstream: a crash after this was sent and a
         // re-send after the restart carry the same key.
-        let key =
-            HeaderValue::from_str(&approved.idempotency_key).map_err(|e| ProxyError::Internal {
-                reason: format!("idempotency key: {e}"),
-            })?;
+        let key = HeaderValue::from_str(key).map_err(|e| ProxyError::Internal {
+            reason: format!("idempotency key: {e}"),
+        })?;
         parts.headers.insert(
             HeaderName::from_static(approvals::execute::IDEMPOTENCY_KEY),
             key,

@@ -1,11 +1,12 @@
 //! The request pipeline: the one place that lists the phases of docs/design.md §3 in order, for a
-//! live request ([`handle`]) and for an approved one being executed ([`execute`]), each
-//! phase in its own module named by its verb.
+//! live request ([`handle`]), for an approved one being executed ([`execute`]) and for the
+//! recorded undo of an earlier call ([`reverse`]), each phase in its own module named by its
+//! verb.
 //!
 //! ```text
 //! authenticate → gate → classify → [collect] → recognise → rate → idempotency →
-//! placeholders → decide (evaluate, check, limit, [hold]) → remember → inject → forward → reply
-//!                                                          (audit: a guard around all)
+//! placeholders → decide (evaluate, check, limit, [hold]) → remember → inject → forward →
+//! reply → journal                                          (audit: a guard around all)
 //! ```
 //! A plain request, a REST tool call and a JSON-RPC POST to a catalogued MCP endpoint take
 //! the same phases; `recognise` says which one it is and `decide` decides it accordingly
@@ -45,8 +46,9 @@ mod reply;
 mod upgrade;
 
 use crate::approvals::Approved;
-pub(crate) use ctx::Mode;
+pub(crate) use ctx::{Mode, Reversal};
 use ctx::{Note, RequestCtx};
+pub(crate) use decide::undo_action;
 use idempotency::Keyed;
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
@@ -194,8 +196,12 @@ async fn run(
         // forward — the egress guard on every dial, TLS verified before credentials leave.
         let response =
             forward::run(&mut ctx, &mut prepared, &decided, Some(&agent_body_failed)).await?;
+        let undo = decided.undo.take();
         // reply — scrub first: no secret reaches anything downstream of it.
-        reply::run(&mut ctx, response, &prepared, decided).await
+        let response = reply::run(&mut ctx, response, &prepared, decided).await?;
+        // journal — after reply (what it keeps of the answer was scrubbed), before the agent
+        // has the answer: a call it saw succeed has its undo recorded.
+        Ok(journal(&mut ctx, response, undo).await)
     }
     .await;
     // idempotency — last: what is kept for a retry is exactly what the agent gets; a
@@ -248,7 +254,66 @@ pub async fn execute(
     let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
     // forward — charged as approved, then sent.
     let response = forward::run(&mut ctx, &mut prepared, &decided, None).await?;
+    let undo = decided.undo.take();
     // reply — the same scrub, response DLP and byte meters as a live answer.
     let response = reply::run(&mut ctx, response, &prepared, decided).await?;
+    // journal — as for a live call.
+    let response = journal(&mut ctx, response, undo).await;
     Ok((response, prepared.injected.scrubber))
+}
+
+/// The phases of an undo (`ostiary sessions undo`), in order: the recorded undo request
+/// (rebuilt as `origin` and `req`) of a call of `tool` made with `args` in `principal`'s
+/// session, sent once. There is no `recognise`: it is the tool's undo whatever route it
+/// takes, and `classify` and `decide` are what keep it to the tool's own host.
+pub(crate) async fn reverse(
+    plane: &Arc<DataPlane>,
+    (principal, reversal): (Arc<Principal>, ctx::Reversal),
+    (origin, req): (Origin, Request<ProxyBody>),
+    (tool, args): (&str, serde_json::Value),
+    audit: &mut AuditGuard,
+    request_id: &str,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut note = Note::default();
+    let target = classify::target(&origin, &req)?;
+    let engine = plane.policies.current();
+    let mode = Mode::Undo(reversal);
+    let mut ctx = RequestCtx::new(
+        plane, request_id, &mode, audit, &mut note, principal, target, &engine,
+    );
+    // The tool as the catalog has it now: it must still declare an undo, served where the
+    // call went (a catalog that moved the tool is not asked to reverse the old host's call).
+    let tool = crate::undo::journal::tool_now(&engine, tool, &ctx.host)?;
+    // decide — policy only, as `Action::"tool:<name>.undo"`.
+    let mut decided = decide::undo(&mut ctx, tool, args).await?;
+    // inject — the tool's credential binding, minted now, and the undo's idempotency key.
+    let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
+    // forward — the egress guard on every dial, as for any request.
+    let response = forward::run(&mut ctx, &mut prepared, &decided, None).await?;
+    // reply — the same scrub: nothing of a secret reaches the report.
+    reply::run(&mut ctx, response, &prepared, decided).await
+}
+
+/// Record the undo of a call that succeeded (`plan`, from `decide`); the answer is handed
+/// back whole whatever the journal made of it.
+async fn journal(
+    ctx: &mut RequestCtx<'_>,
+    response: Response<ProxyBody>,
+    plan: Option<crate::undo::journal::Plan>,
+) -> Response<ProxyBody> {
+    let Some(plan) = plan else {
+        return response;
+    };
+    let journal = crate::undo::journal::Journal {
+        store: &ctx.plane.undo,
+        detectors: &ctx.plane.checks.detectors,
+        engine: ctx.engine,
+    };
+    let call = crate::undo::journal::Call {
+        request_id: ctx.request_id,
+        principal: &ctx.principal,
+        target: &ctx.target,
+        host: &ctx.host,
+    };
+    journal.record(call, plan, response, ctx.audit).await
 }

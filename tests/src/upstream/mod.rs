@@ -44,6 +44,11 @@
 //!   whole request, query and headers included) and answers 201 `{"stored": n}` without
 //!   echoing it. One store for every name the upstream serves, as one service behind
 //!   several hostnames;
+//! - `/records` — a REST collection whose calls can be reversed: `POST /records` creates a
+//!   record (the request's JSON body, an `id` `r<n>` given) and answers 201 `{"id", "n"}`;
+//!   `DELETE /records/{id}` removes it (204, or 404 when there is none); `GET /records`
+//!   answers `{"records": [...]}` in creation order; `?id=<text>` on the POST makes the
+//!   server answer that id instead (a hostile or careless upstream);
 //! - anything else — 404.
 //!
 //! The request body is always read to the end before answering (streamed, never held
@@ -408,6 +413,16 @@ impl Upstream {
     }
 
     /// What the `/messages` route stored, in order.
+    /// `/records`: the live records, in creation order.
+    pub fn records(&self) -> Vec<serde_json::Value> {
+        self.state
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
     pub fn messages(&self) -> Vec<serde_json::Value> {
         self.state
             .messages
@@ -470,6 +485,8 @@ pub struct ServerState {
     pub effects: Arc<Mutex<Vec<Effect>>>,
     /// `/messages`: each stored request, as the route hands it back.
     pub messages: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// `/records`: the live records, in creation order, and how many were ever made.
+    pub records: Arc<Mutex<(Vec<serde_json::Value>, u64)>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -700,6 +717,7 @@ impl Connection {
         let keep = path == "/grpc"
             || path == "/reflect"
             || path == "/messages"
+            || path.starts_with("/records")
             || path.starts_with("/v1/")
             || path.starts_with("/git/");
         let (parts, body) = req.into_parts();
@@ -720,6 +738,9 @@ impl Connection {
             "/grpc" => grpc(read.data.unwrap_or_default()),
             "/reflect" => reflect(&parts, read.data.unwrap_or_default()).await,
             "/messages" => messages(&self.state, &parts, read.data.unwrap_or_default()),
+            _ if path == "/records" || path.starts_with("/records/") => {
+                records(&self.state, &parts, &path, read.data.unwrap_or_default())
+            }
             "/v1/chat/completions" | "/v1/messages" => {
                 model_stand_in(&path, &read.data.unwrap_or_default())
             }

@@ -557,6 +557,50 @@ pub(super) fn messages(
     json_response(StatusCode::CREATED, json!({ "stored": stored.len() }))
 }
 
+/// `/records`: create (`POST /records`), remove (`DELETE /records/{id}`), list (`GET`).
+pub(super) fn records(
+    state: &ServerState,
+    parts: &http::request::Parts,
+    path: &str,
+    body: Bytes,
+) -> Response<Body> {
+    let mut guard = state.records.lock().unwrap_or_else(|e| e.into_inner());
+    let (records, made) = &mut *guard;
+    match (&parts.method, path.strip_prefix("/records/")) {
+        (&hyper::Method::GET, None) => {
+            json_response(StatusCode::OK, json!({ "records": *records }))
+        }
+        (&hyper::Method::POST, None) => {
+            *made += 1;
+            let id = query_param(parts.uri.query(), "id")
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("r{made}"));
+            let mut record: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+            record["id"] = json!(id);
+            records.push(record);
+            json_response(StatusCode::CREATED, json!({ "id": id, "n": *made }))
+        }
+        (&hyper::Method::DELETE, Some(id)) => {
+            let before = records.len();
+            records.retain(|r| r["id"] != json!(id));
+            if records.len() < before {
+                let mut resp = Response::new(BodyExt::boxed_unsync(Full::new(Bytes::new())));
+                *resp.status_mut() = StatusCode::NO_CONTENT;
+                resp
+            } else {
+                json_response(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "no such record", "id": id}),
+                )
+            }
+        }
+        _ => json_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({"error": "method not allowed"}),
+        ),
+    }
+}
+
 /// `/idem/...` (`?delay_ms=N` answers N ms late): a mutating endpoint that honours
 /// `Idempotency-Key` the way payment APIs do: the first request with a key is applied (recorded in `effects`) and answered 201;
 /// a repeat is answered the same, marked `idempotent-replayed: true`, and applies
