@@ -400,15 +400,7 @@ struct RawTool {
     reversible: Option<bool>,
     #[serde(default)]
     labels: Vec<String>,
-    undo: Option<RawUndo>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawUndo {
-    method: String,
-    path: String,
-    body: Option<Value>,
+    undo: Option<crate::undo::RawUndo>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -657,7 +649,7 @@ fn check_tool(
         }
     }
     let undo = match raw.undo {
-        Some(undo) => Some(check_undo(
+        Some(undo) => Some(crate::undo::check(
             undo,
             (raw.tier, raw.reversible),
             &matcher,
@@ -685,48 +677,6 @@ fn check_tool(
         labels: raw.labels,
         undo,
     })
-}
-
-/// An `undo` is a REST request to the tool's own host, for a tool that can be reversed,
-/// reading only arguments the tool has (when its arguments are declared).
-fn check_undo(
-    undo: RawUndo,
-    (tier, reversible): (Tier, Option<bool>),
-    matcher: &ToolMatch,
-    declared: Option<&RecordType>,
-) -> Result<UndoSpec, ToolProblem> {
-    let problem = |m: String| ToolProblem::Undo(m);
-    if tier == Tier::Irreversible {
-        return Err(problem(
-            "an irreversible tool has no undo (tier = \"irreversible\" says it cannot be reversed)"
-                .into(),
-        ));
-    }
-    if reversible == Some(false) {
-        return Err(problem(
-            "the tool says reversible = false, yet declares how to reverse it".into(),
-        ));
-    }
-    if matches!(matcher, ToolMatch::Mcp { .. }) {
-        return Err(problem(
-            "an undo is a REST request to the tool's host; MCP tools cannot declare one".into(),
-        ));
-    }
-    let spec = UndoSpec::parse(&undo.method, &undo.path, undo.body).map_err(problem)?;
-    // Without a schema the arguments are whatever the agent sent: any name may be there.
-    if let Some(args) = declared {
-        let known: HashSet<&str> = args.names().collect();
-        if let Some(missing) = spec
-            .arg_names()
-            .into_iter()
-            .find(|n| !known.contains(n.as_str()))
-        {
-            return Err(problem(format!(
-                "{{args.{missing}}}: the tool has no argument {missing:?} (neither its path nor its args_schema names one)"
-            )));
-        }
-    }
-    Ok(spec)
 }
 
 /// Tool names become the action id `"tool:<name>"` and appear in schema text and URLs, so

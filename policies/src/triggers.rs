@@ -182,3 +182,165 @@ mod tests {
             .is_none());
     }
 }
+
+/// Triggers decided by the engine: contexts as the schema types them, kinds, payloads,
+/// escalation.
+#[cfg(test)]
+mod decisions {
+    use cedar_policy::{Context, EntityUid, Request};
+
+    use crate::decide::{Decision, DenyReason};
+    use crate::load::{PolicyEngine, PolicySource};
+    use crate::request::{AccessRequest, Action, SessionState};
+
+    fn request(action: Action) -> AccessRequest {
+        AccessRequest {
+            agent: "a".into(),
+            tenant: "t".into(),
+            host: "h".into(),
+            session: SessionState {
+                depth: 1,
+                parent_agent: "root".into(),
+                ..SessionState::default()
+            },
+            action,
+        }
+    }
+
+    fn trigger_engine(policies: &str) -> PolicyEngine {
+        let triggers = crate::triggers::Triggers::new(&[
+            crate::triggers::TriggerDef {
+                name: "gh-push".into(),
+                kind: "webhook".into(),
+                schema: Some(serde_json::json!({
+                    "type": "object", "required": ["ref"],
+                    "properties": {"ref": {"type": "string"}, "size": {"type": "integer"}}
+                })),
+            },
+            crate::triggers::TriggerDef {
+                name: "nightly".into(),
+                kind: "schedule".into(),
+                schema: None,
+            },
+        ]);
+        PolicyEngine::with_triggers(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text: policies.into(),
+            }],
+            crate::catalog::Catalog::default(),
+            &triggers,
+        )
+        .unwrap()
+    }
+
+    fn trigger(name: &str, kind: &str, payload: serde_json::Value) -> AccessRequest {
+        request(Action::Trigger {
+            name: name.into(),
+            kind: kind.into(),
+            payload,
+            approval: None,
+        })
+    }
+
+    /// A trigger's context, with its payload converted by the engine, is what the schema
+    /// declares; the payload's undeclared fields are not in it.
+    #[test]
+    fn built_trigger_contexts_match_the_schema() {
+        let engine = trigger_engine("permit (principal, action, resource);");
+        let names = engine.names();
+        let model = names.triggers.get("gh-push").unwrap();
+        let req = trigger(
+            "gh-push",
+            "webhook",
+            serde_json::json!({"ref": "main", "x": [1]}),
+        );
+        let Action::Trigger { payload, .. } = &req.action else {
+            unreachable!()
+        };
+        let mut pairs = req.context_pairs().unwrap();
+        pairs.push((
+            "payload".into(),
+            model.payload.value(payload, "payload").unwrap(),
+        ));
+        let context = Context::from_pairs(pairs).unwrap();
+        let principal: EntityUid = "Ostiary::Agent::\"a\"".parse().unwrap();
+        let resource: EntityUid = req.resource().parse().unwrap();
+        Request::new(
+            principal,
+            names.trigger.clone(),
+            resource,
+            context,
+            Some(engine.schema()),
+        )
+        .unwrap();
+        assert!(engine.decide(&req).is_allow());
+    }
+
+    #[test]
+    fn triggers_are_decided_on_their_kind_and_payload_and_escalate() {
+        let engine = trigger_engine(
+            r#"
+            @id("pushes")
+            permit (principal == Ostiary::Agent::"a", action == Ostiary::Action::"trigger", resource)
+            when { resource.kind == "webhook" && context.payload has ref };
+            @id("main-needs-human")
+            @escalate("approval")
+            forbid (principal, action == Ostiary::Action::"trigger", resource == Ostiary::Trigger::"gh-push")
+            when { context.payload has ref && context.payload.ref == "main" }
+            unless { context.approval.granted };
+            @id("schedules")
+            permit (principal, action, resource is Ostiary::Trigger)
+            when { resource.kind == "schedule" && context.session.depth == 1 };
+            "#,
+        );
+        let branch = trigger("gh-push", "webhook", serde_json::json!({"ref": "dev"}));
+        assert_eq!(engine.decide(&branch).policies(), ["pushes"]);
+        assert!(engine.decide(&branch).is_allow());
+        let main = trigger("gh-push", "webhook", serde_json::json!({"ref": "main"}));
+        assert!(
+            matches!(engine.decide(&main), Decision::Escalate { ref policies } if policies == &["main-needs-human"]),
+            "{:?}",
+            engine.decide(&main)
+        );
+        let mut approved = main.clone();
+        *approved.action.approval_mut().unwrap() = Some("alice".into());
+        assert!(engine.decide(&approved).is_allow());
+        // The payload's type is the trigger's: a wrong one is a deny, not a silent skip.
+        let wrong = trigger("gh-push", "webhook", serde_json::json!({"ref": 7}));
+        assert!(matches!(
+            engine.decide(&wrong),
+            Decision::Deny {
+                reason: DenyReason::EvaluationError(_),
+                ..
+            }
+        ));
+        // A schedule has no payload attributes; its decision reads the session.
+        let tick = trigger("nightly", "schedule", serde_json::json!({"ref": "main"}));
+        assert_eq!(engine.decide(&tick).policies(), ["schedules"]);
+        // Indexed and unindexed agree on each.
+        for req in [branch, main, approved, wrong, tick] {
+            assert_eq!(engine.decide(&req), engine.decide_unindexed(&req));
+        }
+    }
+
+    #[test]
+    fn a_policy_reading_an_undeclared_payload_attribute_does_not_load() {
+        let triggers = crate::triggers::Triggers::new(&[]);
+        let err = PolicyEngine::with_triggers(
+            &[PolicySource {
+                name: "t.cedar".into(),
+                text: r#"permit (principal, action == Ostiary::Action::"trigger", resource)
+                         when { context.payload.ref == "main" };"#
+                    .into(),
+            }],
+            crate::catalog::Catalog::default(),
+            &triggers,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("t.cedar") || format!("{err:?}").contains("ref"),
+            "{err:?}"
+        );
+    }
+}

@@ -18,7 +18,10 @@
 
 use serde_json::Value;
 
-use crate::args;
+use std::collections::HashSet;
+
+use crate::args::{self, RecordType};
+use crate::catalog::{Tier, ToolMatch, ToolProblem};
 
 /// Where a placeholder's value comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -363,6 +366,57 @@ fn render_value(value: &Value, values: &Values<'_>) -> Result<Value, RenderError
         ),
         other => other.clone(),
     })
+}
+
+/// `undo = { method, path, body }` as written in `tools.toml`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUndo {
+    method: String,
+    path: String,
+    body: Option<Value>,
+}
+
+/// An `undo` is a REST request to the tool's own host, for a tool that can be reversed,
+/// reading only arguments the tool has (when its arguments are declared).
+pub(crate) fn check(
+    undo: RawUndo,
+    (tier, reversible): (Tier, Option<bool>),
+    matcher: &ToolMatch,
+    declared: Option<&RecordType>,
+) -> Result<UndoSpec, ToolProblem> {
+    let problem = |m: String| ToolProblem::Undo(m);
+    if tier == Tier::Irreversible {
+        return Err(problem(
+            "an irreversible tool has no undo (tier = \"irreversible\" says it cannot be reversed)"
+                .into(),
+        ));
+    }
+    if reversible == Some(false) {
+        return Err(problem(
+            "the tool says reversible = false, yet declares how to reverse it".into(),
+        ));
+    }
+    if matches!(matcher, ToolMatch::Mcp { .. }) {
+        return Err(problem(
+            "an undo is a REST request to the tool's host; MCP tools cannot declare one".into(),
+        ));
+    }
+    let spec = UndoSpec::parse(&undo.method, &undo.path, undo.body).map_err(problem)?;
+    // Without a schema the arguments are whatever the agent sent: any name may be there.
+    if let Some(args) = declared {
+        let known: HashSet<&str> = args.names().collect();
+        if let Some(missing) = spec
+            .arg_names()
+            .into_iter()
+            .find(|n| !known.contains(n.as_str()))
+        {
+            return Err(problem(format!(
+                "{{args.{missing}}}: the tool has no argument {missing:?} (neither its path nor its args_schema names one)"
+            )));
+        }
+    }
+    Ok(spec)
 }
 
 #[cfg(test)]
