@@ -286,6 +286,10 @@ pub struct ExplainArgs {
     /// The tool call's arguments, a JSON object (default `{}`).
     #[arg(long, requires = "tool")]
     pub args: Option<String>,
+    /// Decide the call's undo (`Action::"tool:<name>.undo"`, docs/undo.md) rather than the
+    /// call: what `ostiary sessions undo` would be asked.
+    #[arg(long, requires = "tool")]
+    pub undo: bool,
     /// Decide whether the config's trigger of this name may start a run
     /// (`Action::"trigger"`, principal `--agent`); its kind comes from the config.
     #[arg(

@@ -195,3 +195,48 @@ fn a_kept_undo_decision_reads_back_as_an_undo() {
     let back = ostiary_policies::recorded::from_json(&kept).unwrap();
     assert_eq!(back.request.action, req.action);
 }
+
+#[test]
+fn policy_test_cases_decide_the_undo_of_a_call() {
+    let e = engine(
+        r#"
+        @id("write-ok") permit (principal, action in Ostiary::Action::"tier:write", resource);
+        @id("no-undo-of-issues") forbid (principal, action == Ostiary::Action::"tool:issues.create.undo", resource)
+          when { context.args.owner == "acme" };
+        "#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let case = |name: &str, tool: &str, undo: &str, expect: &str| {
+        format!(
+            "[[case]]\nname = \"{name}\"\naction = \"tool\"\ntool = \"{tool}\"\n{undo}args = {{ owner = \"acme\", repo = \"site\" }}\nexpect = \"{expect}\"\n"
+        )
+    };
+    let text = [
+        case("the call", "issues.create", "", "allow"),
+        case("its undo", "issues.create", "undo = true\n", "deny"),
+        case("another undo", "records.create", "undo = true\n", "allow"),
+        case(
+            "undo false is the call",
+            "issues.create",
+            "undo = false\n",
+            "allow",
+        ),
+    ]
+    .join("\n");
+    std::fs::write(dir.path().join("undo.toml"), text).unwrap();
+    let report = ostiary_policies::run_dir(&e, dir.path()).unwrap();
+    assert_eq!(report.failed(), 0, "{report:?}");
+    assert_eq!(report.passed(), 4);
+    // A tool without an undo, and `undo` on a case that is not a tool call, are errors.
+    for (text, want) in [
+        (case("x", "records.read", "undo = true\n", "deny"), "declares no undo"),
+        (
+            "[[case]]\nname = \"y\"\naction = \"http\"\nhost = \"api.example.com\"\nundo = true\nexpect = \"deny\"\n".to_owned(),
+            "`undo` applies to tool cases only",
+        ),
+    ] {
+        std::fs::write(dir.path().join("undo.toml"), text).unwrap();
+        let e = ostiary_policies::run_dir(&e, dir.path()).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+}

@@ -39,6 +39,14 @@ const POLICY: &str = r#"
 @id("writes") permit (principal, action in Ostiary::Action::"tier:write", resource);
 "#;
 
+const HOLD_BIG: &str = r#"
+@id("writes") permit (principal, action in Ostiary::Action::"tier:write", resource);
+@id("big-needs-human") @escalate("approval")
+forbid (principal, action == Ostiary::Action::"tool:records.create", resource)
+when { context.args has title && context.args.title like "big*" }
+unless { context.approval.granted };
+"#;
+
 const KEEP_RECORDS: &str = r#"
 @id("writes") permit (principal, action in Ostiary::Action::"tier:write", resource);
 @id("keep-records") forbid (principal, action == Ostiary::Action::"tool:records.create.undo", resource)
@@ -63,6 +71,9 @@ async fn start(policy: &str) -> Rig {
         r#"
 [sessions.watchdog]
 enabled = false
+
+[approvals]
+approvers = ["alice@example.com"]
 
 [broker]
 backend = "file"
@@ -187,6 +198,18 @@ fn admin_token(server: &Server) -> String {
         .unwrap()
         .trim()
         .to_owned()
+}
+
+async fn control_get(server: &Server, path: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("http://{}{path}", server.control_addr))
+        .bearer_auth(admin_token(server))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn control(server: &Server, path: &str, body: Option<&str>, admin: bool) -> (u16, Value) {
@@ -325,6 +348,55 @@ async fn a_policy_that_forbids_the_undo_refuses_it_until_it_no_longer_does() {
     assert_eq!(kept.status, 201, "{kept:?}");
     let other = post(&rig, &token, "/records", &json!({"title": "drop me"})).await;
     assert_eq!(other.status, 201, "{other:?}");
+
+    // `policy explain --undo` asks what the undo will be asked.
+    let config = rig.server.config_arg();
+    let explain = |title: &'static str| {
+        let config = config.clone();
+        async move {
+            let args = format!(r#"{{"title":"{title}"}}"#);
+            let out = ostiary(&[
+                "--config",
+                &config,
+                "--json",
+                "policy",
+                "explain",
+                "--agent",
+                "writer",
+                "--tool",
+                "records.create",
+                "--undo",
+                "--args",
+                &args,
+            ])
+            .await;
+            assert!(out.success(), "{out}");
+            serde_json::from_str::<Value>(&out.stdout).unwrap()
+        }
+    };
+    let kept_explained = explain("keep me").await;
+    assert_eq!(kept_explained["decision"], "deny", "{kept_explained}");
+    assert_eq!(
+        kept_explained["request"]["action"],
+        "tool:records.create.undo"
+    );
+    assert_eq!(explain("drop me").await["decision"], "allow");
+    let out = ostiary(&[
+        "--config",
+        &config,
+        "policy",
+        "explain",
+        "--agent",
+        "writer",
+        "--tool",
+        "notes.post",
+        "--undo",
+    ])
+    .await;
+    assert!(
+        !out.success() && out.stderr.contains("declares no undo"),
+        "{out}"
+    );
 
     let (dry, ok) = undo(&rig, &id, &["--dry-run"]).await;
     assert!(!ok, "a refused undo fails the command: {dry}");
@@ -492,4 +564,47 @@ async fn two_undos_at_once_send_each_undo_exactly_once() {
     paths.dedup();
     assert_eq!(paths.len(), 6, "each record deleted once: {paths:?}");
     assert!(rig.upstream.records().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_records_its_undo_as_a_live_one_does() {
+    let rig = start(HOLD_BIG).await;
+    let (id, token) = session(&rig.server, "writer").await;
+    let held = post(&rig, &token, "/records", &json!({"title": "big batch"})).await;
+    assert_eq!(held.status, 202, "{held:?}");
+    let approval = json_of(&held)["approval_id"].as_str().unwrap().to_owned();
+    assert!(rig.upstream.records().is_empty());
+    let (status, body) = control(
+        &rig.server,
+        &format!("/v1/approvals/{approval}/approve"),
+        Some(r#"{"approver": "alice@example.com"}"#),
+        true,
+    )
+    .await;
+    assert!(status == 200 || status == 202, "{status}: {body}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let a = control_get(&rig.server, &format!("/v1/approvals/{approval}")).await;
+        if a["status"] == "executed" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never executed: {a}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(rig.upstream.records().len(), 1);
+
+    let (report, ok) = undo(&rig, &id, &[]).await;
+    assert!(ok, "{report}");
+    assert_eq!(report["reversed"].as_array().unwrap().len(), 1, "{report}");
+    assert!(rig.upstream.records().is_empty());
+    // The undo itself is decided under the escalating policy: it names the call's tool,
+    // not its undo, so the undo is allowed outright.
+    assert_eq!(
+        report["reversed"][0]["policies"],
+        json!(["writes"]),
+        "{report}"
+    );
 }

@@ -268,13 +268,20 @@ fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<Exi
                 Some(text) => serde_json::from_str(text)
                     .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
             };
-            ostiary_policies::testing::tool_call(
+            let (host, action) = ostiary_policies::testing::tool_call(
                 engine.catalog(),
                 &name,
                 call_args,
                 args.approved_by.as_deref(),
             )
-            .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?
+            .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?;
+            if args.undo {
+                let undo = ostiary_policies::testing::undo_of(engine.catalog(), action)
+                    .map_err(|e| CliError::Usage(format!("--undo: {e}")))?;
+                (host, undo)
+            } else {
+                (host, action)
+            }
         }
         (None, Some(child)) => (String::new(), Action::Spawn { child }),
         (None, None) => {

@@ -293,6 +293,9 @@ pub struct Case {
     /// tool only; default `{}`: the arguments as the agent sends them (for a REST tool, the
     /// path parameters, query and body merged, as the proxy merges them).
     pub args: Option<Map<String, Value>>,
+    /// tool only; default false: the call's undo (`Action::"tool:<name>.undo"`, the tool
+    /// must declare one), decided with the call's `args`.
+    pub undo: Option<bool>,
     /// Every action; default all 0 and empty (a root session's first request).
     pub session: Option<CaseSession>,
     /// tool and trigger: a human approved this call (`context.approval.granted`, `approver`).
@@ -328,7 +331,11 @@ impl Case {
     /// another action are refused rather than ignored: a `method` on a connect case, or `args`
     /// on an http case, means the author misunderstood the case.
     pub fn request(&self, catalog: &Catalog) -> Result<AccessRequest, String> {
-        let tool_only = [("tool", self.tool.is_some()), ("args", self.args.is_some())];
+        let tool_only = [
+            ("tool", self.tool.is_some()),
+            ("args", self.args.is_some()),
+            ("undo", self.undo.is_some()),
+        ];
         let trigger_only = [
             ("trigger", self.trigger.is_some()),
             ("kind", self.kind.is_some()),
@@ -508,13 +515,32 @@ impl Case {
             .tool
             .as_deref()
             .ok_or("`tool` is required for tool cases (the tool's name in tools.toml)")?;
-        tool_call(
+        let (host, action) = tool_call(
             catalog,
             name,
             self.args.clone().unwrap_or_default(),
             self.approved_by.as_deref(),
-        )
+        )?;
+        match self.undo {
+            Some(true) => Ok((host, undo_of(catalog, action)?)),
+            _ => Ok((host, action)),
+        }
     }
+}
+
+/// The undo of a tool call built by [`tool_call`]: `Action::"tool:<name>.undo"`, for a tool
+/// that declares one. Shared by tool cases and `ostiary policy explain --tool --undo`.
+pub fn undo_of(catalog: &Catalog, mut action: Action) -> Result<Action, String> {
+    let Action::Tool { name, undo, .. } = &mut action else {
+        return Err("only a tool call has an undo".into());
+    };
+    if catalog.get(name).and_then(|t| t.undo()).is_none() {
+        return Err(format!(
+            "tool {name:?} declares no undo (`undo = {{ method, path }}` in tools.toml)"
+        ));
+    }
+    *undo = true;
+    Ok(action)
 }
 
 /// The host and action of a call of catalog tool `name`: what the proxy would build for it,

@@ -360,7 +360,8 @@ async fn child_agent(
         Ok((labels, _)) => session.labels = labels,
         Err(e) => return Err(ControlError::Proxy(e).into()),
     }
-    let resolved = spawn::resolve(&engine, &shared.metrics, parent, &session, asked);
+    let mut kept = None;
+    let resolved = spawn::resolve(&engine, &shared.metrics, parent, &session, asked, &mut kept);
     if let Some(name) = asked.filter(|name| *name != parent.agent) {
         let request_id = crate::ids::request_id();
         let mut audit = AuditGuard::start(&shared.audit, &shared.metrics, &request_id, "spawn");
@@ -368,6 +369,8 @@ async fn child_agent(
             r.set_principal(parent);
             r.reason = Some(format!("spawn a child session as agent {name:?}"));
             r.policy_version = Some(engine.version().to_string());
+            // Kept like every decision, for replay and the shadow set.
+            r.decided = kept;
         });
         audit.decided(resolved.as_ref().map(ChildAgent::policies));
     }

@@ -46,12 +46,15 @@ impl ChildAgent {
 /// The agent a child of `parent` runs as when its creator `asked` for a name (or none).
 /// `session` is the parent's `context.session`. A name other than the parent's is decided
 /// by Cedar; a deny (default or forbid, or an evaluation error) is the refusal returned.
+/// That decision is kept in `kept` (`ostiary_policies::recorded`), so that replay and the
+/// shadow set can make it again: a spawn carries no argument, nothing to redact.
 pub fn resolve(
     engine: &PolicyEngine,
     metrics: &Metrics,
     parent: &Principal,
     session: &SessionState,
     asked: Option<&str>,
+    kept: &mut Option<serde_json::Value>,
 ) -> Result<ChildAgent, ProxyError> {
     let child = match asked {
         None => parent.agent.as_str(),
@@ -77,6 +80,11 @@ pub fn resolve(
     metrics
         .decision_seconds
         .observe(started.elapsed().as_secs_f64());
+    *kept = Some(ostiary_policies::recorded::to_json(
+        &request,
+        &decision,
+        &|_| false,
+    ));
     match decision {
         Decision::Allow { policies } => Ok(ChildAgent {
             name: child.to_owned(),
@@ -137,7 +145,15 @@ mod tests {
                when { context.session.depth == 0 };"#,
         );
         let session = SessionState::default();
-        let own = resolve(&engine, &metrics, &parent("reader"), &session, None).unwrap();
+        let own = resolve(
+            &engine,
+            &metrics,
+            &parent("reader"),
+            &session,
+            None,
+            &mut None,
+        )
+        .unwrap();
         assert_eq!((own.name(), own.renamed()), ("reader", false));
         let same = resolve(
             &engine,
@@ -145,6 +161,7 @@ mod tests {
             &parent("reader"),
             &session,
             Some("reader"),
+            &mut None,
         );
         assert_eq!(
             same.unwrap().name(),
@@ -153,20 +170,34 @@ mod tests {
         );
         // No permit names the pair: refused, whatever the name.
         for name in ["deployer", "Reader", "planner", "reviewer", "reader "] {
-            let err = resolve(&engine, &metrics, &parent("reader"), &session, Some(name));
+            let err = resolve(
+                &engine,
+                &metrics,
+                &parent("reader"),
+                &session,
+                Some(name),
+                &mut None,
+            );
             assert!(
                 matches!(&err, Err(ProxyError::Denied { policies, .. }) if policies.is_empty()),
                 "{name}: {err:?}"
             );
         }
+        let mut kept = None;
         let ok = resolve(
             &engine,
             &metrics,
             &parent("planner"),
             &session,
             Some("reviewer"),
+            &mut kept,
         );
         let ok = ok.unwrap();
+        // The decision is kept as it was made, to be made again (replay, the shadow set).
+        let back = ostiary_policies::recorded::from_json(kept.as_ref().unwrap()).unwrap();
+        assert_eq!(back.outcome, "allow");
+        assert_eq!(back.policies, ["planner-spawns-reviewer"]);
+        assert!(engine.decide(&back.request).is_allow());
         assert_eq!(ok.name(), "reviewer");
         assert_eq!(ok.policies(), ["planner-spawns-reviewer"]);
         // The parent's session is the context: a deeper parent is refused.
@@ -180,6 +211,7 @@ mod tests {
             &parent("planner"),
             &deep,
             Some("reviewer"),
+            &mut None,
         );
         assert!(matches!(err, Err(ProxyError::Denied { .. })));
     }
