@@ -17,6 +17,11 @@
 //!   whose audit chain is kept nowhere ([`Discard`], through `Options::audit_store`): every
 //!   record is still built, queued, serialised and sealed by the writer thread, but no row is
 //!   inserted or committed. "Audit on ≥ 0.95× audit off" (issue 17) is read from these.
+//! - `proxy_tool_create`, `proxy_tool_create_undo`: the same 1 KiB POST to the upstream's
+//!   `/records` (which answers `{"id": …}`), as a tool without and with an `undo` (issue 20):
+//!   the second reads the answer to render `DELETE /records/{response.id}` and writes it to
+//!   the store's undo journal before the agent has the answer. Two host names of one
+//!   upstream, so the two differ in the tool's `undo` alone.
 //!
 //! Each case is measured twice, on two clocks: `pipeline/*` in wall time (what the agent
 //! waits), `pipeline_cpu/*` in CPU time of every thread of the process (what the request
@@ -51,7 +56,23 @@ tier = "read"
 match = { host = "api.example.test", method = "POST", path = "/echo" }
 args_schema = { type = "object", required = ["title"], properties = { title = { type = "string" }, body = { type = "string" } } }
 cost = 0.000001
+
+[[tool]]
+name = "bench.create"
+tier = "read"
+match = { host = "api.example.test", method = "POST", path = "/records" }
+cost = 0.000001
+
+[[tool]]
+name = "bench.create_undoable"
+tier = "read"
+match = { host = "undo.example.test", method = "POST", path = "/records" }
+cost = 0.000001
+undo = { method = "DELETE", path = "/records/{response.id}" }
 "#;
+
+/// The name the undoable tool is served at (the same upstream).
+const UNDO_HOST: &str = "undo.example.test";
 
 /// Far beyond what a run sends: the meters and the limiter do their bookkeeping, never refuse.
 const LIMITS: &str = r#"
@@ -135,7 +156,10 @@ impl Rig {
             .expect("a tokio runtime");
         let state = state_dir();
         let (upstream, proxies, through, through_audit_off, direct) = rt.block_on(async {
-            let upstream = Upstream::builder().start().await;
+            let upstream = Upstream::builder()
+                .names(&["api.example.test", UNDO_HOST])
+                .start()
+                .await;
             let policies = format!(
                 "{ALLOW_ALL}\n@id(\"bench-read-tools\")\n\
                  permit (principal, action in Ostiary::Action::\"tier:read\", resource);\n"
@@ -145,6 +169,7 @@ impl Rig {
                     policies: policies.clone(),
                     state_dir: Some(state.path().join(dir)),
                     tools_toml: Some(TOOLS.into()),
+                    names: vec!["api.example.test".into(), UNDO_HOST.into()],
                     ports: vec![upstream.port()],
                     upstream_ca_pem: Some(upstream.ca_pem()),
                     extra_toml: LIMITS.into(),
@@ -206,6 +231,7 @@ impl Rig {
             Case::ToolPost => (&self.through, true),
             Case::ProxyGetAuditOff => (&self.through_audit_off, false),
             Case::ToolPostAuditOff => (&self.through_audit_off, true),
+            Case::ToolCreate | Case::ToolCreateUndo => (&self.through, true),
         };
         let request = match post {
             false => client.get(url),
@@ -218,7 +244,8 @@ impl Rig {
         let status = response.status();
         let body = response.bytes().await.expect("the answer's body");
         assert!(
-            status == 200,
+            status == 200
+                || (status == 201 && matches!(case, Case::ToolCreate | Case::ToolCreateUndo)),
             "{case:?} refused ({status}): {}",
             String::from_utf8_lossy(&body)
         );
@@ -251,16 +278,29 @@ enum Case {
     ToolPost,
     ProxyGetAuditOff,
     ToolPostAuditOff,
+    ToolCreate,
+    ToolCreateUndo,
 }
 
 impl Case {
-    const ALL: [Case; 5] = [
+    const ALL: [Case; 7] = [
         Case::Direct,
         Case::ProxyGet,
         Case::ProxyGetAuditOff,
         Case::ToolPost,
         Case::ToolPostAuditOff,
+        Case::ToolCreate,
+        Case::ToolCreateUndo,
     ];
+
+    /// Where the case sends its request.
+    fn url(self, upstream: &Upstream) -> String {
+        match self {
+            Case::ToolCreate => upstream.url("/records"),
+            Case::ToolCreateUndo => format!("https://{UNDO_HOST}:{}/records", upstream.port()),
+            _ => upstream.url("/echo"),
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -269,6 +309,8 @@ impl Case {
             Case::ToolPost => "proxy_tool_post",
             Case::ProxyGetAuditOff => "proxy_get_audit_off",
             Case::ToolPostAuditOff => "proxy_tool_post_audit_off",
+            Case::ToolCreate => "proxy_tool_create",
+            Case::ToolCreateUndo => "proxy_tool_create_undo",
         }
     }
 }
@@ -327,7 +369,6 @@ fn tool_body() -> String {
 
 fn pipeline(c: &mut Criterion) {
     let rig = Rig::start();
-    let url = rig.upstream.url("/echo");
     for (clock, group) in [(Clock::Wall, "pipeline"), (Clock::Cpu, "pipeline_cpu")] {
         let mut group = c.benchmark_group(group);
         group
@@ -335,6 +376,7 @@ fn pipeline(c: &mut Criterion) {
             .warm_up_time(Duration::from_secs(2))
             .measurement_time(Duration::from_secs(6));
         for case in Case::ALL {
+            let url = case.url(&rig.upstream);
             group.bench_function(case.name(), |b| {
                 b.iter_custom(|iters| rig.measure(clock, case, &url, iters))
             });

@@ -22,26 +22,28 @@ impl UndoStore for SqliteUndo {
         self.0.with(|c| {
             // `WHERE true`: without it SQLite reads the `ON` of `ON CONFLICT` after a
             // `SELECT … FROM` as a join's.
-            c.execute(
+            // Cached: an entry is written on the request path of every call of an undoable
+            // tool, and parsing this statement costs more than running it.
+            c.prepare_cached(
                 "INSERT INTO undo_journal
                    (id, seq, session, recorded_ms, tool, tier, subject, args, request, status,
                     detail)
                  SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10
                  FROM undo_journal WHERE true
                  ON CONFLICT (id) DO NOTHING",
-                params![
-                    entry.id,
-                    entry.session,
-                    entry.recorded_ms,
-                    entry.tool,
-                    entry.tier,
-                    entry.subject,
-                    entry.args,
-                    entry.request,
-                    entry.status.as_str(),
-                    entry.detail,
-                ],
-            )
+            )?
+            .execute(params![
+                entry.id,
+                entry.session,
+                entry.recorded_ms,
+                entry.tool,
+                entry.tier,
+                entry.subject,
+                entry.args,
+                entry.request,
+                entry.status.as_str(),
+                entry.detail,
+            ])
             .map(drop)
         })
     }
