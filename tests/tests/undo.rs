@@ -608,3 +608,39 @@ async fn an_approved_call_records_its_undo_as_a_live_one_does() {
         "{report}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_that_no_longer_declares_the_undo_refuses_it() {
+    let rig = start(POLICY).await;
+    let (id, token) = session(&rig.server, "writer").await;
+    let made = post(&rig, &token, "/records", &json!({"title": "t"})).await;
+    assert_eq!(made.status, 201, "{made:?}");
+    // The tool loses its undo; the entry recorded under the old catalog is not sent.
+    let without: String = CATALOG
+        .lines()
+        .filter(|l| !l.starts_with("undo"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(rig.server.dir.path().join("policies/tools.toml"), without).unwrap();
+    let (status, body) = control(&rig.server, "/v1/policy/reload", None, true).await;
+    assert_eq!(status, 200, "{body}");
+    let (report, ok) = undo(&rig, &id, &[]).await;
+    assert!(!ok, "{report}");
+    let refused = &report["refused"][0];
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer declares an undo"),
+        "{report}"
+    );
+    assert!(deletes(&rig).is_empty());
+    assert_eq!(rig.upstream.records().len(), 1);
+    // Put back, the same entry runs: a refusal is tried again.
+    std::fs::write(rig.server.dir.path().join("policies/tools.toml"), CATALOG).unwrap();
+    let (status, body) = control(&rig.server, "/v1/policy/reload", None, true).await;
+    assert_eq!(status, 200, "{body}");
+    let (report, ok) = undo(&rig, &id, &[]).await;
+    assert!(ok, "{report}");
+    assert!(rig.upstream.records().is_empty());
+}
