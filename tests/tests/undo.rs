@@ -11,7 +11,10 @@
 //!   record stays), and once the policy no longer does, the same undo runs;
 //! - a value the upstream answers can never leave its place in the undo's path (a `../`
 //!   id is percent-encoded, never a traversal), an answer that carries a secret is never
-//!   kept, and the control route refuses malformed asks.
+//!   kept, and the control route refuses malformed asks;
+//! - concurrent undos (two CLI calls, or two replicas on one PostgreSQL store) send each undo
+//!   once, and a replica reverses calls made through another, newest first across both;
+//! - an approved call records its undo; an undo the catalog no longer declares is refused.
 
 use ostiary_e2e::clients;
 use ostiary_e2e::upstream::Upstream;
@@ -643,4 +646,79 @@ async fn a_catalog_that_no_longer_declares_the_undo_refuses_it() {
     let (report, ok) = undo(&rig, &id, &[]).await;
     assert!(ok, "{report}");
     assert!(rig.upstream.records().is_empty());
+}
+
+/// Two replicas on one PostgreSQL store: calls recorded on either are reversed from the
+/// other, newest first across both, and two undos at once on the two replicas send each
+/// undo once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_journal_and_send_each_undo_once() {
+    use crate::support::fleet::Fleet;
+
+    let upstream = Upstream::builder().start().await;
+    let mut fleet = Fleet::start(&upstream, 0, "", None, None).await;
+    std::fs::write(fleet.policies.join("tools.toml"), CATALOG).unwrap();
+    std::fs::write(fleet.policies.join("test.cedar"), POLICY).unwrap();
+    for i in 0..2 {
+        let replica = fleet.start_replica(i).await;
+        fleet.replicas.push(replica);
+    }
+    let session = fleet.root(0, "writer").await;
+    let on = [fleet.agent(0, &session), fleet.agent(1, &session)];
+    let mut created = Vec::new();
+    for (n, replica) in [0usize, 1, 0].into_iter().enumerate() {
+        let response = on[replica]
+            .post(fleet.url("/records"))
+            .json(&json!({ "title": format!("t{n}") }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        created.push(body["id"].as_str().unwrap().to_owned());
+    }
+    let report = fleet
+        .control(1)
+        .undo_session(&session.session_id, None, false)
+        .await
+        .unwrap();
+    assert_eq!(report["reversed"].as_array().unwrap().len(), 3, "{report}");
+    let want: Vec<String> = created
+        .iter()
+        .rev()
+        .map(|r| format!("/records/{r}"))
+        .collect();
+    let sent: Vec<String> = deletes_of(&upstream);
+    assert_eq!(sent, want);
+    assert!(upstream.records().is_empty());
+
+    // More calls, then both replicas undo at once: each undo is sent once.
+    for replica in [0usize, 1, 0, 1] {
+        let response = on[replica]
+            .post(fleet.url("/records"))
+            .json(&json!({"title": "again"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+    }
+    let (c0, c1) = (fleet.control(0), fleet.control(1));
+    let (a, b) = tokio::join!(
+        c0.undo_session(&session.session_id, None, false),
+        c1.undo_session(&session.session_id, None, false),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let both = calls(&a, "reversed").len() + calls(&b, "reversed").len();
+    assert_eq!(both, 4, "{a} {b}");
+    assert_eq!(deletes_of(&upstream).len(), 7);
+    assert!(upstream.records().is_empty());
+}
+
+fn deletes_of(upstream: &Upstream) -> Vec<String> {
+    upstream
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == http::Method::DELETE)
+        .map(|s| s.path)
+        .collect()
 }
