@@ -57,6 +57,7 @@ mod placeholders_binding;
 mod policy_lifecycle;
 mod policy_versions;
 mod profiles;
+mod refusal_connections;
 mod reload;
 mod runs_api;
 mod runs_fleet;

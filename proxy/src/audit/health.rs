@@ -9,10 +9,14 @@
 //!   it);
 //! - a commit has been in progress for longer than [`Limits::stall`] (a disk that hangs
 //!   rather than fails), seen by the reader without the writer's help;
-//! - [`Limits::queue`] records are waiting (the writer cannot keep up). This one alone is
-//!   waited out for up to [`Limits::full_wait`] by the request path
-//!   ([`super::sink::AuditSink::writable`]): a commit slowed by the disk for a moment is
-//!   latency, not a burst of 503s, and the bound on records not yet written still holds.
+//! - [`Limits::queue`] records are waiting (the writer cannot keep up), or half of them
+//!   while a write has been in progress for longer than [`Limits::retry_min`] (a write lock
+//!   another connection holds: each attempt waits up to the store's busy timeout, and in that
+//!   time a fast client could fill the whole queue, leaving no room to record the refusals
+//!   that follow one by one). This one alone is waited out for up to [`Limits::full_wait`] by
+//!   the request path ([`super::sink::AuditSink::writable`]): a commit slowed by the disk for
+//!   a moment is latency, not a burst of 503s, and the bound on records not yet written
+//!   still holds.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -168,7 +172,7 @@ impl Health {
             return Some(self.reason());
         }
         let queued = self.queued.load(Ordering::Relaxed);
-        if queued >= self.limits.queue {
+        if self.full(queued) {
             self.gauges.available.set(0);
             return Some(format!("{queued} records are waiting to be written"));
         }
@@ -185,8 +189,21 @@ impl Health {
 
     /// The queue is full and nothing else is wrong: worth waiting for room.
     pub(crate) fn only_full(&self) -> bool {
-        !self.failing.load(Ordering::Acquire)
-            && self.queued.load(Ordering::Relaxed) >= self.limits.queue
+        !self.failing.load(Ordering::Acquire) && self.full(self.queued.load(Ordering::Relaxed))
+    }
+
+    /// Whether `queued` records are as many as may wait: the whole queue, or half of it
+    /// while a write has been in progress for longer than a retry's wait (the rest is kept
+    /// for the refusals that may follow, each recorded on its own).
+    fn full(&self, queued: usize) -> bool {
+        if queued >= self.limits.queue {
+            return true;
+        }
+        let since = self.busy_since.load(Ordering::Acquire);
+        queued >= self.limits.queue / 2
+            && since != 0
+            && u128::from(self.elapsed_ms().saturating_sub(since - 1))
+                > self.limits.retry_min.as_millis()
     }
 
     pub(crate) fn status(&self) -> Status {
@@ -352,6 +369,36 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         assert!(h.unavailable().unwrap().contains("has not completed"));
         h.end_write();
+        assert_eq!(h.unavailable(), None);
+    }
+
+    #[test]
+    fn half_the_queue_is_full_while_a_write_is_held_up() {
+        let h = Health::new(
+            Limits {
+                queue: 4,
+                retry_min: Duration::from_millis(1),
+                ..Limits::default()
+            },
+            0,
+            &Metrics::default(),
+        );
+        assert!(h.admit(false) && h.admit(false));
+        assert_eq!(
+            h.unavailable(),
+            None,
+            "no write in progress: half is not full"
+        );
+        h.begin_write();
+        assert_eq!(h.unavailable(), None, "a write just begun is not held up");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(h.only_full(), "half the queue behind a held-up write");
+        assert!(h.unavailable().unwrap().contains("2 records are waiting"));
+        // The refusals that follow are still recorded one by one: room is left for them.
+        assert!(h.admit(true) && h.admit(true));
+        assert!(!h.admit(true), "past the whole queue they are counted");
+        h.end_write();
+        h.dequeued(4);
         assert_eq!(h.unavailable(), None);
     }
 }

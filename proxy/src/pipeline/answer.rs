@@ -11,14 +11,28 @@ use crate::error::ProxyError;
 use crate::plane::DataPlane;
 use crate::respond;
 
+/// When the agent's HTTP/1 connection ends with the answer (`Connection: close`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Close {
+    /// An upgrade (or a CONNECT inside a tunnel) was asked: unless it was granted, the
+    /// connection's next bytes would go unchecked by the wire guard.
+    pub upgrade_asked: bool,
+    /// The request has a body, which a refusal may not have read.
+    pub carries_body: bool,
+}
+
 /// The response to the agent, with the request's audit record finished.
 pub(super) async fn answer(
     plane: &DataPlane,
     result: Result<Response<ProxyBody>, ProxyError>,
     mut audit: AuditGuard,
     request_id: &str,
-    upgrade_asked: bool,
+    close: Close,
 ) -> Response<ProxyBody> {
+    let Close {
+        upgrade_asked,
+        carries_body,
+    } = close;
     match result {
         Ok(mut response) => {
             if upgrade_asked && response.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -31,7 +45,7 @@ pub(super) async fn answer(
         }
         Err(err) => {
             let mut response = respond::error(&err, request_id);
-            if upgrade_asked {
+            if upgrade_asked || carries_body {
                 response
                     .headers_mut()
                     .insert(CONNECTION, http::HeaderValue::from_static("close"));

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use http::header::UPGRADE;
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
 
@@ -68,6 +68,15 @@ pub async fn handle(
     // tunnel (always refused): its head switched the guard to pass-through.
     let upgrade_asked = (req.version() == Version::HTTP_11 && req.headers().contains_key(UPGRADE))
         || (req.method() == Method::CONNECT && req.version() <= Version::HTTP_11);
+    // A refusal may come before the body was read; the connection then cannot carry another
+    // request (hyper closes it once the answer is out), and a client that is not told so may
+    // send its next request into the closing socket.
+    let carries_body = req.version() <= Version::HTTP_11
+        && (req.headers().contains_key(TRANSFER_ENCODING)
+            || req
+                .headers()
+                .get(CONTENT_LENGTH)
+                .is_some_and(|len| len.as_bytes() != b"0"));
     let mut note = Note::default();
     let result = run(&plane, &origin, req, &mut audit, &request_id, &mut note).await;
     let refused = result
@@ -78,7 +87,11 @@ pub async fn handle(
         .as_ref()
         .err()
         .is_some_and(crate::guardrails::pause::counts_as_hold);
-    let response = answer::answer(&plane, result, audit, &request_id, upgrade_asked).await;
+    let close = answer::Close {
+        upgrade_asked,
+        carries_body,
+    };
+    let response = answer::answer(&plane, result, audit, &request_id, close).await;
     let shared = plane.guardrails.shared.is_some();
     // watchdog — after the answer is decided and its record written (the pause's snapshot
     // includes it): a session that keeps repeating itself is paused before its next request.
