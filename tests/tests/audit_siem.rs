@@ -334,14 +334,15 @@ async fn a_kill_9_resumes_from_the_cursor_and_replay_sends_again() {
         (delivered + 1..=head).collect::<Vec<_>>()[..]
     );
 
-    // A replay sends record 2 and what follows again.
+    // A replay sends record 2 and what follows again. Counted before the command: the
+    // stream may deliver the replay before the command has even exited.
     let config = server.config_arg();
+    let count = receiver.accepted().len();
     let out = ostiary(&[
         "--config", &config, "audit", "siem", "replay", "--from", "2",
     ])
     .await;
     assert!(out.success(), "{out}");
-    let count = receiver.accepted().len();
     receiver
         .wait_for("the replay", |r| {
             r.accepted()[count..].iter().any(|p| p.from == 2)
