@@ -126,8 +126,9 @@ pub fn to_json(
     })
 }
 
-/// Strings that look like credentials replaced by `"***"`, and whether any was.
-fn redact(value: &Value, secret: &dyn Fn(&str) -> bool) -> (Value, bool) {
+/// Strings that look like credentials replaced by `"***"`, and whether any was. Also what
+/// the proxy keeps of a call's arguments for its undo.
+pub fn redact(value: &Value, secret: &dyn Fn(&str) -> bool) -> (Value, bool) {
     match value {
         Value::String(s) if secret(s) => (json!("***"), true),
         Value::Array(items) => {

@@ -74,24 +74,13 @@ fn resource_of(principal: &Principal, host: &Host, action: &Action) -> String {
     .resource()
 }
 
-/// Evaluate one question, timing it; an escalation is handed back as [`Verdict::Escalate`].
-/// `session` is `context.session`: what the principal's session used before this request.
-pub fn decide_or_escalate(
-    engine: &PolicyEngine,
-    metrics: &Metrics,
-    principal: &Principal,
-    session: &SessionState,
-    host: &Host,
-    action: Action,
-) -> Result<Verdict, ProxyError> {
-    decide_keeping(engine, metrics, principal, session, host, action, None)
-}
-
 /// Where a decision is kept, and which argument strings are credentials (redacted).
 pub type Keep<'a> = (&'a mut Option<serde_json::Value>, &'a dyn Fn(&str) -> bool);
 
-/// [`decide_or_escalate`], the decision also kept as `ostiary_policies::recorded` JSON in
-/// `kept` (for the audit record), arguments whose strings `secret` flags redacted.
+/// Evaluate one question, timing it; an escalation is handed back as [`Verdict::Escalate`].
+/// `session` is `context.session`: what the principal's session used before this request.
+/// With `kept`, the decision is also kept as `ostiary_policies::recorded` JSON (for the
+/// audit record), arguments whose strings `secret` flags redacted.
 pub fn decide_keeping(
     engine: &PolicyEngine,
     metrics: &Metrics,

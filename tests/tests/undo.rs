@@ -152,6 +152,19 @@ async fn post(rig: &Rig, token: &str, path_and_query: &str, body: &Value) -> Rep
     }
 }
 
+/// Create `n` records through the tool (titles `t0`, `t1`, …); their ids, in order. The
+/// agent never sees the credential the proxy injected.
+async fn create(rig: &Rig, token: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let reply = post(rig, token, "/records", &json!({ "title": format!("t{i}") })).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(!reply.body.contains(SECRET));
+        ids.push(json_of(&reply)["id"].as_str().unwrap().to_owned());
+    }
+    ids
+}
+
 fn json_of(reply: &Reply) -> Value {
     serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{e}: {reply:?}"))
 }
@@ -187,8 +200,8 @@ fn calls(report: &Value, key: &str) -> Vec<String> {
 }
 
 /// The DELETEs the upstream received, in order, with the Authorization each carried.
-fn deletes(rig: &Rig) -> Vec<(String, Option<String>)> {
-    rig.upstream
+fn deletes(upstream: &Upstream) -> Vec<(String, Option<String>)> {
+    upstream
         .seen()
         .into_iter()
         .filter(|s| s.method == http::Method::DELETE)
@@ -234,20 +247,7 @@ async fn control(server: &Server, path: &str, body: Option<&str>, admin: bool) -
 async fn three_created_records_are_reversed_newest_first_with_the_tools_credential() {
     let rig = start(POLICY).await;
     let (id, token) = session(&rig.server, "writer").await;
-    let mut created = Vec::new();
-    for n in 1..=3 {
-        let reply = post(
-            &rig,
-            &token,
-            "/records",
-            &json!({ "title": format!("t{n}") }),
-        )
-        .await;
-        assert_eq!(reply.status, 201, "{reply:?}");
-        created.push(json_of(&reply)["id"].as_str().unwrap().to_owned());
-        // The agent never sees the credential the proxy injected.
-        assert!(!reply.body.contains(SECRET));
-    }
+    let created = create(&rig, &token, 3).await;
     let note = post(&rig, &token, "/messages", &json!({"text": "hello"})).await;
     assert_eq!(note.status, 201, "{note:?}");
     assert_eq!(rig.upstream.records().len(), 3);
@@ -277,7 +277,7 @@ async fn three_created_records_are_reversed_newest_first_with_the_tools_credenti
     assert!(ok, "{dry}");
     assert_eq!(dry["dry_run"], true);
     assert_eq!(calls(&dry, "reversed"), call_ids, "newest first: {dry}");
-    assert!(deletes(&rig).is_empty());
+    assert!(deletes(&rig.upstream).is_empty());
     assert_eq!(rig.upstream.records().len(), 3);
 
     // The session ends; its calls can still be reversed.
@@ -314,7 +314,7 @@ async fn three_created_records_are_reversed_newest_first_with_the_tools_credenti
         .rev()
         .map(|r| (format!("/records/{r}"), Some(format!("Bearer {SECRET}"))))
         .collect();
-    assert_eq!(deletes(&rig), want);
+    assert_eq!(deletes(&rig.upstream), want);
     assert!(rig.upstream.records().is_empty());
     // The report never carries the credential.
     assert!(!report.to_string().contains(SECRET));
@@ -340,7 +340,7 @@ async fn three_created_records_are_reversed_newest_first_with_the_tools_credenti
     assert!(ok, "{again}");
     assert_eq!(calls(&again, "already_reversed"), call_ids);
     assert!(calls(&again, "reversed").is_empty());
-    assert_eq!(deletes(&rig).len(), 3);
+    assert_eq!(deletes(&rig.upstream).len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,7 +422,7 @@ async fn a_policy_that_forbids_the_undo_refuses_it_until_it_no_longer_does() {
     let left = rig.upstream.records();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["title"], "keep me");
-    assert_eq!(deletes(&rig).len(), 1);
+    assert_eq!(deletes(&rig.upstream).len(), 1);
     let records = audit_query(&rig.server, &["--session", &id], |r| {
         r.iter().filter(|r| r["kind"] == "undo").count() == 2
     })
@@ -487,7 +487,7 @@ async fn answered_values_stay_in_their_place_and_secrets_are_never_kept() {
     assert_eq!(failed["status"], 404, "{report}");
     // Encoded whole: the value filled one segment, nothing above `/records` was asked.
     assert_eq!(
-        deletes(&rig),
+        deletes(&rig.upstream),
         [(
             "/records/..%2F..%2Fadmin%253Fall".to_owned(),
             Some(format!("Bearer {SECRET}"))
@@ -536,23 +536,14 @@ async fn answered_values_stay_in_their_place_and_secrets_are_never_kept() {
     .await;
     assert_eq!(status, 200, "{answer}");
     assert!(answer["failed"].as_array().unwrap().is_empty(), "{answer}");
-    assert_eq!(deletes(&rig).len(), 1);
+    assert_eq!(deletes(&rig.upstream).len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_undos_at_once_send_each_undo_exactly_once() {
     let rig = start(POLICY).await;
     let (id, token) = session(&rig.server, "writer").await;
-    for n in 0..6 {
-        let reply = post(
-            &rig,
-            &token,
-            "/records",
-            &json!({ "title": format!("t{n}") }),
-        )
-        .await;
-        assert_eq!(reply.status, 201, "{reply:?}");
-    }
+    create(&rig, &token, 6).await;
     let ((a, _), (b, _)) = tokio::join!(undo(&rig, &id, &[]), undo(&rig, &id, &[]));
     let mut reversed = calls(&a, "reversed");
     reversed.extend(calls(&b, "reversed"));
@@ -561,7 +552,7 @@ async fn two_undos_at_once_send_each_undo_exactly_once() {
     reversed.dedup();
     assert_eq!(before, reversed.len(), "reversed twice: {a} {b}");
     assert_eq!(reversed.len(), 6, "{a} {b}");
-    let mut paths: Vec<String> = deletes(&rig).into_iter().map(|(p, _)| p).collect();
+    let mut paths: Vec<String> = deletes(&rig.upstream).into_iter().map(|(p, _)| p).collect();
     assert_eq!(paths.len(), 6, "{paths:?}");
     paths.sort();
     paths.dedup();
@@ -637,7 +628,7 @@ async fn a_catalog_that_no_longer_declares_the_undo_refuses_it() {
             .contains("no longer declares an undo"),
         "{report}"
     );
-    assert!(deletes(&rig).is_empty());
+    assert!(deletes(&rig.upstream).is_empty());
     assert_eq!(rig.upstream.records().len(), 1);
     // Put back, the same entry runs: a refusal is tried again.
     std::fs::write(rig.server.dir.path().join("policies/tools.toml"), CATALOG).unwrap();
@@ -688,7 +679,7 @@ async fn replicas_share_the_journal_and_send_each_undo_once() {
         .rev()
         .map(|r| format!("/records/{r}"))
         .collect();
-    let sent: Vec<String> = deletes_of(&upstream);
+    let sent: Vec<String> = paths(deletes(&upstream));
     assert_eq!(sent, want);
     assert!(upstream.records().is_empty());
 
@@ -710,15 +701,10 @@ async fn replicas_share_the_journal_and_send_each_undo_once() {
     let (a, b) = (a.unwrap(), b.unwrap());
     let both = calls(&a, "reversed").len() + calls(&b, "reversed").len();
     assert_eq!(both, 4, "{a} {b}");
-    assert_eq!(deletes_of(&upstream).len(), 7);
+    assert_eq!(paths(deletes(&upstream)).len(), 7);
     assert!(upstream.records().is_empty());
 }
 
-fn deletes_of(upstream: &Upstream) -> Vec<String> {
-    upstream
-        .seen()
-        .into_iter()
-        .filter(|s| s.method == http::Method::DELETE)
-        .map(|s| s.path)
-        .collect()
+fn paths(deletes: Vec<(String, Option<String>)>) -> Vec<String> {
+    deletes.into_iter().map(|(path, _)| path).collect()
 }

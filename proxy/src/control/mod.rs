@@ -274,6 +274,26 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         .map_err(|e| ControlError::BadRequest(format!("body: {e}")).into())
 }
 
+/// An optional JSON body of at most `limit` bytes: empty (or only whitespace) is
+/// `T::default()`. Strict: a key given twice is refused, never guessed between.
+pub(crate) async fn read_optional_json<T: serde::de::DeserializeOwned + Default>(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<T, Reply> {
+    let bad =
+        |e: &dyn std::fmt::Display| Reply::from(ControlError::BadRequest(format!("body: {e}")));
+    let bytes: Bytes = Limited::new(req.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|e| bad(&e))?
+        .to_bytes();
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let value = crate::strict_json::parse(&bytes).map_err(|e| bad(&e))?;
+    serde_json::from_value(value).map_err(|e| bad(&e))
+}
+
 /// `POST /v1/policy/reload`: the same reload as a file change or `SIGHUP`. An invalid set
 /// answers 422 and leaves the set in force untouched.
 async fn reload_policies(shared: &Arc<ControlPlane>) -> Reply {

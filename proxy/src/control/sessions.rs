@@ -484,21 +484,9 @@ pub(super) async fn terminate_as_told(
     req: Request<Incoming>,
     id: &str,
 ) -> Reply {
-    use http_body_util::BodyExt;
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_TERMINATION)
-        .collect()
-        .await
-    {
-        Ok(body) => body.to_bytes(),
-        Err(e) => return ControlError::BadRequest(format!("body: {e}")).into(),
-    };
-    let told: Termination = if body.iter().all(u8::is_ascii_whitespace) {
-        Termination::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(told) => told,
-            Err(e) => return ControlError::BadRequest(format!("body: {e}")).into(),
-        }
+    let told: Termination = match super::read_optional_json(req, MAX_TERMINATION).await {
+        Ok(told) => told,
+        Err(reply) => return reply,
     };
     let why = match told.reason.as_deref().map(str::trim) {
         Some(reason) if !reason.is_empty() => {

@@ -8,7 +8,6 @@
 use std::collections::HashSet;
 
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
@@ -35,9 +34,9 @@ struct Asked {
 }
 
 pub(super) async fn undo(shared: &ControlPlane, req: Request<Incoming>, id: &str) -> Reply {
-    let asked = match read(req).await {
+    let asked: Asked = match super::read_optional_json(req, MAX_BODY).await {
         Ok(asked) => asked,
-        Err(e) => return e.into(),
+        Err(reply) => return reply,
     };
     let since_ms = match &asked.since {
         None => 0,
@@ -102,21 +101,6 @@ pub(super) async fn undo(shared: &ControlPlane, req: Request<Incoming>, id: &str
 
 fn bad(why: &str) -> Reply {
     ControlError::BadRequest(why.to_owned()).into()
-}
-
-async fn read(req: Request<Incoming>) -> Result<Asked, ControlError> {
-    let body = http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| ControlError::BadRequest(format!("body: {e}")))?
-        .to_bytes();
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Asked::default());
-    }
-    // Strict: a body with a key twice (`dry_run` false, then true) is refused, not guessed.
-    let value = crate::strict_json::parse(&body)
-        .map_err(|e| ControlError::BadRequest(format!("body: {e}")))?;
-    serde_json::from_value(value).map_err(|e| ControlError::BadRequest(format!("body: {e}")))
 }
 
 /// Whether the trail knows the session at all, and its calls since `since_ms` that changed

@@ -38,6 +38,8 @@ pub(crate) struct Reversal {
     /// Where its credentials are minted when the session already ended (whose own are
     /// refused for good): a scope the undo ends once it is done.
     pub lease_scope: Option<String>,
+    /// Decide it, send nothing (`ostiary sessions undo --dry-run`).
+    pub dry_run: bool,
 }
 
 impl Mode {

@@ -367,7 +367,7 @@ pub(super) async fn undo(
 }
 
 /// `Action::"tool:<name>.undo"` for a call of `tool` made with `args`.
-pub(crate) fn undo_action(tool: &ostiary_policies::Tool, args: serde_json::Value) -> Action {
+fn undo_action(tool: &ostiary_policies::Tool, args: serde_json::Value) -> Action {
     Action::Tool {
         name: tool.name().to_owned(),
         impact_records: tool.impact_records(&args).unwrap_or(0),

@@ -48,7 +48,6 @@ mod upgrade;
 use crate::approvals::Approved;
 pub(crate) use ctx::{Mode, Reversal};
 use ctx::{Note, RequestCtx};
-pub(crate) use decide::undo_action;
 use idempotency::Keyed;
 
 /// Handle one inspected HTTP request (absolute-form on the proxy listener, or any request
@@ -278,7 +277,8 @@ pub async fn execute(
 /// The phases of an undo (`ostiary sessions undo`), in order: the recorded undo request
 /// (rebuilt as `origin` and `req`) of a call of `tool` made with `args` in `principal`'s
 /// session, sent once. There is no `recognise`: it is the tool's undo whatever route it
-/// takes, and `classify` and `decide` are what keep it to the tool's own host.
+/// takes, and `classify` and `decide` are what keep it to the tool's own host. A dry run
+/// stops after `decide` (`Ok(None)`): decided exactly as it would be sent.
 pub(crate) async fn reverse(
     plane: &Arc<DataPlane>,
     (principal, reversal): (Arc<Principal>, ctx::Reversal),
@@ -286,10 +286,11 @@ pub(crate) async fn reverse(
     (tool, args): (&str, serde_json::Value),
     audit: &mut AuditGuard,
     request_id: &str,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Option<Response<ProxyBody>>, ProxyError> {
     let mut note = Note::default();
     let target = classify::target(&origin, &req)?;
     let engine = plane.policies.current();
+    let dry_run = reversal.dry_run;
     let mode = Mode::Undo(reversal);
     let mut ctx = RequestCtx::new(
         plane, request_id, &mode, audit, &mut note, principal, target, &engine,
@@ -299,12 +300,17 @@ pub(crate) async fn reverse(
     let tool = crate::undo::journal::tool_now(&engine, tool, &ctx.host)?;
     // decide — policy only, as `Action::"tool:<name>.undo"`.
     let mut decided = decide::undo(&mut ctx, tool, args).await?;
+    if dry_run {
+        return Ok(None);
+    }
     // inject — the tool's credential binding, minted now, and the undo's idempotency key.
     let mut prepared = inject::run(&mut ctx, req, &mut decided).await?;
     // forward — the egress guard on every dial, as for any request.
     let response = forward::run(&mut ctx, &mut prepared, &decided, None).await?;
     // reply — the same scrub: nothing of a secret reaches the report.
-    reply::run(&mut ctx, response, &prepared, decided).await
+    reply::run(&mut ctx, response, &prepared, decided)
+        .await
+        .map(Some)
 }
 
 /// Record the undo of a call that succeeded (`plan`, from `decide`); the answer is handed

@@ -19,8 +19,9 @@ use super::token::{Claims, TokenError, TokenKeys, AUDIENCE, ISSUER};
 use crate::store::sessions::{NewSessionRow, SessionStore};
 use crate::store::{now_ms, Call, StoreError};
 
-/// The authenticated caller of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The authenticated caller of one request. Serialised where it must outlive its session
+/// (an undo journal entry is decided for the principal that made the call).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Principal {
     pub session_id: String,
     pub agent: String,

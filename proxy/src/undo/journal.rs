@@ -75,50 +75,6 @@ pub struct Stored {
     pub body: Option<Value>,
 }
 
-/// Who made the call, as policy saw them (`subject`): an undo after the session ended is
-/// decided for the same principal.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Subject {
-    pub agent: String,
-    pub tenant: String,
-    pub depth: u32,
-    #[serde(default)]
-    pub parent: Option<String>,
-    #[serde(default)]
-    pub parent_agent: Option<String>,
-    #[serde(default)]
-    pub profile: Option<String>,
-    pub expires_at: i64,
-}
-
-impl Subject {
-    fn of(p: &Principal) -> Self {
-        Self {
-            agent: p.agent.clone(),
-            tenant: p.tenant.clone(),
-            depth: p.depth,
-            parent: p.parent.clone(),
-            parent_agent: p.parent_agent.clone(),
-            profile: p.profile.clone(),
-            expires_at: p.expires_at,
-        }
-    }
-
-    /// The principal of session `session` as it was.
-    pub fn principal(self, session: &str) -> Principal {
-        Principal {
-            session_id: session.to_owned(),
-            agent: self.agent,
-            tenant: self.tenant,
-            depth: self.depth,
-            parent: self.parent,
-            parent_agent: self.parent_agent,
-            profile: self.profile,
-            expires_at: self.expires_at,
-        }
-    }
-}
-
 /// The tool `name` as `engine`'s catalog has it, if it still declares an undo served at
 /// `host`.
 pub fn tool_now<'e>(
@@ -205,7 +161,9 @@ impl Journal<'_> {
             session: call.principal.session_id.clone(),
             tool: tool.name().to_owned(),
             tier: tool.tier().as_str().to_owned(),
-            subject: json!(Subject::of(call.principal)).to_string(),
+            // Who made the call, as policy saw them: an undo after the session ended is
+            // decided for the same principal.
+            subject: json!(call.principal).to_string(),
             args: args.to_string(),
             request: request.map(|r| json!(r).to_string()),
             status,
@@ -245,7 +203,8 @@ impl Journal<'_> {
     /// The arguments kept for the undo's decision: strings the detectors flag replaced
     /// by `"***"`, bounded by [`MAX_ARGS_BYTES`].
     fn kept_args(&self, args: &Value) -> Result<Value, String> {
-        let kept = redact(args, self.detectors);
+        let secret = |s: &str| self.detectors.scan(s.as_bytes()).is_some();
+        let (kept, _) = ostiary_policies::recorded::redact(args, &secret);
         if kept.to_string().len() > MAX_ARGS_BYTES {
             return Err(format!(
                 "the call's arguments are over {} KiB: too large to keep for the undo's decision",
@@ -283,19 +242,6 @@ impl Owned {
             status: self.status,
             detail: self.detail.as_deref(),
         }
-    }
-}
-
-fn redact(value: &Value, detectors: &Detectors) -> Value {
-    match value {
-        Value::String(s) if detectors.scan(s.as_bytes()).is_some() => json!("***"),
-        Value::Array(items) => Value::Array(items.iter().map(|v| redact(v, detectors)).collect()),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.clone(), redact(v, detectors)))
-                .collect(),
-        ),
-        other => other.clone(),
     }
 }
 

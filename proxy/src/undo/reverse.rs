@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::journal::{Stored, Subject};
+use super::journal::Stored;
 use crate::audit::AuditGuard;
 use crate::body::{self, ProxyBody};
 use crate::classify::{Origin, Tunnel};
@@ -183,22 +183,26 @@ impl Reverser {
         entry.method = Some(stored.method.clone());
         entry.url = Some(url(&stored));
         // A live session decides as it is now; an ended one as it was.
-        let principal = live.unwrap_or_else(|| Arc::new(subject.principal(&row.session)));
-        if dry_run {
-            return self.dry_run(&stored, &principal, &row.tool, args, entry);
-        }
+        let principal = live.unwrap_or_else(|| Arc::new(subject));
         let id = row.id.clone();
-        match self.plane.undo.call(move |s| s.claim(&id)).await {
-            Ok(true) => {}
-            Ok(false) => return Outcome::InProgress,
-            Err(e) => {
-                entry.detail = Some(format!("claiming it: {e}"));
-                return Outcome::Failed;
-            }
+        match dry_run {
+            true => {}
+            false => match self.plane.undo.call(move |s| s.claim(&id)).await {
+                Ok(true) => {}
+                Ok(false) => return Outcome::InProgress,
+                Err(e) => {
+                    entry.detail = Some(format!("claiming it: {e}"));
+                    return Outcome::Failed;
+                }
+            },
         }
         let (outcome, detail) = self
-            .send(row, stored, (principal, scope), args, entry)
+            .send(row, stored, (principal, scope), (args, dry_run), entry)
             .await;
+        if dry_run {
+            entry.detail = (outcome != Outcome::Reversed).then_some(detail);
+            return outcome;
+        }
         let status = match outcome {
             Outcome::Reversed => UndoStatus::Done,
             Outcome::Refused => UndoStatus::Refused,
@@ -219,56 +223,24 @@ impl Reverser {
         outcome
     }
 
-    /// The decision alone.
-    fn dry_run(
-        &self,
-        stored: &Stored,
-        principal: &Principal,
-        tool: &str,
-        args: Value,
-        entry: &mut Entry,
-    ) -> Outcome {
-        let engine = self.plane.policies.current();
-        let decided =
-            crate::undo::journal::tool_now(&engine, tool, &stored.host).and_then(|tool| {
-                let host = crate::egress::address::normalize_host(&stored.host)
-                    .map_err(|e| ProxyError::bad_request(format!("stored host: {e}")))?;
-                let session = self.plane.guardrails.session_state(principal);
-                crate::evaluate::decide(
-                    &engine,
-                    &self.plane.metrics,
-                    principal,
-                    &session,
-                    &host,
-                    pipeline::undo_action(tool, args),
-                )
-            });
-        match decided {
-            Ok(policies) => {
-                entry.policies = policies;
-                Outcome::Reversed
-            }
-            Err(e) => {
-                entry.policies = refusing_policies(&e);
-                entry.detail = Some(e.to_string());
-                Outcome::Refused
-            }
-        }
-    }
-
-    /// Send a claimed entry; its outcome and what to record of it.
+    /// Send a claimed entry (with `dry_run`, decide it and stop there); its outcome and what
+    /// to record of it. A dry run's record is never written.
     async fn send(
         &self,
         row: &UndoRow,
         stored: Stored,
         (principal, scope): (Arc<Principal>, Option<&str>),
-        args: Value,
+        (args, dry_run): (Value, bool),
         entry: &mut Entry,
     ) -> (Outcome, String) {
         let request_id = crate::ids::request_id();
-        entry.request_id = Some(request_id.clone());
-        let mut audit =
-            AuditGuard::start(&self.plane.audit, &self.plane.metrics, &request_id, "undo");
+        let (plane, metrics) = (&self.plane.audit, &self.plane.metrics);
+        let mut audit = if dry_run {
+            AuditGuard::scratch(plane, metrics, &request_id, "undo")
+        } else {
+            entry.request_id = Some(request_id.clone());
+            AuditGuard::start(plane, metrics, &request_id, "undo")
+        };
         audit.update(|r| {
             r.set_principal(&principal);
             r.undo = Some(format!("of {}", row.id));
@@ -284,6 +256,7 @@ impl Reverser {
         let reversal = Reversal {
             idempotency_key: format!("ostiary-undo-{}", row.id),
             lease_scope: scope.map(str::to_owned),
+            dry_run,
         };
         let sent = pipeline::reverse(
             &self.plane,
@@ -299,7 +272,9 @@ impl Reverser {
             .map(|r| r.policies.clone())
             .unwrap_or_default();
         match sent {
-            Ok(response) => {
+            // Decided, and a dry run stops there.
+            Ok(None) => (Outcome::Reversed, "policy allows it".to_owned()),
+            Ok(Some(response)) => {
                 let status = response.status();
                 entry.status = Some(status.as_u16());
                 // Read to its end, so the undo is over when it is reported (and a body that
@@ -358,27 +333,31 @@ fn refusing_policies(e: &ProxyError) -> Vec<String> {
 
 /// The entry's parts as the journal wrote them; text that no longer parses means the row
 /// was tampered with, and nothing is sent for it.
-fn parse(row: &UndoRow) -> Result<(Stored, Subject, Value), String> {
+fn parse(row: &UndoRow) -> Result<(Stored, Principal, Value), String> {
     let request = row
         .request
         .as_deref()
         .ok_or("the entry has no undo request")?;
     let stored: Stored =
         serde_json::from_str(request).map_err(|e| format!("the stored undo request: {e}"))?;
-    let subject: Subject =
+    let subject: Principal =
         serde_json::from_str(&row.subject).map_err(|e| format!("the stored caller: {e}"))?;
     let args: Value =
         serde_json::from_str(&row.args).map_err(|e| format!("the stored arguments: {e}"))?;
     Ok((stored, subject, args))
 }
 
-fn url(stored: &Stored) -> String {
-    let host = if stored.host.contains(':') {
-        format!("[{}]", stored.host)
+/// `host:port` of the undo request (an IPv6 address bracketed).
+fn authority(stored: &Stored) -> String {
+    if stored.host.contains(':') {
+        format!("[{}]:{}", stored.host, stored.port)
     } else {
-        stored.host.clone()
-    };
-    format!("{}://{host}:{}{}", stored.scheme, stored.port, stored.path)
+        format!("{}:{}", stored.host, stored.port)
+    }
+}
+
+fn url(stored: &Stored) -> String {
+    format!("{}://{}{}", stored.scheme, authority(stored), stored.path)
 }
 
 /// The undo request as the pipeline takes it: inside a tunnel for https, absolute form for
@@ -401,13 +380,9 @@ fn rebuild(
     };
     let origin = match stored.scheme.as_str() {
         "https" => {
-            let authority = url(stored)
-                .trim_start_matches("https://")
-                .split('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            builder = builder.uri(stored.path.as_str()).header(HOST, authority);
+            builder = builder
+                .uri(stored.path.as_str())
+                .header(HOST, authority(stored));
             Origin::Tunnel(Arc::new(Tunnel {
                 host,
                 port: stored.port,
