@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ostiary::config::Config;
+use ostiary_policies::Action;
 
 use ostiary_sdk::ControlClient;
 use serde_json::{json, Value};
@@ -209,9 +210,9 @@ fn test_report_json(report: &ostiary_policies::TestReport) -> serde_json::Value 
 }
 
 fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<ExitCode, CliError> {
-    use ostiary_policies::{AccessRequest, Action};
+    use ostiary_policies::AccessRequest;
 
-    let (engine, _) = policy_engine(config, args.dir)?;
+    let (engine, _) = policy_engine(config, args.dir.clone())?;
     // As a policy test case's `session`: defaults are a root session's first request.
     let session = ostiary_policies::testing::CaseSession {
         calls: args.session_calls.unwrap_or(0),
@@ -230,93 +231,16 @@ fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<Exi
             "--approved-by needs --tool or --trigger (only a call or a run is approved)".into(),
         ));
     }
-    let (host, action) = match (args.tool, args.spawn) {
-        _ if args.trigger.is_some() => {
-            let name = args.trigger.unwrap_or_default();
-            let trigger = config
-                .trigger
-                .iter()
-                .find(|t| t.name == name)
-                .ok_or_else(|| {
-                    CliError::Usage(format!(
-                        "--trigger {name:?}: the config has no such trigger"
-                    ))
-                })?;
-            let payload = match args.payload.as_deref() {
-                None => serde_json::Value::Object(Default::default()),
-                Some(text) => match serde_json::from_str(text) {
-                    Ok(value @ serde_json::Value::Object(_)) => value,
-                    Ok(_) => return Err(CliError::Usage("--payload must be a JSON object".into())),
-                    Err(e) => {
-                        return Err(CliError::Usage(format!(
-                            "--payload must be a JSON object: {e}"
-                        )))
-                    }
-                },
-            };
-            let action = Action::Trigger {
-                name,
-                kind: trigger.kind.as_str().to_owned(),
-                payload,
-                approval: args.approved_by.clone(),
-            };
-            (String::new(), action)
-        }
-        (Some(name), _) => {
-            let call_args = match args.args.as_deref() {
-                None => serde_json::Map::new(),
-                Some(text) => serde_json::from_str(text)
-                    .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
-            };
-            let (host, action) = ostiary_policies::testing::tool_call(
-                engine.catalog(),
-                &name,
-                call_args,
-                args.approved_by.as_deref(),
-            )
-            .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?;
-            if args.undo {
-                let undo = ostiary_policies::testing::undo_of(engine.catalog(), action)
-                    .map_err(|e| CliError::Usage(format!("--undo: {e}")))?;
-                (host, undo)
-            } else {
-                (host, action)
-            }
-        }
-        (None, Some(child)) => (String::new(), Action::Spawn { child }),
-        (None, None) => {
-            // clap requires --host unless --tool is given.
-            let raw = args
-                .host
-                .ok_or_else(|| CliError::Usage("explain needs --host or --tool".into()))?;
-            // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
-            // explain a request the proxy never decides.
-            let host = ostiary::egress::address::normalize_host(&raw)
-                .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
-                .to_string();
-            let action = if let Some(method) = args.mcp {
-                Action::Mcp {
-                    method,
-                    server: args.server.unwrap_or_else(|| format!("https://{host}/mcp")),
-                }
-            } else if args.connect {
-                Action::Connect {
-                    port: args.port.unwrap_or(443),
-                    sni: args.sni.unwrap_or_else(|| host.clone()),
-                }
-            } else {
-                let scheme = args.scheme.unwrap_or_else(|| "https".to_owned());
-                let default_port = if scheme == "http" { 80 } else { 443 };
-                Action::Http {
-                    method: args.method.unwrap_or_else(|| "GET".to_owned()),
-                    port: args.port.unwrap_or(default_port),
-                    scheme,
-                    path: args.path.unwrap_or_else(|| "/".to_owned()),
-                    query: args.query.unwrap_or_default(),
-                }
-            };
-            (host, action)
-        }
+    let (host, action) = match (&args.tool, &args.spawn) {
+        _ if args.trigger.is_some() => explained_trigger(config, &args)?,
+        (Some(name), _) => explained_tool(&engine, name, &args)?,
+        (None, Some(child)) => (
+            String::new(),
+            Action::Spawn {
+                child: child.clone(),
+            },
+        ),
+        (None, None) => explained_host(&args)?,
     };
     let explanation = engine.explain(&AccessRequest {
         agent: args.agent,
@@ -331,4 +255,103 @@ fn policy_explain(config: &Config, args: ExplainArgs, out: Output) -> Result<Exi
         print!("{explanation}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--trigger NAME [--payload JSON]`: the run the config's trigger would start.
+fn explained_trigger(config: &Config, args: &ExplainArgs) -> Result<(String, Action), CliError> {
+    let name = args.trigger.clone().unwrap_or_default();
+    let trigger = config
+        .trigger
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| {
+            CliError::Usage(format!(
+                "--trigger {name:?}: the config has no such trigger"
+            ))
+        })?;
+    let payload = match args.payload.as_deref() {
+        None => serde_json::Value::Object(Default::default()),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(value @ serde_json::Value::Object(_)) => value,
+            Ok(_) => return Err(CliError::Usage("--payload must be a JSON object".into())),
+            Err(e) => {
+                return Err(CliError::Usage(format!(
+                    "--payload must be a JSON object: {e}"
+                )))
+            }
+        },
+    };
+    let action = Action::Trigger {
+        name,
+        kind: trigger.kind.as_str().to_owned(),
+        payload,
+        approval: args.approved_by.clone(),
+    };
+    Ok((String::new(), action))
+}
+
+/// `--tool NAME [--args JSON] [--undo]`: the call (or its undo) the proxy would build.
+fn explained_tool(
+    engine: &ostiary_policies::PolicyEngine,
+    name: &str,
+    args: &ExplainArgs,
+) -> Result<(String, Action), CliError> {
+    let call_args = match args.args.as_deref() {
+        None => serde_json::Map::new(),
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| CliError::Usage(format!("--args must be a JSON object: {e}")))?,
+    };
+    let (host, action) = ostiary_policies::testing::tool_call(
+        engine.catalog(),
+        name,
+        call_args,
+        args.approved_by.as_deref(),
+    )
+    .map_err(|e| CliError::Usage(format!("--tool {name:?}: {e}")))?;
+    if args.undo {
+        let undo = ostiary_policies::testing::undo_of(engine.catalog(), action)
+            .map_err(|e| CliError::Usage(format!("--undo: {e}")))?;
+        Ok((host, undo))
+    } else {
+        Ok((host, action))
+    }
+}
+
+/// `--host` with `--mcp`, `--connect` or the http fields.
+fn explained_host(args: &ExplainArgs) -> Result<(String, Action), CliError> {
+    // clap requires --host unless --tool is given.
+    let raw = args
+        .host
+        .clone()
+        .ok_or_else(|| CliError::Usage("explain needs --host or --tool".into()))?;
+    // Policies only ever see canonical hosts; explaining `PyPI.org.` as written would
+    // explain a request the proxy never decides.
+    let host = ostiary::egress::address::normalize_host(&raw)
+        .map_err(|e| CliError::Usage(format!("--host {raw:?}: {e}")))?
+        .to_string();
+    let action = if let Some(method) = args.mcp.clone() {
+        Action::Mcp {
+            method,
+            server: args
+                .server
+                .clone()
+                .unwrap_or_else(|| format!("https://{host}/mcp")),
+        }
+    } else if args.connect {
+        Action::Connect {
+            port: args.port.unwrap_or(443),
+            sni: args.sni.clone().unwrap_or_else(|| host.clone()),
+        }
+    } else {
+        let scheme = args.scheme.clone().unwrap_or_else(|| "https".to_owned());
+        let default_port = if scheme == "http" { 80 } else { 443 };
+        Action::Http {
+            method: args.method.clone().unwrap_or_else(|| "GET".to_owned()),
+            port: args.port.unwrap_or(default_port),
+            scheme,
+            path: args.path.clone().unwrap_or_else(|| "/".to_owned()),
+            query: args.query.clone().unwrap_or_default(),
+        }
+    };
+    Ok((host, action))
 }

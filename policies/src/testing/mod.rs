@@ -331,6 +331,39 @@ impl Case {
     /// another action are refused rather than ignored: a `method` on a connect case, or `args`
     /// on an http case, means the author misunderstood the case.
     pub fn request(&self, catalog: &Catalog) -> Result<AccessRequest, String> {
+        self.check_fields_of_other_actions()?;
+        let (host, action) = match self.action {
+            CaseAction::Http => self.http()?,
+            CaseAction::Connect => self.connect()?,
+            CaseAction::Mcp => self.mcp()?,
+            CaseAction::Spawn => self.spawn()?,
+            CaseAction::Trigger => self.trigger()?,
+            CaseAction::Tool => {
+                let mut http_only = self.http_only().to_vec();
+                http_only.push(("method", self.method.is_some()));
+                self.tool_call(catalog, &http_only)?
+            }
+        };
+        Ok(AccessRequest {
+            agent: self.agent.clone(),
+            tenant: self.tenant.clone(),
+            host,
+            session: self.session.clone().unwrap_or_default().state()?,
+            action,
+        })
+    }
+
+    /// The fields only http cases take, and whether this case gives each.
+    fn http_only(&self) -> [(&'static str, bool); 3] {
+        [
+            ("scheme", self.scheme.is_some()),
+            ("path", self.path.is_some()),
+            ("query", self.query.is_some()),
+        ]
+    }
+
+    /// A field that belongs to one action alone, given on a case of another.
+    fn check_fields_of_other_actions(&self) -> Result<(), String> {
         let tool_only = [
             ("tool", self.tool.is_some()),
             ("args", self.args.is_some()),
@@ -341,19 +374,13 @@ impl Case {
             ("kind", self.kind.is_some()),
             ("payload", self.payload.is_some()),
         ];
-        let http_only = [
-            ("scheme", self.scheme.is_some()),
-            ("path", self.path.is_some()),
-            ("query", self.query.is_some()),
-        ];
-        let given = |fields: &[(&'static str, bool)]| first_given(fields);
         if self.action != CaseAction::Tool {
-            if let Some(field) = given(&tool_only) {
+            if let Some(field) = first_given(&tool_only) {
                 return Err(format!("`{field}` applies to tool cases only"));
             }
         }
         if self.action != CaseAction::Trigger {
-            if let Some(field) = given(&trigger_only) {
+            if let Some(field) = first_given(&trigger_only) {
                 return Err(format!("`{field}` applies to trigger cases only"));
             }
         }
@@ -368,120 +395,112 @@ impl Case {
         if self.action != CaseAction::Spawn && self.child.is_some() {
             return Err("`child` applies to spawn cases only".into());
         }
-        let (host, action) = match self.action {
-            CaseAction::Http => {
-                let host = self.host()?;
-                if self.sni.is_some() {
-                    return Err("`sni` applies to connect cases only".into());
-                }
-                let scheme = self.scheme.clone().unwrap_or_else(|| "https".to_owned());
-                let default_port = if scheme == "http" { 80 } else { 443 };
-                let action = Action::Http {
-                    method: self.method.clone().unwrap_or_else(|| "GET".to_owned()),
-                    port: self.port.unwrap_or(default_port),
-                    scheme,
-                    path: self.path.clone().unwrap_or_else(|| "/".to_owned()),
-                    query: self.query.clone().unwrap_or_default(),
-                };
-                (host, action)
-            }
-            CaseAction::Connect => {
-                let host = self.host()?;
-                if let Some(field) = given(&http_only).or(self.method.is_some().then_some("method"))
-                {
-                    return Err(format!("`{field}` applies to http cases only"));
-                }
-                let action = Action::Connect {
-                    port: self.port.unwrap_or(443),
-                    sni: self.sni.clone().unwrap_or_else(|| host.clone()),
-                };
-                (host, action)
-            }
-            CaseAction::Mcp => {
-                let host = self.host()?;
-                let not_for_mcp = [("port", self.port.is_some()), ("sni", self.sni.is_some())];
-                if let Some(field) = given(&http_only).or_else(|| given(&not_for_mcp)) {
-                    return Err(format!(
-                        "`{field}` does not apply to mcp cases: an mcp case is `host`, `method` \
-                         (the JSON-RPC method) and optionally `server`"
-                    ));
-                }
-                let method = self
-                    .method
-                    .clone()
-                    .ok_or("`method` (the JSON-RPC method) is required for mcp cases")?;
-                let server = self
-                    .server
-                    .clone()
-                    .unwrap_or_else(|| format!("https://{host}/mcp"));
-                (host, Action::Mcp { method, server })
-            }
-            CaseAction::Spawn => {
-                let not_for_spawn = [
-                    ("host", self.host.is_some()),
-                    ("method", self.method.is_some()),
-                    ("port", self.port.is_some()),
-                    ("sni", self.sni.is_some()),
-                ];
-                if let Some(field) = given(&http_only).or_else(|| given(&not_for_spawn)) {
-                    return Err(format!(
-                        "`{field}` does not apply to spawn cases: a spawn case is `agent` (the \
-                         parent's), `child` and `session`"
-                    ));
-                }
-                let child = self
-                    .child
-                    .clone()
-                    .ok_or("`child` (the agent name asked for) is required for spawn cases")?;
-                if child.is_empty() {
-                    return Err("`child` is empty".into());
-                }
-                (String::new(), Action::Spawn { child })
-            }
-            CaseAction::Trigger => {
-                let not_for_trigger = [
-                    ("host", self.host.is_some()),
-                    ("method", self.method.is_some()),
-                    ("port", self.port.is_some()),
-                    ("sni", self.sni.is_some()),
-                ];
-                if let Some(field) = given(&http_only).or_else(|| given(&not_for_trigger)) {
-                    return Err(format!(
-                        "`{field}` does not apply to trigger cases: a trigger case is `agent` \
-                         (the run's), `trigger`, `kind`, `payload`, `session` and `approved_by`"
-                    ));
-                }
-                let name = self
-                    .trigger
-                    .clone()
-                    .ok_or("`trigger` (the trigger's name) is required for trigger cases")?;
-                let kind = self.kind.clone().unwrap_or_else(|| "webhook".to_owned());
-                if !["webhook", "schedule", "api"].contains(&kind.as_str()) {
-                    return Err(format!(
-                        "`kind` {kind:?}: expected \"webhook\", \"schedule\" or \"api\""
-                    ));
-                }
-                let action = Action::Trigger {
-                    name,
-                    kind,
-                    payload: Value::Object(self.payload.clone().unwrap_or_default()),
-                    approval: self.approved_by.clone(),
-                };
-                (String::new(), action)
-            }
-            CaseAction::Tool => {
-                let mut http_only = http_only.to_vec();
-                http_only.push(("method", self.method.is_some()));
-                self.tool_call(catalog, &http_only)?
-            }
+        Ok(())
+    }
+
+    fn http(&self) -> Result<(String, Action), String> {
+        let host = self.host()?;
+        if self.sni.is_some() {
+            return Err("`sni` applies to connect cases only".into());
+        }
+        let scheme = self.scheme.clone().unwrap_or_else(|| "https".to_owned());
+        let default_port = if scheme == "http" { 80 } else { 443 };
+        let action = Action::Http {
+            method: self.method.clone().unwrap_or_else(|| "GET".to_owned()),
+            port: self.port.unwrap_or(default_port),
+            scheme,
+            path: self.path.clone().unwrap_or_else(|| "/".to_owned()),
+            query: self.query.clone().unwrap_or_default(),
         };
-        Ok(AccessRequest {
-            agent: self.agent.clone(),
-            tenant: self.tenant.clone(),
-            host,
-            session: self.session.clone().unwrap_or_default().state()?,
-            action,
-        })
+        Ok((host, action))
+    }
+
+    fn connect(&self) -> Result<(String, Action), String> {
+        let host = self.host()?;
+        if let Some(field) =
+            first_given(&self.http_only()).or(self.method.is_some().then_some("method"))
+        {
+            return Err(format!("`{field}` applies to http cases only"));
+        }
+        let action = Action::Connect {
+            port: self.port.unwrap_or(443),
+            sni: self.sni.clone().unwrap_or_else(|| host.clone()),
+        };
+        Ok((host, action))
+    }
+
+    fn mcp(&self) -> Result<(String, Action), String> {
+        let host = self.host()?;
+        let not_for_mcp = [("port", self.port.is_some()), ("sni", self.sni.is_some())];
+        if let Some(field) = first_given(&self.http_only()).or_else(|| first_given(&not_for_mcp)) {
+            return Err(format!(
+                "`{field}` does not apply to mcp cases: an mcp case is `host`, `method` \
+                 (the JSON-RPC method) and optionally `server`"
+            ));
+        }
+        let method = self
+            .method
+            .clone()
+            .ok_or("`method` (the JSON-RPC method) is required for mcp cases")?;
+        let server = self
+            .server
+            .clone()
+            .unwrap_or_else(|| format!("https://{host}/mcp"));
+        Ok((host, Action::Mcp { method, server }))
+    }
+
+    /// The fields a case without a host (spawn, trigger) must not give.
+    fn hostless_field(&self) -> Option<&'static str> {
+        let not_hostless = [
+            ("host", self.host.is_some()),
+            ("method", self.method.is_some()),
+            ("port", self.port.is_some()),
+            ("sni", self.sni.is_some()),
+        ];
+        first_given(&self.http_only()).or_else(|| first_given(&not_hostless))
+    }
+
+    fn spawn(&self) -> Result<(String, Action), String> {
+        if let Some(field) = self.hostless_field() {
+            return Err(format!(
+                "`{field}` does not apply to spawn cases: a spawn case is `agent` (the \
+                 parent's), `child` and `session`"
+            ));
+        }
+        let child = self
+            .child
+            .clone()
+            .ok_or("`child` (the agent name asked for) is required for spawn cases")?;
+        if child.is_empty() {
+            return Err("`child` is empty".into());
+        }
+        Ok((String::new(), Action::Spawn { child }))
+    }
+
+    fn trigger(&self) -> Result<(String, Action), String> {
+        if let Some(field) = self.hostless_field() {
+            return Err(format!(
+                "`{field}` does not apply to trigger cases: a trigger case is `agent` \
+                 (the run's), `trigger`, `kind`, `payload`, `session` and `approved_by`"
+            ));
+        }
+        let name = self
+            .trigger
+            .clone()
+            .ok_or("`trigger` (the trigger's name) is required for trigger cases")?;
+        let kind = self.kind.clone().unwrap_or_else(|| "webhook".to_owned());
+        if !["webhook", "schedule", "api"].contains(&kind.as_str()) {
+            return Err(format!(
+                "`kind` {kind:?}: expected \"webhook\", \"schedule\" or \"api\""
+            ));
+        }
+        let action = Action::Trigger {
+            name,
+            kind,
+            payload: Value::Object(self.payload.clone().unwrap_or_default()),
+            approval: self.approved_by.clone(),
+        };
+        Ok((String::new(), action))
     }
 
     /// The host of an http or connect case, checked.
