@@ -343,15 +343,13 @@ fn explained_host(args: &ExplainArgs) -> Result<(String, Action), CliError> {
             sni: args.sni.clone().unwrap_or_else(|| host.clone()),
         }
     } else {
-        let scheme = args.scheme.clone().unwrap_or_else(|| "https".to_owned());
-        let default_port = if scheme == "http" { 80 } else { 443 };
-        Action::Http {
-            method: args.method.clone().unwrap_or_else(|| "GET".to_owned()),
-            port: args.port.unwrap_or(default_port),
-            scheme,
-            path: args.path.clone().unwrap_or_else(|| "/".to_owned()),
-            query: args.query.clone().unwrap_or_default(),
-        }
+        ostiary_policies::testing::http_call(ostiary_policies::testing::HttpParts {
+            method: args.method.clone(),
+            scheme: args.scheme.clone(),
+            port: args.port,
+            path: args.path.clone(),
+            query: args.query.clone(),
+        })
     };
     Ok((host, action))
 }

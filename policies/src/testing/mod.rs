@@ -403,15 +403,13 @@ impl Case {
         if self.sni.is_some() {
             return Err("`sni` applies to connect cases only".into());
         }
-        let scheme = self.scheme.clone().unwrap_or_else(|| "https".to_owned());
-        let default_port = if scheme == "http" { 80 } else { 443 };
-        let action = Action::Http {
-            method: self.method.clone().unwrap_or_else(|| "GET".to_owned()),
-            port: self.port.unwrap_or(default_port),
-            scheme,
-            path: self.path.clone().unwrap_or_else(|| "/".to_owned()),
-            query: self.query.clone().unwrap_or_default(),
-        };
+        let action = http_call(HttpParts {
+            method: self.method.clone(),
+            scheme: self.scheme.clone(),
+            port: self.port,
+            path: self.path.clone(),
+            query: self.query.clone(),
+        });
         Ok((host, action))
     }
 
@@ -560,6 +558,30 @@ pub fn undo_of(catalog: &Catalog, mut action: Action) -> Result<Action, String> 
     }
     *undo = true;
     Ok(action)
+}
+
+/// What an http case (or `ostiary policy explain --host`) says of a plain request; what
+/// it leaves out takes the defaults of a plain GET of `/` over https.
+#[derive(Debug, Clone, Default)]
+pub struct HttpParts {
+    pub method: Option<String>,
+    pub scheme: Option<String>,
+    pub port: Option<u16>,
+    pub path: Option<String>,
+    pub query: Option<String>,
+}
+
+/// `Action::"http"` of these parts, defaults filled in (the port from the scheme).
+pub fn http_call(parts: HttpParts) -> Action {
+    let scheme = parts.scheme.unwrap_or_else(|| "https".to_owned());
+    let default_port = if scheme == "http" { 80 } else { 443 };
+    Action::Http {
+        method: parts.method.unwrap_or_else(|| "GET".to_owned()),
+        port: parts.port.unwrap_or(default_port),
+        scheme,
+        path: parts.path.unwrap_or_else(|| "/".to_owned()),
+        query: parts.query.unwrap_or_default(),
+    }
 }
 
 /// The host and action of a call of catalog tool `name`: what the proxy would build for it,
