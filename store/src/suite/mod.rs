@@ -20,6 +20,8 @@ mod audit;
 mod cursors;
 mod policy_versions;
 mod runs;
+mod runs_holders;
+mod runs_limits;
 mod session_labels;
 mod undo;
 use approvals::approval;
@@ -28,6 +30,8 @@ pub use audit::*;
 pub use cursors::*;
 pub use policy_versions::*;
 pub use runs::*;
+pub use runs_holders::*;
+pub use runs_limits::*;
 pub use session_labels::*;
 pub use undo::*;
 
