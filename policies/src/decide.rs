@@ -384,7 +384,64 @@ impl PolicyEngine {
         let mut pairs = req
             .context_pairs_reading(reads)
             .map_err(|e| format!("context: {e}"))?;
-        let (action, resource, key) = match &req.action {
+        let (action, resource, key) = self.subject(req, &mut pairs, &reads)?;
+        // Even an empty record is evaluated by Cedar's restricted evaluator (~1% of the
+        // proxy's CPU flat out); a set that reads no context needs none.
+        let context = if pairs.is_empty() {
+            Context::empty()
+        } else {
+            Context::from_pairs(pairs).map_err(|e| format!("context: {e}"))?
+        };
+        let request = Request::new(principal, action, resource, context, None)
+            .map_err(|e| format!("request: {e}"))?;
+        let key = EntityKey {
+            agent: req.agent.clone(),
+            tenant: req.tenant.clone(),
+            resource: key,
+        };
+        let entities = self
+            .entity_cache()
+            .get_or_build(key, || self.entities(req))?;
+
+        let response = self
+            .authorizer()
+            .is_authorized(&request, policies, &entities);
+        let diagnostics = response.diagnostics();
+        // Cedar reports errors and reasons in policy-set order; the index evaluates sub-sets
+        // in another order, so pick the error and order the ids by policy id: the same
+        // request gives the same decision, indexed or not.
+        if let Some(error) = diagnostics.errors().map(ToString::to_string).min() {
+            return Err(error);
+        }
+        let mut policies: Vec<String> = diagnostics.reason().map(|id| id.to_string()).collect();
+        policies.sort_unstable();
+        Ok(match response.decision() {
+            cedar_policy::Decision::Allow => Decision::Allow { policies },
+            cedar_policy::Decision::Deny if policies.is_empty() => Decision::Deny {
+                policies,
+                reason: DenyReason::NoPermit,
+            },
+            cedar_policy::Decision::Deny => Decision::Deny {
+                policies,
+                reason: DenyReason::Forbidden,
+            },
+        })
+    }
+
+    /// The action and resource of `req`, and the key its entities are cached by; a tool
+    /// call's arguments and a trigger's payload, typed, go into `pairs` where a policy reads
+    /// them.
+    fn subject(
+        &self,
+        req: &AccessRequest,
+        pairs: &mut Vec<(String, RestrictedExpression)>,
+        reads: &dyn Fn(&str) -> bool,
+    ) -> Result<(EntityUid, EntityUid, Resource), String> {
+        let names = self.names();
+        let uid = |ty: &EntityTypeName, id: &str| {
+            EntityUid::from_type_name_and_id(ty.clone(), EntityId::new(id))
+        };
+        Ok(match &req.action {
             Action::Tool {
                 name, args, undo, ..
             } => {
@@ -446,47 +503,6 @@ impl PolicyEngine {
                     Resource::Host(req.host.clone()),
                 )
             }
-        };
-        // Even an empty record is evaluated by Cedar's restricted evaluator (~1% of the
-        // proxy's CPU flat out); a set that reads no context needs none.
-        let context = if pairs.is_empty() {
-            Context::empty()
-        } else {
-            Context::from_pairs(pairs).map_err(|e| format!("context: {e}"))?
-        };
-        let request = Request::new(principal, action, resource, context, None)
-            .map_err(|e| format!("request: {e}"))?;
-        let key = EntityKey {
-            agent: req.agent.clone(),
-            tenant: req.tenant.clone(),
-            resource: key,
-        };
-        let entities = self
-            .entity_cache()
-            .get_or_build(key, || self.entities(req))?;
-
-        let response = self
-            .authorizer()
-            .is_authorized(&request, policies, &entities);
-        let diagnostics = response.diagnostics();
-        // Cedar reports errors and reasons in policy-set order; the index evaluates sub-sets
-        // in another order, so pick the error and order the ids by policy id: the same
-        // request gives the same decision, indexed or not.
-        if let Some(error) = diagnostics.errors().map(ToString::to_string).min() {
-            return Err(error);
-        }
-        let mut policies: Vec<String> = diagnostics.reason().map(|id| id.to_string()).collect();
-        policies.sort_unstable();
-        Ok(match response.decision() {
-            cedar_policy::Decision::Allow => Decision::Allow { policies },
-            cedar_policy::Decision::Deny if policies.is_empty() => Decision::Deny {
-                policies,
-                reason: DenyReason::NoPermit,
-            },
-            cedar_policy::Decision::Deny => Decision::Deny {
-                policies,
-                reason: DenyReason::Forbidden,
-            },
         })
     }
 
