@@ -49,13 +49,15 @@ if [ ! -x "$VENV/bin/mitmdump" ]; then
 fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-cargo build --release --quiet -p ostiary-cli
-cargo build --release --quiet -p ostiary-benches --bin relay
+# The build that ships (fat LTO, one codegen unit) with its symbols; the first build takes
+# a while (~17 minutes on two cores), later ones relink.
+cargo build --profile profiling --quiet -p ostiary-cli
+cargo build --profile profiling --quiet -p ostiary-benches --bin relay
 cargo build --release --quiet --manifest-path benches/peers/hudsucker-relay/Cargo.toml
 
 exec "$VENV/bin/python" benches/load/harness.py \
-    --ostiary "$CARGO_TARGET_DIR/release/ostiary" \
+    --ostiary "$CARGO_TARGET_DIR/profiling/ostiary" \
     --hudsucker "$CARGO_TARGET_DIR/release/hudsucker-relay" \
-    --relay "$CARGO_TARGET_DIR/release/relay" \
+    --relay "$CARGO_TARGET_DIR/profiling/relay" \
     --oha "$TOOLS/bin/oha" \
     --mitmdump "$VENV/bin/mitmdump" "$@"

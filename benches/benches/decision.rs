@@ -148,7 +148,8 @@ fn keeping() {
             std::hint::black_box(ostiary_policies::recorded::to_json(req, &decision, &secret));
         keep.push(started.elapsed());
         let started = Instant::now();
-        let back = ostiary_policies::recorded::from_json(&kept).expect("kept decisions read back");
+        let back = ostiary_policies::recorded::from_json(&kept.to_value())
+            .expect("kept decisions read back");
         std::hint::black_box(engine.decide(&back.request));
         shadow.push(started.elapsed());
     }

@@ -445,13 +445,14 @@ def plot(table: dict, scs: list[Scenario], path: Path):
 
 def profile(opts, setup: Setup, up_port: int, work: Path):
     """perf samples (cpu-clock: these machines have no hardware counters) of the setup's
-    process under 16 clients flat out, folded by inferno into a flamegraph."""
+    process under `--profile-clients` clients (16) flat out, folded by inferno into a
+    flamegraph."""
     data = work / "perf.data"
     perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "997", "-g",
                              "--call-graph", "dwarf,16384", "-p", str(setup.pid), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
-    sc = Scenario("profile", "", "/1k", ["-z", f"{opts.seconds}s", "-c", "16"])
+    sc = Scenario("profile", "", "/1k", ["-z", f"{opts.seconds}s", "-c", str(opts.profile_clients)])
     res = oha_run(opts.oha, setup, sc, up_port)
     perf.send_signal(signal.SIGINT)
     perf.wait()
@@ -463,7 +464,7 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{opts.label}.folded").write_bytes(folded)
     svg = subprocess.run([str(inferno / "inferno-flamegraph"), "--title",
-                          f"{setup.name}, 16 clients flat out, 1 KiB"],
+                          f"{setup.name}, {opts.profile_clients} clients flat out, 1 KiB"],
                          input=folded, check=True, capture_output=True).stdout
     (RESULTS / f"{opts.label}.svg").write_bytes(svg)
     print(f"wrote {RESULTS / (opts.label + '.svg')}")
@@ -596,13 +597,18 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated setups to run (direct always runs)")
     ap.add_argument("--scenarios", default="", help="comma-separated scenarios to run")
     ap.add_argument("--label", default="load", help="file name of the JSON and PNG under benches/results/")
-    ap.add_argument("--ostiary", default=str(ROOT / "target" / "release" / "ostiary"))
+    ap.add_argument("--ostiary", default=str(ROOT / "target" / "profiling" / "ostiary"))
+    ap.add_argument("--ostiary-b", default="", metavar="PATH",
+                    help="a second Ostiary build (A/B): each selected rung runs from it too, "
+                         "as `<rung>@b`, in the same rounds")
     ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))
-    ap.add_argument("--relay", default=str(ROOT / "target" / "release" / "relay"))
+    ap.add_argument("--relay", default=str(ROOT / "target" / "profiling" / "relay"))
     ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
     ap.add_argument("--profile", default="",
                     help="instead of the table: profile this setup under the flat-1k load with "
                          "perf and write a flamegraph SVG under benches/results/")
+    ap.add_argument("--profile-clients", type=int, default=16, metavar="N",
+                    help="clients of the profiled load (1: the one-client latency path)")
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")
@@ -629,6 +635,9 @@ def main():
         for name, rung in RUNGS.items():
             if not only or name in only:
                 setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
+                if opts.ostiary_b:
+                    setups.append(start_ostiary(work, certs, up_port, f"{name}@b", rung,
+                                                Path(opts.ostiary_b)))
         if not only or "hudsucker" in only:
             setups.append(start_relay(work, certs, Path(opts.hudsucker), "hudsucker"))
         if not only or "squid-bump" in only:
@@ -648,7 +657,7 @@ def main():
         if opts.memory:
             rows = {}
             for s in setups:
-                if s.proxy and s.name != "ostiary-tunnel":
+                if s.proxy and not s.name.startswith("ostiary-tunnel"):
                     token = s.proxy_header
                     rows[s.name] = memory(s, up_port, token, opts.memory)
                     r = rows[s.name]

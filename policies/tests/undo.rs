@@ -192,7 +192,7 @@ fn a_kept_undo_decision_reads_back_as_an_undo() {
     let req = call("records.create", true);
     let decision = e.decide(&req);
     let kept = ostiary_policies::recorded::to_json(&req, &decision, &|_| false);
-    let back = ostiary_policies::recorded::from_json(&kept).unwrap();
+    let back = ostiary_policies::recorded::from_json(&kept.to_value()).unwrap();
     assert_eq!(back.request.action, req.action);
 }
 

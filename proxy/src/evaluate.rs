@@ -75,7 +75,10 @@ fn resource_of(principal: &Principal, host: &Host, action: &Action) -> String {
 }
 
 /// Where a decision is kept, and which argument strings are credentials (redacted).
-pub type Keep<'a> = (&'a mut Option<serde_json::Value>, &'a dyn Fn(&str) -> bool);
+pub type Keep<'a> = (
+    &'a mut Option<ostiary_policies::recorded::Kept>,
+    &'a dyn Fn(&str) -> bool,
+);
 
 /// Evaluate one question, timing it; an escalation is handed back as [`Verdict::Escalate`].
 /// `session` is `context.session`: what the principal's session used before this request.

@@ -47,6 +47,7 @@ pub mod reply;
 pub mod rounds;
 
 use http::HeaderMap;
+use ostiary_policies::recorded::Kept;
 use ostiary_policies::{Action, Catalog, PolicyEngine, SessionState, Tool, ToolMatch};
 use serde_json::{Map, Value};
 
@@ -346,7 +347,7 @@ impl Asker<'_> {
         &self,
         endpoint: &Endpoint,
         method: &str,
-        kept: &mut Option<Value>,
+        kept: &mut Option<Kept>,
     ) -> Result<Verdict, ProxyError> {
         let action = Action::Mcp {
             method: method.to_owned(),
@@ -383,7 +384,7 @@ impl Asker<'_> {
         name: &str,
         args: Value,
         approval: Option<String>,
-        kept: &mut Option<Value>,
+        kept: &mut Option<Kept>,
     ) -> Result<Verdict, ProxyError> {
         let Some(tool) = endpoint.tool(self.engine.catalog(), name) else {
             return Err(unknown_tool(self.target, name));

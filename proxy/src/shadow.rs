@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
-use ostiary_policies::recorded;
+use ostiary_policies::recorded::{self, Kept};
 use ostiary_policies::{LoadError, PolicyEngine, Triggers};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::audit::{AuditGuard, AuditRecord, AuditSink};
 use crate::metrics::Metrics;
@@ -30,7 +30,7 @@ struct Observed {
     agent: Option<String>,
     tenant: Option<String>,
     tool: Option<String>,
-    kept: Value,
+    kept: Kept,
 }
 
 /// The candidate set and the queue to its thread.
@@ -132,7 +132,7 @@ impl Shadow {
         sink: &AuditSink,
         metrics: &Arc<Metrics>,
     ) -> &'static str {
-        let Ok(kept) = recorded::from_json(&observed.kept) else {
+        let Ok(kept) = recorded::from_json(&observed.kept.to_value()) else {
             return "unreadable";
         };
         if kept.partial {

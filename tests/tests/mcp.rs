@@ -183,7 +183,7 @@ async fn raw_json_rpc_is_decided_per_call_and_bounded() {
         let kept = record.decided.take().expect("each call keeps its decision");
         let json = serde_json::to_string(&record).unwrap();
         assert!(!json.contains("notes.txt"), "arguments stay out: {json}");
-        let kept = ostiary_policies::recorded::from_json(&kept).unwrap();
+        let kept = ostiary_policies::recorded::from_json(&kept.to_value()).unwrap();
         assert_eq!(kept.outcome, record.decision, "{kept:#?}");
         assert_eq!(kept.policies, record.policies, "{kept:#?}");
     }

@@ -263,7 +263,7 @@ async fn tool_calls_are_decided_by_tier_and_arguments() {
     // redacted: docs/policies.md), never in the rest of a record.
     for record in &records {
         let mut record = record.clone();
-        let kept = record.decided.take();
+        let kept = record.decided.take().map(|k| k.to_value());
         let json = serde_json::to_string(&record).unwrap();
         assert!(
             !json.contains("Bug"),
@@ -274,7 +274,7 @@ async fn tool_calls_are_decided_by_tier_and_arguments() {
         }
     }
     assert!(
-        http[1].decided.as_ref().unwrap()["action"]["args"]
+        http[1].decided.as_ref().unwrap().to_value()["action"]["args"]
             .to_string()
             .contains("Bug"),
         "the kept decision holds what a re-decision needs: {:#?}",

@@ -54,7 +54,8 @@ async fn tunnel_hosts_are_relayed_uninspected_and_decided_as_connect() {
     assert_eq!(record.status, Some(200));
     assert_eq!(record.policies, vec!["tunnel-ok".to_owned()]);
     // The decision is kept so that it can be made again (replay, a shadow set).
-    let kept = ostiary_policies::recorded::from_json(record.decided.as_ref().unwrap()).unwrap();
+    let kept = ostiary_policies::recorded::from_json(&record.decided.as_ref().unwrap().to_value())
+        .unwrap();
     assert_eq!(
         (kept.outcome.as_str(), kept.policies.as_slice()),
         ("allow", &record.policies[..])

@@ -43,7 +43,7 @@ pub fn replay(records: &[ostiary::audit::AuditRecord], candidate: &PolicyEngine)
         let Some(kept) = &record.decided else {
             continue;
         };
-        let kept = match recorded::from_json(kept) {
+        let kept = match recorded::from_json(&kept.to_value()) {
             Ok(kept) => kept,
             Err(_) => {
                 out.unreadable += 1;

@@ -125,7 +125,7 @@ pub struct AuditRecord {
     /// records of plain requests, REST tool calls, MCP messages, uninspected tunnels and
     /// triggers.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub decided: Option<serde_json::Value>,
+    pub decided: Option<ostiary_policies::recorded::Kept>,
     /// A disagreement of the shadow set (kind `shadow`): the action and resource, and what
     /// the enforced and the shadow set decided (`decision`, `policies` each).
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -13,7 +13,12 @@ pub mod body_guard;
 pub mod credentials;
 pub mod placeholders;
 
-use http::header::{HeaderName, CONNECTION, HOST, TE, UPGRADE};
+use std::borrow::Cow;
+
+use http::header::{
+    HeaderName, CONNECTION, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
 use http::{HeaderMap, Request, Version};
 
 use crate::body::ProxyBody;
@@ -21,15 +26,16 @@ use crate::classify::Target;
 use crate::error::ProxyError;
 
 /// Headers that describe one hop and never travel past the proxy (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
+/// Names, not strings: a `&str` is parsed into a name again on every removal.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
 ];
 
 /// Agent-supplied headers that frameworks, gateways and load balancers read as *where the
@@ -85,16 +91,22 @@ const ROUTING_OVERRIDE_PREFIXES: &[&str] = &[
 ];
 
 /// A header name as the upstream's framework may see it: lowercase, with `_` read as `-`
-/// (CGI, WSGI, PHP and Rack all turn both into `HTTP_X_FORWARDED_FOR`).
-fn header_key(name: &HeaderName) -> String {
-    name.as_str().replace('_', "-")
+/// (CGI, WSGI, PHP and Rack all turn both into `HTTP_X_FORWARDED_FOR`). Borrowed when there
+/// is nothing to read differently: every header of every request passes here.
+fn header_key(name: &HeaderName) -> Cow<'_, str> {
+    let name = name.as_str();
+    if name.contains('_') {
+        Cow::Owned(name.replace('_', "-"))
+    } else {
+        Cow::Borrowed(name)
+    }
 }
 
 /// Whether `name` is an agent-supplied routing or override header, which never reaches an
 /// upstream.
 pub fn is_routing_override(name: &HeaderName) -> bool {
     let key = header_key(name);
-    ROUTING_OVERRIDES.contains(&key.as_str())
+    ROUTING_OVERRIDES.contains(&key.as_ref())
         || ROUTING_OVERRIDE_PREFIXES
             .iter()
             .any(|prefix| key.starts_with(prefix))
@@ -144,7 +156,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     headers.remove(UPGRADE);

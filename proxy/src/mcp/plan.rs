@@ -10,6 +10,7 @@
 //! refusal list and its indices are built last.
 
 use bytes::Bytes;
+use ostiary_policies::recorded::Kept;
 use ostiary_policies::Action;
 use serde_json::Value;
 
@@ -86,7 +87,7 @@ pub struct DecidedCall {
     /// What policy allowed or escalated, while the checks may still change it.
     passed: Option<Passed>,
     /// The decision as its audit record keeps it (replay, the shadow set).
-    pub kept: Option<Value>,
+    pub kept: Option<Kept>,
 }
 
 /// One decided message other than `tools/call`: what its audit record needs.
@@ -101,7 +102,7 @@ pub struct DecidedMessage {
     /// The id of a `tools/list` request, whose answer is filtered when it is forwarded.
     list: Option<Value>,
     /// The decision as its audit record keeps it (replay, the shadow set).
-    pub kept: Option<Value>,
+    pub kept: Option<Kept>,
 }
 
 /// A call policy allowed or escalated: what its checks and a hold need.

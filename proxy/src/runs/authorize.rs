@@ -72,7 +72,7 @@ pub fn verdict(decision: Decision) -> Verdict {
 
 /// The decision as the trigger's audit record keeps it (replay, the shadow set): the
 /// payload's strings the default DLP detectors flag redacted.
-pub fn kept(request: &AccessRequest, decision: &Decision) -> serde_json::Value {
+pub fn kept(request: &AccessRequest, decision: &Decision) -> ostiary_policies::recorded::Kept {
     static DETECTORS: std::sync::OnceLock<crate::check::dlp::Detectors> =
         std::sync::OnceLock::new();
     let detectors = DETECTORS.get_or_init(crate::check::dlp::Detectors::default_set);

@@ -54,7 +54,7 @@ pub fn resolve(
     parent: &Principal,
     session: &SessionState,
     asked: Option<&str>,
-    kept: &mut Option<serde_json::Value>,
+    kept: &mut Option<ostiary_policies::recorded::Kept>,
 ) -> Result<ChildAgent, ProxyError> {
     let child = match asked {
         None => parent.agent.as_str(),
@@ -194,7 +194,8 @@ mod tests {
         );
         let ok = ok.unwrap();
         // The decision is kept as it was made, to be made again (replay, the shadow set).
-        let back = ostiary_policies::recorded::from_json(kept.as_ref().unwrap()).unwrap();
+        let back =
+            ostiary_policies::recorded::from_json(&kept.as_ref().unwrap().to_value()).unwrap();
         assert_eq!(back.outcome, "allow");
         assert_eq!(back.policies, ["planner-spawns-reviewer"]);
         assert!(engine.decide(&back.request).is_allow());
