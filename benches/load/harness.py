@@ -193,7 +193,8 @@ RUNGS = {
 }
 
 
-def start_ostiary(work: Path, certs, up_port: int, name: str, rung: dict, binary: Path) -> Setup:
+def start_ostiary(work: Path, certs, up_port: int, name: str, rung: dict, binary: Path,
+                  extra: str = "") -> Setup:
     d = work / name
     (d / "policies").mkdir(parents=True)
     (d / "policies" / "bench.cedar").write_text(POLICIES)
@@ -235,6 +236,7 @@ cycle_repeats = 1000000
 [tiers.read]
 repeat_max = 0
 {cred}
+{extra}
 """)
     env = dict(os.environ, OSTIARY_ADMIN_TOKEN=secrets.token_hex(32), RUST_LOG="warn")
     log = open(d / "ostiary.log", "w")
@@ -601,6 +603,9 @@ def main():
     ap.add_argument("--ostiary-b", default="", metavar="PATH",
                     help="a second Ostiary build (A/B): each selected rung runs from it too, "
                          "as `<rung>@b`, in the same rounds")
+    ap.add_argument("--config-b", default="", metavar="TOML",
+                    help="lines appended to the config of the `@b` rungs (A/B of a setting; "
+                         "the B binary defaults to --ostiary)")
     ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))
     ap.add_argument("--relay", default=str(ROOT / "target" / "profiling" / "relay"))
     ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
@@ -635,9 +640,10 @@ def main():
         for name, rung in RUNGS.items():
             if not only or name in only:
                 setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
-                if opts.ostiary_b:
+                if opts.ostiary_b or opts.config_b:
                     setups.append(start_ostiary(work, certs, up_port, f"{name}@b", rung,
-                                                Path(opts.ostiary_b)))
+                                                Path(opts.ostiary_b or opts.ostiary),
+                                                opts.config_b.replace("\\n", "\n")))
         if not only or "hudsucker" in only:
             setups.append(start_relay(work, certs, Path(opts.hudsucker), "hudsucker"))
         if not only or "squid-bump" in only:

@@ -15,6 +15,13 @@ pub struct Audit {
     /// shutdown) the writer signs the records since: the longest an export can lag the chain.
     #[serde(deserialize_with = "super::duration")]
     pub signed_checkpoint_interval: Duration,
+    /// Group commit: how long the writer gathers records after the first of a batch before
+    /// committing them in one transaction (a flush — a hold, a pause, a query — or shutdown
+    /// commits at once). Records are queued after the answer, so this is how much later a
+    /// record may become durable, never a delay to any response; `0s` commits every batch
+    /// as soon as the writer takes it. At most 100 ms.
+    #[serde(deserialize_with = "super::duration")]
+    pub group_commit: Duration,
     /// Stream every record to a SIEM as it is written; unset: no stream.
     pub siem: Option<Siem>,
 }
@@ -23,6 +30,7 @@ impl Default for Audit {
     fn default() -> Self {
         Self {
             signed_checkpoint_interval: Duration::from_secs(60),
+            group_commit: crate::audit::Limits::default().linger,
             siem: None,
         }
     }
@@ -132,12 +140,21 @@ impl Siem {
 /// Below this, a checkpoint record would follow nearly every batch: more chain than records.
 const SHORTEST: Duration = Duration::from_millis(100);
 
+/// The longest group commit: records of answered requests are not left undurable longer.
+const LONGEST_GROUP_COMMIT: Duration = Duration::from_millis(100);
+
 impl Audit {
     pub(super) fn validate(&self) -> Result<(), String> {
         if self.signed_checkpoint_interval < SHORTEST {
             return Err(format!(
                 "audit.signed_checkpoint_interval is {:?}; it must be at least {SHORTEST:?}",
                 self.signed_checkpoint_interval
+            ));
+        }
+        if self.group_commit > LONGEST_GROUP_COMMIT {
+            return Err(format!(
+                "audit.group_commit is {:?}; it may be at most {LONGEST_GROUP_COMMIT:?}",
+                self.group_commit
             ));
         }
         if let Some(siem) = &self.siem {
@@ -171,6 +188,26 @@ mod tests {
         }
         for bad in ["\"soon\"", "5"] {
             let toml = format!("[audit]\nsigned_checkpoint_interval = {bad}\n");
+            assert!(Config::from_toml(&toml, Path::new("t")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn group_commit_defaults_to_the_writers_linger_and_is_bounded_above() {
+        let c = Config::from_toml("", Path::new("t")).unwrap();
+        assert_eq!(c.audit.group_commit, Duration::from_millis(2));
+        for (text, want) in [("0s", 0), ("10ms", 10), ("100ms", 100)] {
+            let toml = format!("[audit]\ngroup_commit = \"{text}\"\n");
+            let c = Config::from_toml(&toml, Path::new("t")).unwrap();
+            assert_eq!(c.audit.group_commit, Duration::from_millis(want), "{text}");
+        }
+        for long in ["101ms", "1s"] {
+            let toml = format!("[audit]\ngroup_commit = \"{long}\"\n");
+            let e = Config::from_toml(&toml, Path::new("t")).unwrap_err();
+            assert!(e.to_string().contains("at most 100ms"), "{long}: {e}");
+        }
+        for bad in ["\"now\"", "2", "-1"] {
+            let toml = format!("[audit]\ngroup_commit = {bad}\n");
             assert!(Config::from_toml(&toml, Path::new("t")).is_err(), "{bad}");
         }
         assert!(Config::from_toml("[audit]\nsigned_every = \"5s\"\n", Path::new("t")).is_err());

@@ -278,6 +278,7 @@ pub(super) fn load_state(
     tracing::info!(store = %backend.describe(), "state store open");
     let limits = crate::audit::Limits {
         sign_every: config.audit.signed_checkpoint_interval,
+        linger: config.audit.group_commit,
         ..Default::default()
     };
     let (writer, audit) = AuditWriter::start_with(
