@@ -128,6 +128,9 @@ impl AuditStore for Discard {
     fn recent(&self, _: &str, _: u32) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
     }
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 struct Rig {

@@ -194,7 +194,7 @@ RUNGS = {
 
 
 def start_ostiary(work: Path, certs, up_port: int, name: str, rung: dict, binary: Path,
-                  extra: str = "") -> Setup:
+                  extra: str = "", extra_env: dict[str, str] | None = None) -> Setup:
     d = work / name
     (d / "policies").mkdir(parents=True)
     (d / "policies" / "bench.cedar").write_text(POLICIES)
@@ -238,7 +238,8 @@ repeat_max = 0
 {cred}
 {extra}
 """)
-    env = dict(os.environ, OSTIARY_ADMIN_TOKEN=secrets.token_hex(32), RUST_LOG="warn")
+    env = dict(os.environ, OSTIARY_ADMIN_TOKEN=secrets.token_hex(32), RUST_LOG="warn",
+               **(extra_env or {}))
     log = open(d / "ostiary.log", "w")
     proc = subprocess.Popen([str(binary), "serve", "--config", str(d / "ostiary.toml")],
                             env=env, stdout=log, stderr=log)
@@ -351,7 +352,9 @@ def oha_run(oha: str, setup: Setup, sc: Scenario, up_port: int) -> dict:
         if setup.proxy_header:
             cmd += ["--proxy-header", setup.proxy_header]
     cmd.append(url)
+    before = cpu_used(setup.pid)
     out = json.loads(run(cmd))
+    after = cpu_used(setup.pid)
     dist = out.get("statusCodeDistribution", {})
     ok = dist.get("200", 0)
     bad = {k: v for k, v in dist.items() if k != "200"}
@@ -361,8 +364,37 @@ def oha_run(oha: str, setup: Setup, sc: Scenario, up_port: int) -> dict:
     if bad or errors or ok == 0:
         raise RuntimeError(f"{setup.name} / {sc.name}: statuses {dist}, errors {errors}")
     pct = out["latencyPercentiles"]
-    return {"p50_us": pct["p50"] * 1e6, "p99_us": pct["p99"] * 1e6,
-            "rps": out["summary"]["requestsPerSec"], "ok": ok}
+    res = {"p50_us": pct["p50"] * 1e6, "p99_us": pct["p99"] * 1e6,
+           "rps": out["summary"]["requestsPerSec"], "ok": ok}
+    if before and after:
+        # The proxy's own CPU per answered request: on shared cores a proxy that costs less
+        # shows up only partly in its latency and rate, fully here.
+        res["cpu_us"] = (after[0] - before[0]) / ok
+        if before[1] is not None and after[1] is not None:
+            res["audit_cpu_us"] = (after[1] - before[1]) / ok
+    return res
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_used(pid: int | None) -> tuple[float, float | None] | None:
+    """CPU the process has used, µs (utime + stime of every thread, those gone included),
+    and its audit writer thread's (`ostiary-audit`, from its scheduler statistics, ns
+    precise), if it has one."""
+    if pid is None:
+        return None
+    try:
+        # The command name may hold spaces: the fields counted from after its ')'.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) * 1e6 / CLK_TCK
+        audit = None
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            if (task / "comm").read_text().strip() == "ostiary-audit":
+                audit = int((task / "schedstat").read_text().split()[0]) / 1e3
+        return total, audit
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def rss_kib(pid: int | None, field: str = "VmRSS") -> int | None:
@@ -389,6 +421,9 @@ def summarise(raw: dict, names: list[str], scs: list[Scenario]) -> dict:
             if not runs:
                 continue
             rows[name] = {k: statistics.median(r[k] for r in runs) for k in ("p50_us", "p99_us", "rps")}
+            for k in ("cpu_us", "audit_cpu_us"):
+                if all(k in r for r in runs):
+                    rows[name][k] = statistics.median(r[k] for r in runs)
             rows[name]["rounds"] = len(runs)
         direct = rows.get("direct")
         ostiary = rows.get("ostiary-tool")
@@ -410,12 +445,14 @@ def print_table(table: dict, scs: list[Scenario]):
             continue
         print(f"\n{sc.name}: {sc.what}")
         print(f"  {'setup':<16}{'p50':>10}{'p99':>10}{'p50 +':>10}{'p99 +':>10}{'req/s':>10}"
-              f"{'vs direct':>11}{'vs ostiary':>12}")
+              f"{'vs direct':>11}{'vs ostiary':>12}{'CPU/req':>10}{'audit':>8}")
         for name, r in rows.items():
+            cpu = f"{r['cpu_us']:>8.1f}µs" if "cpu_us" in r else f"{'':>10}"
+            audit = f"{r['audit_cpu_us']:>6.1f}µs" if "audit_cpu_us" in r else ""
             print(f"  {name:<16}{r['p50_us']:>8.0f}µs{r['p99_us']:>8.0f}µs"
                   f"{r.get('p50_added_us', 0):>+8.0f}µs{r.get('p99_added_us', 0):>+8.0f}µs"
                   f"{r['rps']:>10.0f}{r.get('rps_vs_direct', 1):>10.3f}×"
-                  f"{r.get('rps_vs_ostiary', 0):>11.3f}×")
+                  f"{r.get('rps_vs_ostiary', 0):>11.3f}×{cpu}{audit}")
 
 
 def plot(table: dict, scs: list[Scenario], path: Path):
@@ -606,6 +643,8 @@ def main():
     ap.add_argument("--config-b", default="", metavar="TOML",
                     help="lines appended to the config of the `@b` rungs (A/B of a setting; "
                          "the B binary defaults to --ostiary)")
+    ap.add_argument("--env-b", default=[], action="append", metavar="NAME=VALUE",
+                    help="an environment variable of the `@b` rungs (A/B of one; repeatable)")
     ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))
     ap.add_argument("--relay", default=str(ROOT / "target" / "profiling" / "relay"))
     ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
@@ -640,10 +679,11 @@ def main():
         for name, rung in RUNGS.items():
             if not only or name in only:
                 setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
-                if opts.ostiary_b or opts.config_b:
+                if opts.ostiary_b or opts.config_b or opts.env_b:
+                    env_b = dict(v.split("=", 1) for v in opts.env_b)
                     setups.append(start_ostiary(work, certs, up_port, f"{name}@b", rung,
                                                 Path(opts.ostiary_b or opts.ostiary),
-                                                opts.config_b.replace("\\n", "\n")))
+                                                opts.config_b.replace("\\n", "\n"), env_b))
         if not only or "hudsucker" in only:
             setups.append(start_relay(work, certs, Path(opts.hudsucker), "hudsucker"))
         if not only or "squid-bump" in only:
@@ -696,8 +736,9 @@ def main():
                         print(f"round {r + 1} {sc.name:<8} {s.name:<16} failed: {e}", flush=True)
                         continue
                     raw.setdefault(sc.name, {}).setdefault(s.name, []).append(res)
+                    cpu = f" {res['cpu_us']:>6.1f}µs CPU/req" if "cpu_us" in res else ""
                     print(f"round {r + 1} {sc.name:<8} {s.name:<16} p50 {res['p50_us']:>7.0f}µs "
-                          f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s", flush=True)
+                          f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s{cpu}", flush=True)
             if opts.streams and (not opts.scenarios or "sse" in opts.scenarios.split(",")):
                 order = setups[r % len(setups):] + setups[: r % len(setups)]
                 for s in order:

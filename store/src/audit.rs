@@ -140,4 +140,9 @@ pub trait AuditStore: Send + Sync + std::fmt::Debug {
     fn query(&self, q: &AuditQuery) -> Result<Vec<String>, StoreError>;
     /// The last `n` records of `session`, newest last (a watchdog trip's snapshot).
     fn recent(&self, session: &str, n: u32) -> Result<Vec<String>, StoreError>;
+    /// Make every row appended so far survive a power cut. The writer calls it before a
+    /// head checkpoint names those rows (a checkpoint naming a row the store then lost
+    /// would read as a truncation at the next start), so that the appends themselves need
+    /// not be synced one by one.
+    fn sync(&self) -> Result<(), StoreError>;
 }

@@ -72,9 +72,9 @@ impl AuditWriter {
         limits: Limits,
         signer: Option<Arc<Signer>>,
     ) -> Result<(Self, AuditSink), ChainError> {
-        // Records are durable before the checkpoint names them: the store commits with
-        // `synchronous = FULL` (a power cut must not lose commits the head already names,
-        // or the next start would see a truncation).
+        // Records are durable before the checkpoint names them: the store syncs what it
+        // committed before each checkpoint (a power cut must not lose commits the head
+        // already names, or the next start would see a truncation).
         let tip = chain::check_tip(&*trail, &key, &head_path)?;
         // The anchor line: a log kept off this machine can later show a rollback of both
         // the database and its checkpoint, which nothing on this machine can.
@@ -584,6 +584,9 @@ impl Writer {
     }
 
     fn checkpoint(&mut self) -> Result<(), WriteError> {
+        // The rows it names must outlive a power cut first: appends are committed without
+        // a sync of their own, and a head naming a lost row reads as a truncation.
+        self.trail.sync()?;
         chain::write_head(&self.key, &self.head_path, &self.tip).map_err(WriteError::Checkpoint)?;
         self.head_dirty = false;
         self.last_checkpoint = Some(Instant::now());
@@ -713,3 +716,7 @@ fn seal_after(key: &[u8], tip: &Tip, mut rows: Vec<AuditRow>) -> Vec<AuditRow> {
     }
     rows
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

@@ -197,4 +197,9 @@ impl AuditStore for PgAudit {
         })?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        // A committed transaction is the server's to keep (its `synchronous_commit`).
+        Ok(())
+    }
 }

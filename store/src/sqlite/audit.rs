@@ -1,5 +1,7 @@
 //! The audit chain on SQLite ([`crate::audit::AuditStore`]).
 
+use std::path::{Path, PathBuf};
+
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
 
@@ -7,8 +9,31 @@ use super::Db;
 use crate::audit::{Adopted, AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
 use crate::StoreError;
 
+/// The chain's own connection, committing with `synchronous = NORMAL`: a commit is in the
+/// write-ahead log, safe from a crash of the process but not yet from a power cut, until
+/// [`AuditStore::sync`] syncs the log.
 #[derive(Debug)]
-pub(super) struct SqliteAudit(pub(super) Db);
+pub(super) struct SqliteAudit {
+    db: Db,
+    /// The write-ahead log beside the database (SQLite names it `<database>-wal`); none
+    /// for a read-only store, which commits nothing.
+    wal: Option<PathBuf>,
+}
+
+impl SqliteAudit {
+    pub(super) fn new(db: Db, path: &Path) -> Self {
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        Self {
+            db,
+            wal: Some(wal.into()),
+        }
+    }
+
+    pub(super) fn read_only(db: Db) -> Self {
+        Self { db, wal: None }
+    }
+}
 
 /// The newest row. Cached: every append reads it, and parsing the statement each time was
 /// most of its cost (~1% of the proxy's CPU flat out).
@@ -60,7 +85,7 @@ fn rows_after(c: &Connection, seq: i64) -> rusqlite::Result<Vec<AuditRow>> {
 
 impl AuditStore for SqliteAudit {
     fn append(&self, after: &Tip, rows: &[AuditRow]) -> Result<(), AppendError> {
-        let moved = self.0.with(|c| {
+        let moved = self.db.with(|c| {
             // Immediate: the check below and the inserts happen under one write lock.
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let last = last_row(&tx)?.unwrap_or_else(Tip::genesis);
@@ -81,7 +106,7 @@ impl AuditStore for SqliteAudit {
     }
 
     fn append_after(&self, after: &Tip, seal: &mut Seal<'_>) -> Result<Vec<AuditRow>, AppendError> {
-        let adopted = self.0.with(|c| {
+        let adopted = self.db.with(|c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let last = last_row(&tx)?.unwrap_or_else(Tip::genesis);
             if let Some(refused) = Adopted::check(after, &last) {
@@ -104,11 +129,11 @@ impl AuditStore for SqliteAudit {
     }
 
     fn last(&self) -> Result<Option<Tip>, StoreError> {
-        self.0.with(|c| last_row(c))
+        self.db.with(|c| last_row(c))
     }
 
     fn last_decided(&self, decision: &str) -> Result<Option<AuditRow>, StoreError> {
-        self.0.with(|c| {
+        self.db.with(|c| {
             c.query_row(
                 "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
                  WHERE decision = ?1 ORDER BY seq DESC LIMIT 1",
@@ -120,14 +145,14 @@ impl AuditStore for SqliteAudit {
     }
 
     fn hash_at(&self, seq: i64) -> Result<Option<String>, StoreError> {
-        self.0.with(|c| {
+        self.db.with(|c| {
             c.query_row("SELECT hash FROM audit WHERE seq = ?1", [seq], |r| r.get(0))
                 .optional()
         })
     }
 
     fn scan(&self, after: i64, visit: &mut dyn FnMut(AuditRow) -> bool) -> Result<(), StoreError> {
-        self.0.with(|c| {
+        self.db.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT seq, ts_ms, session, decision, record, prev, hash FROM audit
                  WHERE seq > ?1 ORDER BY seq",
@@ -159,7 +184,7 @@ impl AuditStore for SqliteAudit {
         }
         sql.push_str(" ORDER BY seq LIMIT ?");
         args.push(SqlValue::Integer(i64::from(q.limit.unwrap_or(10_000))));
-        self.0.with(|c| {
+        self.db.with(|c| {
             let mut stmt = c.prepare(&sql)?;
             let rows = stmt.query_map(params_from_iter(args), |row| row.get::<_, String>(0))?;
             rows.collect()
@@ -167,7 +192,7 @@ impl AuditStore for SqliteAudit {
     }
 
     fn recent(&self, session: &str, n: u32) -> Result<Vec<String>, StoreError> {
-        self.0.with(|c| {
+        self.db.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT record FROM (SELECT seq, record FROM audit WHERE session = ?1
                  ORDER BY seq DESC LIMIT ?2) ORDER BY seq",
@@ -175,5 +200,19 @@ impl AuditStore for SqliteAudit {
             let rows = stmt.query_map(params![session, n], |r| r.get::<_, String>(0))?;
             rows.collect()
         })
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        // The log file itself, synced from outside SQLite: `wal_checkpoint` syncs it only
+        // when it has frames to copy that no reader still needs, so a CLI holding a read
+        // transaction open would leave commits unsynced behind a checkpoint.
+        let Some(wal) = &self.wal else {
+            return Ok(());
+        };
+        // A missing log is an error too: SQLite keeps it while this connection is open, so
+        // it was removed behind the store's back, and what it held is lost.
+        std::fs::File::open(wal)
+            .and_then(|log| log.sync_data())
+            .map_err(|e| StoreError::Unavailable(format!("syncing {}: {e}", wal.display())))
     }
 }

@@ -2,12 +2,17 @@
 //!
 //! One connection strategy: [`connect`] opens every connection the same way (WAL, so that
 //! the CLI reads while the server writes; `synchronous = FULL`, so that nothing
-//! acknowledged — a held request's `202`, an audit record a checkpoint names — is lost to
-//! a power cut), and each aggregate owns one connection behind a mutex ([`Db`]), used from
+//! acknowledged — a held request's `202` — is lost to a power cut), and each aggregate owns
+//! one connection behind a mutex ([`Db`]), used from
 //! blocking threads ([`crate::Call`]). SQLite allows one writer at a time whatever the
 //! number of connections; one per aggregate keeps a slow audit batch from queueing an
 //! approval behind it in this process, and each waits for the file lock up to its own
 //! busy timeout. Migrations run once, in [`open`], before any aggregate is handed out.
+//!
+//! The audit chain's connection is the one exception: it commits with `synchronous =
+//! NORMAL` and its writer makes the log durable with [`crate::audit::AuditStore::sync`]
+//! before a head checkpoint names the rows (see `audit.rs`): one WAL sync per checkpoint
+//! instead of one per group commit, which was most of the audit writer's cost.
 //!
 //! `rusqlite` appears in this module and nowhere else in the workspace's libraries.
 
@@ -63,11 +68,12 @@ pub fn open_with(path: &Path, options: Options) -> Result<Stores, StoreError> {
         migrations::migrate(&mut conn)?;
     }
     let db = |busy| connect(path, Mode::ReadWrite, busy).map(Db::new);
+    let audit = connect(path, Mode::AuditLog, options.audit_busy_timeout)?;
     Ok(Stores {
         approvals: Arc::new(approvals::SqliteApprovals(db(options.busy_timeout)?)),
         sessions: Arc::new(sessions::SqliteSessions(db(options.busy_timeout)?)),
         guard: Arc::new(guard::SqliteGuard(db(options.busy_timeout)?)),
-        audit: Arc::new(audit::SqliteAudit(db(options.audit_busy_timeout)?)),
+        audit: Arc::new(audit::SqliteAudit::new(Db::new(audit), path)),
         leases: Arc::new(leases::SqliteLeases(db(options.busy_timeout)?)),
         cursors: Arc::new(cursors::SqliteCursors(db(options.busy_timeout)?)),
         runs: Arc::new(runs::SqliteRuns(db(options.busy_timeout)?)),
@@ -92,7 +98,7 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
         approvals: Arc::new(approvals::SqliteApprovals(db()?)),
         sessions: Arc::new(sessions::SqliteSessions(db()?)),
         guard: Arc::new(guard::SqliteGuard(db()?)),
-        audit: Arc::new(audit::SqliteAudit(db()?)),
+        audit: Arc::new(audit::SqliteAudit::read_only(db()?)),
         leases: Arc::new(leases::SqliteLeases(db()?)),
         cursors: Arc::new(cursors::SqliteCursors(db()?)),
         runs: Arc::new(runs::SqliteRuns(db()?)),
@@ -103,7 +109,11 @@ pub fn open_read_only(path: &Path) -> Result<Stores, StoreError> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
+    /// Every commit synced (`synchronous = FULL`).
     ReadWrite,
+    /// Commits synced only when the caller asks (`synchronous = NORMAL`): a crash of the
+    /// process loses nothing committed, a power cut what was committed since the last sync.
+    AuditLog,
     ReadOnly,
 }
 
@@ -113,7 +123,7 @@ fn connect(path: &Path, mode: Mode, busy: Duration) -> Result<Connection, StoreE
         StoreError::Unavailable(format!("{}: {}", path.display(), describe(&e)))
     };
     let conn = match mode {
-        Mode::ReadWrite => Connection::open(path),
+        Mode::ReadWrite | Mode::AuditLog => Connection::open(path),
         Mode::ReadOnly => Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -121,12 +131,15 @@ fn connect(path: &Path, mode: Mode, busy: Duration) -> Result<Connection, StoreE
     }
     .map_err(unavailable)?;
     conn.busy_timeout(busy).map_err(unavailable)?;
-    if mode == Mode::ReadWrite {
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(unavailable)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(unavailable)?;
-    }
+    let synchronous = match mode {
+        Mode::ReadWrite => "FULL",
+        Mode::AuditLog => "NORMAL",
+        Mode::ReadOnly => return Ok(conn),
+    };
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(unavailable)?;
+    conn.pragma_update(None, "synchronous", synchronous)
+        .map_err(unavailable)?;
     Ok(conn)
 }
 
