@@ -104,6 +104,10 @@ pub(crate) struct Health {
     /// Milliseconds since `base` (plus one) at which the commit in progress began; 0 when
     /// none is.
     busy_since: AtomicU64,
+    /// The last write found the store's write lock held by another connection, and none
+    /// has succeeded since: between its retries no write is in progress, and the queue
+    /// must stay half full all the same.
+    contended: AtomicBool,
     base: Instant,
     /// Refusals not queued because the queue was full; summed into one record later.
     folded: AtomicU64,
@@ -158,6 +162,7 @@ impl Health {
             reason: Mutex::new(String::new()),
             queued: AtomicUsize::new(0),
             busy_since: AtomicU64::new(0),
+            contended: AtomicBool::new(false),
             base: Instant::now(),
             folded: AtomicU64::new(0),
             head_seq: AtomicI64::new(head_seq),
@@ -193,15 +198,23 @@ impl Health {
     }
 
     /// Whether `queued` records are as many as may wait: the whole queue, or half of it
-    /// while a write has been in progress for longer than a retry's wait (the rest is kept
-    /// for the refusals that may follow, each recorded on its own).
+    /// while a write has been in progress for longer than a retry's wait or the writer is
+    /// retrying a held lock (the rest is kept for the refusals that may follow, each
+    /// recorded on its own).
     fn full(&self, queued: usize) -> bool {
         if queued >= self.limits.queue {
             return true;
         }
+        if queued < self.limits.queue / 2 {
+            return false;
+        }
+        // Between two attempts on a held lock no write is in progress; without this the
+        // queue grew past half in every pause between retries.
+        if self.contended.load(Ordering::Acquire) {
+            return true;
+        }
         let since = self.busy_since.load(Ordering::Acquire);
-        queued >= self.limits.queue / 2
-            && since != 0
+        since != 0
             && u128::from(self.elapsed_ms().saturating_sub(since - 1))
                 > self.limits.retry_min.as_millis()
     }
@@ -256,6 +269,12 @@ impl Health {
 
     pub(crate) fn end_write(&self) {
         self.busy_since.store(0, Ordering::Release);
+    }
+
+    /// Whether the writer is retrying a write lock another connection holds (set after a
+    /// busy attempt, cleared by the next success or failure).
+    pub(crate) fn set_contended(&self, contended: bool) {
+        self.contended.store(contended, Ordering::Release);
     }
 
     /// `n` records left the queue (written, or logged at shutdown).
@@ -400,5 +419,22 @@ mod tests {
         h.end_write();
         h.dequeued(4);
         assert_eq!(h.unavailable(), None);
+    }
+
+    #[test]
+    fn half_the_queue_is_full_between_retries_of_a_held_lock() {
+        let h = health(4);
+        assert!(h.admit(false) && h.admit(false));
+        h.set_contended(true);
+        assert!(
+            h.unavailable().unwrap().contains("2 records are waiting"),
+            "no write in progress, but the last one found the lock held"
+        );
+        h.set_contended(false);
+        assert_eq!(
+            h.unavailable(),
+            None,
+            "a write got through: half is not full"
+        );
     }
 }

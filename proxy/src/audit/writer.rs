@@ -434,6 +434,7 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.contended = None;
+                self.health.set_contended(false);
                 self.retry.reset();
                 self.after_success();
             }
@@ -442,10 +443,12 @@ impl Writer {
                 // sessions' own, through a burst of holds — so the lock bound of one
                 // attempt ran out. Waited out, like a slow disk, up to `stall` before the
                 // trail counts as failing; flushes keep waiting.
+                self.health.set_contended(true);
                 self.retry.next = Some(Instant::now() + self.health.limits.retry_min);
             }
             Err(e) => {
                 self.contended = None;
+                self.health.set_contended(false);
                 self.fail(e);
             }
         }
