@@ -346,10 +346,11 @@ fn cpu_time() -> Duration {
 }
 
 /// Where the proxy keeps its state: in memory (`/dev/shm`) where there is one. The audit
-/// writer commits with `synchronous = FULL` and refuses requests (503) once a commit stalls
-/// past 2 s or 1,024 records wait; on a disk shared with other builds an fsync can take
-/// that long, and the bench would measure the disk. On tmpfs the fsync returns at once and
-/// the writer's own work (sealing, SQLite) is still paid.
+/// writer syncs its log before every head checkpoint (at most every 50 ms) and refuses
+/// requests (503) once a write stalls past 2 s or 1,024 records wait; on a disk shared
+/// with other builds an fsync can take that long, and the bench would measure the disk. On
+/// tmpfs the fsync returns at once and the writer's own work (sealing, SQLite) is still
+/// paid.
 fn state_dir() -> TempDir {
     let shm = std::path::Path::new("/dev/shm");
     let builder = tempfile::Builder::new()

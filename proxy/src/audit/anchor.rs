@@ -102,6 +102,8 @@ pub fn reanchor(
         AppendError::Store(e) => ReanchorError::from(e),
         other => ReanchorError::from(StoreError::Backend(other.to_string())),
     })?;
+    // Durable before the checkpoint names it, as the writer's own rows (`writer.rs`).
+    trail.sync()?;
     chain::write_head(key, head_path, &Tip { seq, hash }).map_err(ReanchorError::Checkpoint)?;
     Ok(Reanchored {
         seq,
