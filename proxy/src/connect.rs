@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use ostiary_policies::Action;
+use ostiary_policies::{Action, PolicyEngine, SessionState};
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::audit::AuditGuard;
@@ -25,6 +25,7 @@ use crate::egress::address::{normalize_host, split_authority, Host};
 use crate::egress::EgressError;
 use crate::error::ProxyError;
 use crate::plane::DataPlane;
+use crate::session::Principal;
 use crate::store::now_ms;
 use crate::wire_guard::StrictH1;
 use crate::{authenticate, evaluate, ids, pipeline, recognise, respond, tunnel};
@@ -157,39 +158,7 @@ async fn open(
         principal: principal.clone(),
     });
     if tunnel_host {
-        // Uninspected: this is the only decision the tunnel gets.
-        audit.update(|r| r.kind = "tunnel".into());
-        let action = Action::Connect {
-            port,
-            sni: host.to_string(),
-        };
-        // Kept with the record (replay, the shadow set); a Connect carries no arguments.
-        let mut kept = None;
-        let decided = evaluate::decide_kept(
-            &engine,
-            &plane.metrics,
-            &principal,
-            &session,
-            &host,
-            action,
-            Some((&mut kept, &|_: &str| false)),
-        );
-        audit.update(|r| r.decided = kept);
-        let policies = decided?;
-        audit.update(|r| r.add_policies(policies));
-        // Whatever passes the tunnel is unseen: the host's labels go on the session now.
-        let labels = engine.catalog().labels_for(&host_text, None);
-        let expires_at = principal.expires_at;
-        memory
-            .record(
-                shared,
-                &principal.session_id,
-                labels,
-                None,
-                now_ms(),
-                expires_at,
-            )
-            .await?;
+        decide_tunnel(plane, &engine, (&principal, &session), &host, port, audit).await?;
         return Ok(Plan::Relay { tunnel, addrs });
     }
     if let Host::Ip(ip) = host {
@@ -198,6 +167,51 @@ async fn open(
         )));
     }
     Ok(Plan::Intercept(tunnel))
+}
+
+/// An `egress.tunnel` host: uninspected, so this decision (`Action::"connect"`) is the only
+/// one the tunnel gets, and the host's labels go on the session now, since whatever passes
+/// the tunnel is unseen.
+async fn decide_tunnel(
+    plane: &DataPlane,
+    engine: &PolicyEngine,
+    (principal, session): (&Principal, &SessionState),
+    host: &Host,
+    port: u16,
+    audit: &mut AuditGuard,
+) -> Result<(), ProxyError> {
+    audit.update(|r| r.kind = "tunnel".into());
+    let action = Action::Connect {
+        port,
+        sni: host.to_string(),
+    };
+    // Kept with the record (replay, the shadow set); a Connect carries no arguments.
+    let mut kept = None;
+    let decided = evaluate::decide_kept(
+        engine,
+        &plane.metrics,
+        principal,
+        session,
+        host,
+        action,
+        Some((&mut kept, &|_: &str| false)),
+    );
+    audit.update(|r| r.decided = kept);
+    let policies = decided?;
+    audit.update(|r| r.add_policies(policies));
+    let labels = engine.catalog().labels_for(&host.to_string(), None);
+    plane
+        .sessions
+        .memory
+        .record(
+            plane.guardrails.shared.as_deref(),
+            &principal.session_id,
+            labels,
+            None,
+            now_ms(),
+            principal.expires_at,
+        )
+        .await
 }
 
 /// The refusal an egress failure at CONNECT time stands for.

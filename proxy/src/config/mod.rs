@@ -607,6 +607,26 @@ impl Config {
                 )))
             }
         }
+        self.validate_approvals()?;
+        for (name, tier) in [
+            ("read", &self.tiers.read),
+            ("write", &self.tiers.write),
+            ("irreversible", &self.tiers.irreversible),
+            ("high_impact", &self.tiers.high_impact),
+        ] {
+            for check in &tier.checks {
+                if !CHECK_NAMES.contains(&check.as_str()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "tiers.{name}.checks: unknown check {check:?} (known: {})",
+                        CHECK_NAMES.join(", ")
+                    )));
+                }
+            }
+        }
+        self.validate_credentials()
+    }
+
+    fn validate_approvals(&self) -> Result<(), ConfigError> {
         if self.approvals.deadline < self.approvals.ttl {
             return Err(ConfigError::Invalid(
                 "approvals.deadline is shorter than approvals.ttl".into(),
@@ -624,21 +644,12 @@ impl Config {
                 )));
             }
         }
-        for (name, tier) in [
-            ("read", &self.tiers.read),
-            ("write", &self.tiers.write),
-            ("irreversible", &self.tiers.irreversible),
-            ("high_impact", &self.tiers.high_impact),
-        ] {
-            for check in &tier.checks {
-                if !CHECK_NAMES.contains(&check.as_str()) {
-                    return Err(ConfigError::Invalid(format!(
-                        "tiers.{name}.checks: unknown check {check:?} (known: {})",
-                        CHECK_NAMES.join(", ")
-                    )));
-                }
-            }
-        }
+        Ok(())
+    }
+
+    /// Each binding on its own, then across them: names and placeholder variables unique,
+    /// Vault sources only with the Vault backend.
+    fn validate_credentials(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         let mut envs = std::collections::HashSet::new();
         for binding in &self.credential {
