@@ -434,7 +434,6 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.contended = None;
-                self.health.set_contended(false);
                 self.retry.reset();
                 self.after_success();
             }
@@ -443,15 +442,15 @@ impl Writer {
                 // sessions' own, through a burst of holds — so the lock bound of one
                 // attempt ran out. Waited out, like a slow disk, up to `stall` before the
                 // trail counts as failing; flushes keep waiting.
-                self.health.set_contended(true);
                 self.retry.next = Some(Instant::now() + self.health.limits.retry_min);
             }
             Err(e) => {
                 self.contended = None;
-                self.health.set_contended(false);
                 self.fail(e);
             }
         }
+        // Readers keep the queue half full while the writer retries a held lock.
+        self.health.set_contended(self.contended.is_some());
     }
 
     /// Whether lock contention is still worth waiting out: begun at the first busy write

@@ -3,11 +3,10 @@
 //! One connection strategy: [`connect`] opens every connection the same way (WAL, so that
 //! the CLI reads while the server writes; `synchronous = FULL`, so that nothing
 //! acknowledged — a held request's `202` — is lost to a power cut), and each aggregate owns
-//! one connection behind a mutex ([`Db`]), used from
-//! blocking threads ([`crate::Call`]). SQLite allows one writer at a time whatever the
-//! number of connections; one per aggregate keeps a slow audit batch from queueing an
-//! approval behind it in this process, and each waits for the file lock up to its own
-//! busy timeout. Migrations run once, in [`open`], before any aggregate is handed out.
+//! one connection behind a mutex ([`Db`]), used from blocking threads ([`crate::Call`]).
+//! SQLite allows one writer at a time whatever the number of connections; one per
+//! aggregate keeps a slow audit batch from queueing an approval behind it in this process,
+//! and each waits for the file lock up to its own busy timeout. Migrations run once, in [`open`], before any aggregate is handed out.
 //!
 //! The audit chain's connection is the one exception: it commits with `synchronous =
 //! NORMAL` and its writer makes the log durable with [`crate::audit::AuditStore::sync`]
