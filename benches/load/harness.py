@@ -491,7 +491,8 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
                              "--call-graph", "dwarf,16384", "-p", str(setup.pid), "-o", str(data)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
-    sc = Scenario("profile", "", "/1k", ["-z", f"{opts.seconds}s", "-c", str(opts.profile_clients)])
+    sc = Scenario("profile", "", opts.profile_path,
+                  ["-z", f"{opts.seconds}s", "-c", str(opts.profile_clients)])
     res = oha_run(opts.oha, setup, sc, up_port)
     perf.send_signal(signal.SIGINT)
     perf.wait()
@@ -503,7 +504,7 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{opts.label}.folded").write_bytes(folded)
     svg = subprocess.run([str(inferno / "inferno-flamegraph"), "--title",
-                          f"{setup.name}, {opts.profile_clients} clients flat out, 1 KiB"],
+                          f"{setup.name}, {opts.profile_clients} clients flat out, {opts.profile_path}"],
                          input=folded, check=True, capture_output=True).stdout
     (RESULTS / f"{opts.label}.svg").write_bytes(svg)
     print(f"wrote {RESULTS / (opts.label + '.svg')}")
@@ -649,10 +650,12 @@ def main():
     ap.add_argument("--relay", default=str(ROOT / "target" / "profiling" / "relay"))
     ap.add_argument("--oha", default=str(ROOT / "benches" / ".tools" / "bin" / "oha"))
     ap.add_argument("--profile", default="",
-                    help="instead of the table: profile this setup under the flat-1k load with "
+                    help="instead of the table: profile this setup flat out (--profile-path) with "
                          "perf and write a flamegraph SVG under benches/results/")
     ap.add_argument("--profile-clients", type=int, default=16, metavar="N",
                     help="clients of the profiled load (1: the one-client latency path)")
+    ap.add_argument("--profile-path", default="/1k", metavar="PATH",
+                    help="what the profiled load fetches (/1k, /1m)")
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")

@@ -307,9 +307,9 @@ async fn intercept(
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            // One buffer per flush: rustls seals each slice of a vectored write as a record
-            // of its own, so head and body went out as two (docs/benchmarks.md).
-            .writev(false)
+            // Vectored writes (hyper's default once the IO says it takes them, as the wire
+            // guard now does): the head and the body's pieces go to rustls in one call and
+            // leave as one run of records, with no copy into hyper's own buffer first.
             .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
             .serve_connection(
                 TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),

@@ -78,8 +78,6 @@ fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
     h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
     let build = |tls: ClientConfig| {
         Client::builder(TokioExecutor::new())
-            // Upstreams are TLS mostly: one record per flush, not one per slice.
-            .http1_writev(false)
             .http1_max_buf_size(UPSTREAM_READ_BUFFER)
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())

@@ -108,7 +108,6 @@ async fn intercept(
     let service = service_fn(move |req| forward(relay.clone(), authority.clone(), req));
     http1::Builder::new()
         .timer(TokioTimer::new())
-        .writev(false)
         .max_buf_size(paced::h1_buffer(MAX_HEADER_BYTES))
         .serve_connection(TokioIo::new(StrictH1::new(tls, MAX_HEADER_BYTES)), service)
         .await?;

@@ -395,13 +395,29 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for StrictH1<IO> {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
         let res = Pin::new(&mut this.io).poll_write(cx, buf);
-        if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
-            this.awaiting_response = false;
-            if let Some(waker) = this.read_waker.take() {
-                waker.wake();
-            }
-        }
+        this.wrote(&res);
         res
+    }
+
+    // Passed through, so that hyper queues a response's head and body pieces and hands
+    // them to rustls in one call, rather than first copying every body byte into its own
+    // buffer (its `Flatten` strategy, chosen for any IO that is not vectored).
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.rejection_id.is_some() {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let res = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.wrote(&res);
+        res
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -410,6 +426,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for StrictH1<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl<IO> StrictH1<IO> {
+    /// The answer has started leaving: the agent may send its next request.
+    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
+        if matches!(res, Poll::Ready(Ok(n)) if *n > 0) {
+            self.awaiting_response = false;
+            if let Some(waker) = self.read_waker.take() {
+                waker.wake();
+            }
+        }
     }
 }
 
@@ -584,6 +612,78 @@ mod tests {
         assert_eq!(&got[..n], GET);
         // Nothing left to serve: the hang-up reaches hyper as it would without the guard.
         assert_eq!(guard.read(&mut got).await.unwrap(), 0);
+    }
+
+    /// A writer that keeps each call it gets, slice by slice.
+    #[derive(Default)]
+    struct Calls(Vec<Vec<Vec<u8>>>);
+
+    impl AsyncWrite for Calls {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.get_mut().0.push(vec![buf.to_vec()]);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let call: Vec<Vec<u8>> = bufs.iter().map(|b| b.to_vec()).collect();
+            let n = call.iter().map(Vec::len).sum();
+            self.get_mut().0.push(call);
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vectored_write_reaches_the_connection_whole_and_releases_the_next_request() {
+        // hyper hands the head and the body's pieces over in one vectored call only when
+        // the IO says it takes them; rustls then seals them as one run of records. A guard
+        // that wrote the first slice alone put head and body in two.
+        let input = [GET, GET].concat();
+        let mut guard = StrictH1::new(tokio::io::join(&input[..], Calls::default()), 1024);
+        assert!(guard.is_write_vectored());
+        let mut got = [0u8; 1024];
+        let n = guard.read(&mut got).await.unwrap();
+        assert_eq!(&got[..n], GET);
+        assert!(read_is_pending(&mut guard).await);
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n";
+        let slices = [io::IoSlice::new(head), io::IoSlice::new(b"ok")];
+        let n = guard.write_vectored(&slices).await.unwrap();
+        assert_eq!(n, head.len() + 2);
+        let n = guard.read(&mut got).await.unwrap();
+        assert_eq!(
+            &got[..n],
+            GET,
+            "the answer leaving releases the next request"
+        );
+        let calls = &guard.io.writer().0;
+        assert_eq!(calls, &[vec![head.to_vec(), b"ok".to_vec()]]);
+    }
+
+    #[tokio::test]
+    async fn a_vectored_write_after_a_rejection_fails() {
+        let bad = b"GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n";
+        let mut guard = StrictH1::new(tokio::io::join(&bad[..], Calls::default()), 1024);
+        let mut got = [0u8; 1024];
+        let _ = guard.read(&mut got).await;
+        assert!(guard.rejection_id.is_some());
+        let slices = [io::IoSlice::new(b"HTTP/1.1 200 OK\r\n\r\n")];
+        let err = guard.write_vectored(&slices).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
     }
 
     #[tokio::test]
