@@ -75,7 +75,12 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(5),
             // One commit per request cost a synced WAL write each: at one client's
             // 3,000 req/s, a fifth of the proxy's CPU (benches/results/profile-http.svg).
-            linger: Duration::from_millis(2),
+            // Each commit also has a cost of its own (a transaction, its WAL frames, a
+            // wake of this thread): 5 ms rather than 2 ms took the writer's CPU per record
+            // to 0.70x at one client and 0.86x flat out (docs/benchmarks.md). A process
+            // crash loses what waits here; a power cut already loses up to the 50 ms of
+            // records the head does not name yet.
+            linger: Duration::from_millis(5),
             checkpoint_every: Duration::from_millis(50),
             sign_every: Duration::from_secs(60),
         }
