@@ -30,6 +30,8 @@
 //!
 //! Written to compare the pipeline before and after a restructuring (issue 15), so it uses
 //! only what the rig offered before it: run the same file on both trees, in one sitting.
+//! `OSTIARY_BENCH_CONFIG` (TOML) is appended to both proxies' configuration, to compare a
+//! setting in one sitting (`OSTIARY_BENCH_CONFIG=$'[audit]\ngroup_commit = "2ms"'`).
 //! Limits are set high enough that thousands of iterations never trip one (every request is
 //! asserted to be a 200): a billion calls and bytes, an agent rate of a billion per second,
 //! and the watchdog's repeat rule off for the `read` tier (the benchmark repeats one call by
@@ -158,6 +160,10 @@ impl Rig {
             .build()
             .expect("a tokio runtime");
         let state = state_dir();
+        let extra = format!(
+            "{LIMITS}\n{}",
+            std::env::var("OSTIARY_BENCH_CONFIG").unwrap_or_default()
+        );
         let (upstream, proxies, through, through_audit_off, direct) = rt.block_on(async {
             let upstream = Upstream::builder()
                 .names(&["api.example.test", UNDO_HOST])
@@ -175,7 +181,7 @@ impl Rig {
                     names: vec!["api.example.test".into(), UNDO_HOST.into()],
                     ports: vec![upstream.port()],
                     upstream_ca_pem: Some(upstream.ca_pem()),
-                    extra_toml: LIMITS.into(),
+                    extra_toml: extra.clone(),
                     options: Options {
                         audit_store,
                         ..Default::default()
