@@ -30,12 +30,13 @@
 //!
 //! Written to compare the pipeline before and after a restructuring (issue 15), so it uses
 //! only what the rig offered before it: run the same file on both trees, in one sitting.
-//! `OSTIARY_BENCH_CONFIG` (TOML) is appended to both proxies' configuration, to compare a
-//! setting in one sitting (`OSTIARY_BENCH_CONFIG=$'[audit]\ngroup_commit = "2ms"'`).
 //! Limits are set high enough that thousands of iterations never trip one (every request is
 //! asserted to be a 200): a billion calls and bytes, an agent rate of a billion per second,
 //! and the watchdog's repeat rule off for the `read` tier (the benchmark repeats one call by
 //! design; the watchdog itself stays on and sees every call).
+//!
+//! `OSTIARY_BENCH_CONFIG` (TOML) is appended to both proxies' configuration, to compare a
+//! setting in one sitting (`OSTIARY_BENCH_CONFIG=$'[audit]\ngroup_commit = "2ms"'`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

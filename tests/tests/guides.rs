@@ -522,6 +522,14 @@ async fn run_with_approval(
 }
 
 /// `env` plus `(name, value)` pairs.
+/// `API_URL`, naming the example API's stand-in as the guides' blocks expect it.
+fn api_url(upstream: &Upstream) -> (&'static str, String) {
+    (
+        "API_URL",
+        format!("https://api.example.test:{}", upstream.port()),
+    )
+}
+
 fn with(env: &[(String, String)], more: &[(&str, String)]) -> Vec<(String, String)> {
     let mut all = env.to_vec();
     all.extend(more.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));

@@ -389,14 +389,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for StrictH1<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.rejection_id.is_some() {
-            // Our rejection must be the last bytes on the wire, not interleaved with hyper's.
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        }
-        let res = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.wrote(&res);
-        res
+        self.get_mut().write_through(|io| io.poll_write(cx, buf))
     }
 
     // Passed through, so that hyper queues a response's head and body pieces and hands
@@ -407,13 +400,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for StrictH1<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.rejection_id.is_some() {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        }
-        let res = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.wrote(&res);
-        res
+        self.get_mut()
+            .write_through(|io| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -429,15 +417,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for StrictH1<IO> {
     }
 }
 
-impl<IO> StrictH1<IO> {
-    /// The answer has started leaving: the agent may send its next request.
-    fn wrote(&mut self, res: &Poll<io::Result<usize>>) {
-        if matches!(res, Poll::Ready(Ok(n)) if *n > 0) {
+impl<IO: AsyncWrite + Unpin> StrictH1<IO> {
+    /// Every write of hyper's, plain or vectored: none after our rejection, which must be
+    /// the last bytes on the wire rather than interleaved with hyper's; and once the answer
+    /// has started leaving, the agent's next request is released.
+    fn write_through(
+        &mut self,
+        write: impl FnOnce(Pin<&mut IO>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if self.rejection_id.is_some() {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let res = write(Pin::new(&mut self.io));
+        if matches!(res, Poll::Ready(Ok(n)) if n > 0) {
             self.awaiting_response = false;
             if let Some(waker) = self.read_waker.take() {
                 waker.wake();
             }
         }
+        res
     }
 }
 

@@ -9,10 +9,7 @@ async fn shell_guide_runs() {
     let guide = Guide::load("shell.md");
     let (upstream, server, work) = example_api(Some(&guide)).await;
     let session = session_env(&server, work.path()).await;
-    let api = [(
-        "API_URL",
-        format!("https://api.example.test:{}", upstream.port()),
-    )];
+    let api = [api_url(&upstream)];
 
     let out = run_block(work.path(), &guide.block("curl"), &with(&session, &api)).await;
     assert!(out.success(), "{out}");
@@ -79,13 +76,7 @@ async fn python_requests_httpx_guide_runs() {
     let guide = Guide::load("python-requests-httpx.md");
     let (upstream, server, work) = example_api(Some(&guide)).await;
     let session = session_env(&server, work.path()).await;
-    let env = with(
-        &session,
-        &[(
-            "API_URL",
-            format!("https://api.example.test:{}", upstream.port()),
-        )],
-    );
+    let env = with(&session, &[api_url(&upstream)]);
 
     let out = run_block(work.path(), &guide.block("requests"), &env).await;
     assert!(out.success(), "{out}");
@@ -300,13 +291,7 @@ async fn node_guide_runs() {
     let guide = Guide::load("node.md");
     let (upstream, server, work) = example_api(Some(&guide)).await;
     let session = session_env(&server, work.path()).await;
-    let env = with(
-        &session,
-        &[(
-            "API_URL",
-            format!("https://api.example.test:{}", upstream.port()),
-        )],
-    );
+    let env = with(&session, &[api_url(&upstream)]);
 
     let out = run_block(work.path(), &guide.block("env-proxy-agent"), &env).await;
     assert!(out.success(), "{out}");
@@ -349,13 +334,7 @@ async fn go_guide_runs() {
     let guide = Guide::load("go.md");
     let (upstream, server, work) = example_api(Some(&guide)).await;
     let session = session_env(&server, work.path()).await;
-    let env = with(
-        &session,
-        &[(
-            "API_URL",
-            format!("https://api.example.test:{}", upstream.port()),
-        )],
-    );
+    let env = with(&session, &[api_url(&upstream)]);
 
     let out = run_block(work.path(), &guide.block("net-http"), &env).await;
     assert!(out.success(), "{out}");
