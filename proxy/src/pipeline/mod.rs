@@ -32,6 +32,7 @@ use crate::{escalate, ids};
 
 mod admit;
 mod answer;
+mod collect;
 mod ctx;
 mod decide;
 mod decide_mcp;
@@ -164,25 +165,11 @@ async fn run(
     let (parts, agent_body) = req.into_parts();
     let (agent_body, agent_body_failed) = body::watched(agent_body);
     let mut req = Request::from_parts(parts, agent_body);
-    // escalate (collect) — a retry carrying `Ostiary-Approval` only collects the outcome of
-    // a request held earlier: decided when held and again when executed, it is not
-    // recognised or evaluated here, and nothing is forwarded for it.
-    let collect = match escalate::approval_header(req.headers()) {
-        Some(id) => Some(id?),
-        // A 2026-07-28 client's retry echoing the state its held call was answered with
-        // (`mcp::rounds`): a collection too, however it is spelled.
-        None if crate::mcp::endpoint(engine.catalog(), &ctx.target)?.is_some() => {
-            let limit = plane.config.proxy.max_tool_body_bytes;
-            crate::mcp::rounds::followed_up(&mut req, limit).await?
-        }
-        None => None,
-    };
-    if let Some(id) = collect {
-        let collected = escalate::redeem(plane, &ctx.principal, &ctx.target, &mut req, &id).await?;
-        if let Some(collected) = collected {
-            ctx.audit.update(|r| r.approval = Some(id));
-            return Ok(collected);
-        }
+    // collect — after classify (the held request is matched by its canonical target),
+    // before recognise: a retry that only collects a held request's outcome is not
+    // recognised, decided or forwarded again.
+    if let Some(collected) = collect::run(&mut ctx, &mut req).await? {
+        return Ok(collected);
     }
     // recognise — after classify (routes match the canonical host and normalised path),
     // before decide (it says which action Cedar is asked about).

@@ -220,6 +220,16 @@ pub(super) fn replica_id() -> String {
         .unwrap_or_else(|| format!("r-{}", crate::state::random_hex(6)))
 }
 
+/// Who holds this process's claims in the store (the SIEM stream's cursor, the runs'
+/// queue): `replica` among replicas; on SQLite one process serves a state directory, so each
+/// run of it is the same holder, and a restart after a crash recovers what the crash left.
+pub(super) fn holder(config: &Config, replica: &str) -> String {
+    match config.state.store.as_str() {
+        "sqlite" => "this-state-directory".to_owned(),
+        _ => replica.to_owned(),
+    }
+}
+
 /// Add the bytes this replica's streams moved to the shared accounts, every
 /// [`crate::counters::SYNC_EVERY`], until `shutdown` (nothing to do without `state.redis`).
 pub(super) async fn sync_bytes(guardrails: Arc<Guardrails>, shutdown: impl Future<Output = ()>) {

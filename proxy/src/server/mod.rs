@@ -16,9 +16,10 @@ use crate::approvals::link::LinkSigner;
 use crate::approvals::notify::Notifier;
 use crate::approvals::{ApprovalQueue, Executor};
 use crate::audit::stream::SiemStream;
-use crate::audit::AuditWriter;
+use crate::audit::{AuditSink, AuditWriter};
 use crate::check::Checks;
 use crate::config::Config;
+use crate::counters::Counters;
 use crate::egress::{Dial, Guard, Resolve, SystemResolver, TcpDialer};
 use crate::forward::Upstreams;
 use crate::guardrails::pause::{Desk, TripQueue, Trips};
@@ -36,8 +37,8 @@ use crate::{accept, approvals, control, tls};
 mod assemble;
 
 use assemble::{
-    broker, load_state, replica_id, shared_counters, sync_bytes, tunnel_hosts, vault_session,
-    Execution, Loaded,
+    broker, holder, load_state, replica_id, shared_counters, sync_bytes, tunnel_hosts,
+    vault_session, Execution, Loaded,
 };
 
 /// How long the SIEM stream may take at shutdown to deliver the trail's last records.
@@ -151,50 +152,137 @@ pub fn load_policies(config: &Config) -> Result<PolicyEngine, ServeError> {
     Ok(policy_store::build(&config.policy, &triggers)?)
 }
 
+/// The state directory and the policy set the config names. Shared keys, when configured,
+/// are only read: a replica never makes its own.
+fn open(config: &Config) -> Result<(StateDir, PolicyStore), ServeError> {
+    let state = match &config.state.keys_dir {
+        Some(keys) => StateDir::open_shared(&config.state.dir, keys)?,
+        None => StateDir::open_or_create(&config.state.dir)?,
+    };
+    let policies = PolicyStore::open(
+        config.policy.clone(),
+        crate::runs::authorize::policy_triggers(&config.trigger),
+    )?;
+    if policies.watched_dir().is_none() {
+        tracing::info!(
+            "policy directory {} not found; using the embedded library",
+            config.policy.dir.display()
+        );
+    }
+    tracing::info!(policies = policies.current().len(), version = %policies.current().version(), dir = %config.policy.dir.display(), "policies loaded");
+    Ok((state, policies))
+}
+
+/// The store and what a previous run left in it ([`load_state`]), with the keys `state`
+/// holds. On the blocking pool: a store's calls block (PostgreSQL's client runs a runtime
+/// of its own, which cannot start on a thread that drives this one's tasks).
+async fn load(
+    config: &Config,
+    state: &StateDir,
+    metrics: &Arc<Metrics>,
+    counters: &Option<Arc<Counters>>,
+    audit_store: Option<Arc<dyn crate::store::audit::AuditStore>>,
+) -> Result<Loaded, ServeError> {
+    let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
+        .map_err(crate::session::SessionError::from)?;
+    let signer = crate::audit::attest::Signer::from_pem(state.audit_signing_key_pem.expose())?;
+    let chain = (
+        state.audit_key.expose().as_bytes().to_vec(),
+        state.path(files::AUDIT_HEAD),
+        Arc::new(signer),
+    );
+    let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
+    tokio::task::spawn_blocking(move || {
+        load_state(&config, keys, chain, &metrics, counters, audit_store)
+    })
+    .await
+    .map_err(|e| crate::store::StoreError::Task(e.to_string()))?
+}
+
+/// The start-up's set goes live: from here on, a record no policy set decided names the set
+/// in force; its shadow set starts; and it enters the version history (a lone process, on
+/// SQLite, replaced its last one). The audit sink that names it.
+async fn go_live(
+    policies: &Arc<PolicyStore>,
+    audit: AuditSink,
+    metrics: &Arc<Metrics>,
+    stores: &crate::store::Stores,
+    config: &Config,
+) -> Result<AuditSink, ServeError> {
+    let audit = audit.with_policies(policies.clone());
+    if let Some(shadow) = policies.shadow() {
+        shadow.start(audit.clone(), metrics.clone());
+    }
+    let (policies, history) = (policies.clone(), stores.policy_versions.clone());
+    let sole = config.state.store == "sqlite";
+    tokio::task::spawn_blocking(move || policies.record_history(history, sole))
+        .await
+        .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
+    Ok(audit)
+}
+
+/// Executions a crash interrupted go back to the queue. Every claim was the previous run's
+/// on a store no other replica shares; on a shared one only those whose lease ran out (the
+/// others' executors are alive).
+async fn recover_executions(plane: &ControlPlane) {
+    let when = if plane.config.state.store == "sqlite" {
+        approvals::sweep::Recovery::Restart
+    } else {
+        approvals::sweep::Recovery::Lapsed
+    };
+    approvals::sweep::recover(&plane.approvals, when).await;
+}
+
+/// The runs' queue until `stop`: the runs a crash left running are ended first.
+async fn run_queue(runner: Arc<crate::runs::runner::Runner>, stop: impl Future<Output = ()>) {
+    match runner.recover().await {
+        Ok(killed) if !killed.is_empty() => {
+            tracing::warn!(
+                runs = killed.len(),
+                "runs left running by a crash were ended as killed"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "runs left running by a crash could not be recovered")
+        }
+    }
+    runner.serve(stop).await;
+}
+
+/// The end of a shutdown, once the listeners and loops stopped: what the trail must still
+/// record is recorded, then it closes and is delivered.
+async fn close_trail(plane: &ControlPlane, siem: Option<tokio::task::JoinHandle<SiemStream>>) {
+    // Executions still running are given back, not left to lapse (before the audit trail
+    // closes: their release is recorded).
+    approvals::sweep::release(&plane.approvals).await;
+    // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
+    plane.guardrails.save().await;
+    // Everything queued is written (retried for a grace period if the trail is unavailable,
+    // then logged), and the writer stops: a restart's writer is the only one.
+    plane.audit.close().await;
+    // After the trail closed: its last records are spans too. Blocking (the SDK waits for
+    // its export thread, which exports on this runtime).
+    if let Some(spans) = plane.audit.spans() {
+        let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+    }
+    // And to the SIEM, within a grace; what is left goes with the next holder of the
+    // stream's cursor (another replica, or this one's restart).
+    if let Some(task) = siem {
+        if let Ok(siem) = task.await {
+            siem.finish(SIEM_GRACE).await;
+        }
+    }
+}
+
 impl Ostiary {
     /// Open state, load policies, log in to Vault if configured, start the audit writer.
     pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
-        // Shared keys, when configured, are only read: a replica never makes its own.
-        let state = match &config.state.keys_dir {
-            Some(keys) => StateDir::open_shared(&config.state.dir, keys)?,
-            None => StateDir::open_or_create(&config.state.dir)?,
-        };
-        let policies = PolicyStore::open(
-            config.policy.clone(),
-            crate::runs::authorize::policy_triggers(&config.trigger),
-        )?;
-        if policies.watched_dir().is_none() {
-            tracing::info!(
-                "policy directory {} not found; using the embedded library",
-                config.policy.dir.display()
-            );
-        }
-        tracing::info!(policies = policies.current().len(), version = %policies.current().version(), dir = %config.policy.dir.display(), "policies loaded");
+        let (state, policies) = open(&config)?;
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
         let counters = shared_counters(&config, &metrics)?;
-
         let db_path = state.path(files::DATABASE);
-        // On the blocking pool: a store's calls block (PostgreSQL's client runs a runtime of
-        // its own, which cannot start on a thread that drives this one's tasks).
-        let loaded = {
-            let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
-                .map_err(crate::session::SessionError::from)?;
-            let signer =
-                crate::audit::attest::Signer::from_pem(state.audit_signing_key_pem.expose())?;
-            let chain = (
-                state.audit_key.expose().as_bytes().to_vec(),
-                state.path(files::AUDIT_HEAD),
-                Arc::new(signer),
-            );
-            let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
-            let audit_store = options.audit_store.clone();
-            tokio::task::spawn_blocking(move || {
-                load_state(&config, keys, chain, &metrics, counters, audit_store)
-            })
-            .await
-            .map_err(|e| crate::store::StoreError::Task(e.to_string()))??
-        };
         let Loaded {
             stores,
             trail_reader,
@@ -203,21 +291,18 @@ impl Ostiary {
             sessions,
             guardrails,
             leftovers,
-        } = loaded;
+        } = load(
+            &config,
+            &state,
+            &metrics,
+            &counters,
+            options.audit_store.clone(),
+        )
+        .await?;
         let policies = Arc::new(policies);
-        // From here on, a record no policy set decided names the set in force.
-        let audit = audit.with_policies(policies.clone());
-        if let Some(shadow) = policies.shadow() {
-            shadow.start(audit.clone(), metrics.clone());
-        }
-        {
-            // The start-up's set went live; a lone process (SQLite) replaced its last one.
-            let (policies, history) = (policies.clone(), stores.policy_versions.clone());
-            let sole = config.state.store == "sqlite";
-            tokio::task::spawn_blocking(move || policies.record_history(history, sole))
-                .await
-                .map_err(|e| crate::store::StoreError::Task(e.to_string()))??;
-        }
+        let audit = go_live(&policies, audit, &metrics, &stores, &config).await?;
+        let replica = replica_id();
+        let holder = holder(&config, &replica);
         let guard = Arc::new(Guard::new(
             options.resolver,
             options.dialer,
@@ -247,10 +332,7 @@ impl Ostiary {
                 siem,
                 trail_reader.clone(),
                 stores.cursors.clone(),
-                match config.state.store.as_str() {
-                    "sqlite" => "this-state-directory".to_owned(),
-                    _ => replica_id(),
-                },
+                holder.clone(),
                 &metrics,
             )?),
             None => None,
@@ -271,12 +353,6 @@ impl Ostiary {
             audit: audit.clone(),
             trail: stores.audit.clone(),
             metrics: metrics.clone(),
-        };
-        let holder = match config.state.store.as_str() {
-            // One process serves a state directory: each run of it is the same holder,
-            // so a restart after a crash recovers what the crash left.
-            "sqlite" => "this-state-directory".to_owned(),
-            _ => replica_id(),
         };
         let mut runs = crate::runs::assemble::assemble(crate::runs::assemble::Inputs {
             config: &config,
@@ -329,10 +405,7 @@ impl Ostiary {
             upstreams,
             audit: audit.clone(),
             metrics: metrics.clone(),
-            news: counters.map(|counters| crate::lifecycle::News {
-                replica: replica_id(),
-                counters,
-            }),
+            news: counters.map(|counters| crate::lifecycle::News { replica, counters }),
         };
         let reloader = Reloader {
             policies: policies.clone(),
@@ -432,14 +505,7 @@ impl Ostiary {
         plane.approvals.set_control_addr(control_addr);
         // Before the listeners: an execution a crash interrupted is back in the queue
         // before anyone can look at it.
-        // Every claim was the previous run's on a store no other replica shares; on a shared
-        // one only those whose lease ran out (the others' executors are alive).
-        let when = if plane.config.state.store == "sqlite" {
-            approvals::sweep::Recovery::Restart
-        } else {
-            approvals::sweep::Recovery::Lapsed
-        };
-        approvals::sweep::recover(&plane.approvals, when).await;
+        recover_executions(&plane).await;
         data.guard.set_own_listeners(vec![proxy_addr, control_addr]);
         tracing::info!(%proxy_addr, %control_addr, "ostiary serving");
 
@@ -488,19 +554,10 @@ impl Ostiary {
         });
         let siem_task = siem.map(|siem| tokio::spawn(siem.run(stopped(stop_rx.clone()))));
         // Runs: what a crash left first, then the queue; the schedules tick.
-        let runs_task = plane.runs.as_ref().map(|runs| {
-            let (runner, stop) = (runs.runner.clone(), stopped(stop_rx.clone()));
-            tokio::spawn(async move {
-                match runner.recover().await {
-                    Ok(killed) if !killed.is_empty() => {
-                        tracing::warn!(runs = killed.len(), "runs left running by a crash were ended as killed")
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(error = %e, "runs left running by a crash could not be recovered"),
-                }
-                runner.serve(stop).await;
-            })
-        });
+        let runs_task = plane
+            .runs
+            .as_ref()
+            .map(|runs| tokio::spawn(run_queue(runs.runner.clone(), stopped(stop_rx.clone()))));
         let schedule_task = scheduler.map(|scheduler| {
             let rx = stop_rx.clone();
             tokio::spawn(scheduler.run(stopped(rx)))
@@ -534,26 +591,7 @@ impl Ostiary {
         {
             let _ = task.await;
         }
-        // Executions still running are given back, not left to lapse (before the audit
-        // trail closes: their release is recorded).
-        approvals::sweep::release(&plane.approvals).await;
-        // Usage since the reaper's last tick: a restart must not hand sessions fresh budgets.
-        plane.guardrails.save().await;
-        // Everything queued is written (retried for a grace period if the trail is
-        // unavailable, then logged), and the writer stops: a restart's writer is the only one.
-        plane.audit.close().await;
-        // After the trail closed: its last records are spans too. Blocking (the SDK waits
-        // for its export thread, which exports on this runtime).
-        if let Some(spans) = plane.audit.spans() {
-            let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
-        }
-        // And to the SIEM, within a grace; what is left goes with the next holder of the
-        // stream's cursor (another replica, or this one's restart).
-        if let Some(task) = siem_task {
-            if let Ok(siem) = task.await {
-                siem.finish(SIEM_GRACE).await;
-            }
-        }
+        close_trail(&plane, siem_task).await;
         drop((data, plane));
         // Remaining sinks (spawned tunnels) may still hold the writer open; do not block on them.
         tokio::task::spawn_blocking(move || writer.join());
