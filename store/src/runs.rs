@@ -117,6 +117,56 @@ pub struct RunRow {
     pub approval: Option<String>,
 }
 
+/// What a run is made as, with every field it gains while it waits and runs unset.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub id: String,
+    pub trigger: String,
+    pub kind: String,
+    pub spec: String,
+    pub payload: String,
+    pub payload_sha256: String,
+}
+
+impl RunRow {
+    /// `new` made at `now_ms`, queued: not started, attempted, held or ended.
+    pub fn queued(new: NewRun, now_ms: i64) -> Self {
+        let NewRun {
+            id,
+            trigger,
+            kind,
+            spec,
+            payload,
+            payload_sha256,
+        } = new;
+        Self {
+            id,
+            trigger,
+            kind,
+            status: RunStatus::Queued,
+            spec,
+            payload,
+            payload_sha256,
+            attempt: 0,
+            created_ms: now_ms,
+            not_before_ms: now_ms,
+            started_ms: None,
+            ended_ms: None,
+            session: None,
+            holder: None,
+            exit_code: None,
+            limit: None,
+            error: None,
+            stderr_tail: None,
+            cost_micros: None,
+            dead_letter: None,
+            cancel_requested: false,
+            parent_run: None,
+            approval: None,
+        }
+    }
+}
+
 /// A delivery's deduplication: its key, kept until `expires_ms`.
 #[derive(Debug, Clone, Copy)]
 pub struct Dedup<'a> {

@@ -56,9 +56,48 @@ code{background:#f0f0f0;padding:0 .2rem}";
 /// gets no form: its status and who decided it are shown instead.
 pub fn review(approval: &Approval, approver: &str, form_action: &str) -> String {
     let obs = &approval.observed;
+    let mut out = String::with_capacity(8 * 1024);
+    head(&mut out, "Approval requested");
+    let what = obs.tool.as_deref().unwrap_or("an HTTP request");
+    let _ = write!(
+        out,
+        "<h1>Approval requested: {}</h1>\n<p class=\"lead\">Agent <strong>{}</strong> wants to \
+         run <strong>{}</strong> on <strong>{}</strong>. Everything below is what Ostiary \
+         observed on the wire and will send, not the agent's own description.</p>\n",
+        esc(what),
+        esc(&approval.agent),
+        esc(what),
+        esc(&obs.host),
+    );
+    out.push_str("<table>\n");
+    out.push_str(&facts(approval, approver).0);
+    out.push_str("</table>\n");
+    payload(&mut out, approval);
+    if approval.status.is_open() {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"{}\">\n\
+             <label for=\"reason\">Reason (optional, recorded in the audit log)</label>\n\
+             <textarea id=\"reason\" name=\"reason\" maxlength=\"{MAX_REASON_CHARS}\"></textarea>\n\
+             <button type=\"submit\" id=\"approve\" name=\"decision\" value=\"approve\">Approve</button>\
+             <button type=\"submit\" id=\"deny\" name=\"decision\" value=\"deny\">Deny</button>\n\
+             <p class=\"note\">This link is for {} only and works once.</p>\n\
+             </form>\n",
+            esc(form_action),
+            esc(approver),
+        );
+    } else {
+        decided(&mut out, approval);
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+/// What the request is, who asked and when, and the status: the page's first table.
+fn facts(approval: &Approval, approver: &str) -> Rows {
+    let obs = &approval.observed;
     let req = &approval.request;
     let mut rows = Rows::default();
-
     match &obs.tool {
         Some(tool) => {
             rows.text("Tool", "tool", tool);
@@ -104,41 +143,28 @@ pub fn review(approval: &Approval, approver: &str, form_action: &str) -> String 
             esc(approval.status.as_str())
         ),
     );
+    rows
+}
 
-    let mut out = String::with_capacity(8 * 1024);
-    head(&mut out, "Approval requested");
-    let what = obs.tool.as_deref().unwrap_or("an HTTP request");
-    let _ = write!(
-        out,
-        "<h1>Approval requested: {}</h1>\n<p class=\"lead\">Agent <strong>{}</strong> wants to \
-         run <strong>{}</strong> on <strong>{}</strong>. Everything below is what Ostiary \
-         observed on the wire and will send, not the agent's own description.</p>\n",
-        esc(what),
-        esc(&approval.agent),
-        esc(what),
-        esc(&obs.host),
-    );
-    out.push_str("<table>\n");
-    out.push_str(&rows.0);
-    out.push_str("</table>\n");
-
-    // Arguments as the proxy parsed them (what policy saw); for a plain HTTP request the body.
-    match &obs.args {
+/// What will be sent: the arguments as the proxy parsed them (what policy saw), or for a
+/// plain HTTP request the body, and the request's headers.
+fn payload(out: &mut String, approval: &Approval) {
+    let req = &approval.request;
+    match &approval.observed.args {
         Some(args) => {
             let pretty = serde_json::to_string_pretty(args).unwrap_or_else(|_| args.to_string());
-            block(&mut out, "Arguments", "args", &pretty);
+            block(out, "Arguments", "args", &pretty);
             let title = format!("Request body ({} bytes)", req.body.len());
             out.push_str("<details>");
             let _ = write!(out, "<summary>{}</summary>", esc(&title));
-            body_pre(&mut out, "body", &req.body);
+            body_pre(out, "body", &req.body);
             out.push_str("</details>\n");
         }
         None => {
             let _ = writeln!(out, "<h2>Body ({} bytes)</h2>", req.body.len());
-            body_pre(&mut out, "args", &req.body);
+            body_pre(out, "args", &req.body);
         }
     }
-
     out.push_str("<h2>Request headers</h2>\n");
     if req.headers.is_empty() {
         out.push_str("<p id=\"headers\">(none)</p>\n");
@@ -158,53 +184,40 @@ pub fn review(approval: &Approval, approver: &str, form_action: &str) -> String 
         "<p class=\"note\">Credentials are not shown: Ostiary removed the agent's and injects \
          its own at execution.</p>\n",
     );
+}
 
-    if approval.status.is_open() {
-        let _ = write!(
-            out,
-            "<form method=\"post\" action=\"{}\">\n\
-             <label for=\"reason\">Reason (optional, recorded in the audit log)</label>\n\
-             <textarea id=\"reason\" name=\"reason\" maxlength=\"{MAX_REASON_CHARS}\"></textarea>\n\
-             <button type=\"submit\" id=\"approve\" name=\"decision\" value=\"approve\">Approve</button>\
-             <button type=\"submit\" id=\"deny\" name=\"decision\" value=\"deny\">Deny</button>\n\
-             <p class=\"note\">This link is for {} only and works once.</p>\n\
-             </form>\n",
-            esc(form_action),
-            esc(approver),
-        );
-    } else {
-        out.push_str(
-            "<div id=\"decided\">\n<p>This approval is no longer waiting for a decision.</p>\n",
-        );
-        let mut facts = Rows::default();
-        if let Some(who) = &approval.approver {
-            facts.text("Decided by", "decided-by", who);
-        }
-        if let Some(channel) = approval.channel {
-            facts.text("Via", "decided-via", channel.as_str());
-        }
-        if let Some(ms) = approval.decided_ms {
-            facts.text("Decided at", "decided-at", &utc(ms));
-        }
-        if let Some(reason) = &approval.reason {
-            facts.text("Reason", "decided-reason", reason);
-        }
-        if let Some(result) = &approval.result {
-            facts.text(
-                "Upstream answered",
-                "result-status",
-                &result.status.to_string(),
-            );
-        }
-        if !facts.0.is_empty() {
-            out.push_str("<table>\n");
-            out.push_str(&facts.0);
-            out.push_str("</table>\n");
-        }
-        out.push_str("</div>\n");
+/// In place of the form, for an approval no longer waiting: who decided it, how, when and
+/// why, and what the upstream answered.
+fn decided(out: &mut String, approval: &Approval) {
+    out.push_str(
+        "<div id=\"decided\">\n<p>This approval is no longer waiting for a decision.</p>\n",
+    );
+    let mut facts = Rows::default();
+    if let Some(who) = &approval.approver {
+        facts.text("Decided by", "decided-by", who);
     }
-    out.push_str("</body>\n</html>\n");
-    out
+    if let Some(channel) = approval.channel {
+        facts.text("Via", "decided-via", channel.as_str());
+    }
+    if let Some(ms) = approval.decided_ms {
+        facts.text("Decided at", "decided-at", &utc(ms));
+    }
+    if let Some(reason) = &approval.reason {
+        facts.text("Reason", "decided-reason", reason);
+    }
+    if let Some(result) = &approval.result {
+        facts.text(
+            "Upstream answered",
+            "result-status",
+            &result.status.to_string(),
+        );
+    }
+    if !facts.0.is_empty() {
+        out.push_str("<table>\n");
+        out.push_str(&facts.0);
+        out.push_str("</table>\n");
+    }
+    out.push_str("</div>\n");
 }
 
 /// A short page for results and refusals ("Approved", "Link already used", "Not an

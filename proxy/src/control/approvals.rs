@@ -24,6 +24,7 @@ use serde_json::json;
 
 use super::error::ControlError;
 use super::Reply;
+use crate::approvals::link::LinkClaims;
 use crate::approvals::slack_callback;
 use crate::approvals::store::DecideError;
 use crate::approvals::{execute, page, Approval, Channel, Status, Verdict};
@@ -301,62 +302,14 @@ pub async fn review(
                 head_only,
             )
         }
-        Method::POST => {
-            // Said before anything else: a used link is spent, whatever became of the
-            // approval since.
-            if used {
-                return refuse(
-                    StatusCode::GONE,
-                    "This link was already used",
-                    "Each link decides once. Ask for a new link.",
-                );
-            }
-            let bytes = match read_form(req).await {
-                Ok(b) => b,
-                Err(message) => {
-                    return refuse(StatusCode::BAD_REQUEST, "Bad request", &message);
-                }
-            };
-            let (verdict, reason) = match page::parse_form(&bytes) {
-                Ok(v) => v,
-                Err(message) => {
-                    return refuse(StatusCode::BAD_REQUEST, "Bad request", &message);
-                }
-            };
-            match decide(
-                shared,
-                &approval.id,
-                verdict,
-                &claims.approver,
-                Channel::Page,
-                reason,
-                Some(claims.nonce),
-            )
-            .await
-            {
-                Ok(decided) => {
-                    let (title, message) = match verdict {
-                        Verdict::Approve => (
-                            "Approved",
-                            format!(
-                                "{} was approved; it runs once now. The agent receives the result.",
-                                decided.summary()
-                            ),
-                        ),
-                        Verdict::Deny => (
-                            "Denied",
-                            format!("{} was denied; it will not run.", decided.summary()),
-                        ),
-                    };
-                    html(StatusCode::OK, page::outcome(title, &message), false)
-                }
-                Err(e) => {
-                    let message = e.to_string();
-                    let Reply(status, _) = decide_problem(e);
-                    refuse(status, "Not recorded", &message)
-                }
-            }
-        }
+        // Said before anything else: a used link is spent, whatever became of the approval
+        // since.
+        Method::POST if used => refuse(
+            StatusCode::GONE,
+            "This link was already used",
+            "Each link decides once. Ask for a new link.",
+        ),
+        Method::POST => post_decision(shared, req, &approval, claims).await,
         _ => {
             let mut response = refuse(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -368,6 +321,58 @@ pub async fn review(
                 HeaderValue::from_static("GET, HEAD, POST"),
             );
             response
+        }
+    }
+}
+
+/// The review form's decision on `approval`, by the link's approver (its link not yet used).
+async fn post_decision(
+    shared: &Arc<ControlPlane>,
+    req: Request<Incoming>,
+    approval: &Approval,
+    claims: LinkClaims,
+) -> Response<ProxyBody> {
+    let refuse =
+        |status, title: &str, message: &str| html(status, page::outcome(title, message), false);
+    let form = match read_form(req).await {
+        Ok(bytes) => page::parse_form(&bytes),
+        Err(message) => Err(message),
+    };
+    let (verdict, reason) = match form {
+        Ok(v) => v,
+        Err(message) => return refuse(StatusCode::BAD_REQUEST, "Bad request", &message),
+    };
+    let decided = decide(
+        shared,
+        &approval.id,
+        verdict,
+        &claims.approver,
+        Channel::Page,
+        reason,
+        Some(claims.nonce),
+    )
+    .await;
+    match decided {
+        Ok(decided) => {
+            let (title, message) = match verdict {
+                Verdict::Approve => (
+                    "Approved",
+                    format!(
+                        "{} was approved; it runs once now. The agent receives the result.",
+                        decided.summary()
+                    ),
+                ),
+                Verdict::Deny => (
+                    "Denied",
+                    format!("{} was denied; it will not run.", decided.summary()),
+                ),
+            };
+            html(StatusCode::OK, page::outcome(title, &message), false)
+        }
+        Err(e) => {
+            let message = e.to_string();
+            let Reply(status, _) = decide_problem(e);
+            refuse(status, "Not recorded", &message)
         }
     }
 }

@@ -118,6 +118,7 @@ pub fn refusal(approval: &Approval) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::runs::NewRun;
 
     #[test]
     fn a_run_approval_names_its_run_and_shows_what_would_start() {
@@ -131,30 +132,17 @@ mod tests {
                approval = true"#,
         )
         .unwrap();
-        let run = RunRow {
+        let new = NewRun {
             id: "run_1".into(),
             trigger: "deploy".into(),
             kind: "api".into(),
-            status: crate::store::runs::RunStatus::AwaitingApproval,
             spec: "{}".into(),
             payload: r#"{"ref":"v2"}"#.into(),
             payload_sha256: "ab".into(),
-            attempt: 0,
-            created_ms: 0,
-            not_before_ms: 0,
-            started_ms: None,
-            ended_ms: None,
-            session: None,
-            holder: None,
-            exit_code: None,
-            limit: None,
-            error: None,
-            stderr_tail: None,
-            cost_micros: None,
-            dead_letter: None,
-            cancel_requested: false,
-            parent_run: None,
-            approval: None,
+        };
+        let run = RunRow {
+            status: crate::store::runs::RunStatus::AwaitingApproval,
+            ..RunRow::queued(new, 0)
         };
         let approval = approval_for(
             &Default::default(),

@@ -36,7 +36,7 @@ use super::webhook;
 use crate::audit::{AuditGuard, AuditSink};
 use crate::config::triggers::{Kind, Trigger};
 use crate::metrics::Metrics;
-use crate::store::runs::{Dedup, Enqueued, RateLimit, RunRow, RunStatus, RunStore};
+use crate::store::runs::{Dedup, Enqueued, NewRun, RateLimit, RunRow, RunStatus, RunStore};
 use crate::store::{Call, StoreError};
 
 pub use super::refusal::IntakeError;
@@ -176,6 +176,19 @@ impl Ready {
         };
         Err(IntakeError::SchemaMismatch(format!("{first} (at {at})")))
     }
+}
+
+/// A run of `trigger` made `now`, queued: its id, spec and payload.
+fn new_row(trigger: &Trigger, spec: String, payload: String, digest: String, now: i64) -> RunRow {
+    let new = NewRun {
+        id: format!("run_{}", crate::state::random_hex(10)),
+        trigger: trigger.name.clone(),
+        kind: trigger.kind.as_str().to_owned(),
+        spec,
+        payload,
+        payload_sha256: digest,
+    };
+    RunRow::queued(new, now)
 }
 
 /// Whether a run the policy decided is held for a human, and who asked for the hold: the
@@ -587,33 +600,19 @@ impl Intake {
         let spec =
             serde_json::to_string(&spec).map_err(|e| IntakeError::BadPayload(e.to_string()))?;
         let row = RunRow {
-            id: format!("run_{}", crate::state::random_hex(10)),
-            trigger: trigger.name.clone(),
-            kind: trigger.kind.as_str().to_owned(),
             status: if held {
                 RunStatus::AwaitingApproval
             } else {
                 RunStatus::Queued
             },
-            spec,
-            payload: stored_text(&payload, raw),
-            payload_sha256: digest.clone(),
-            attempt: 0,
-            created_ms: now,
-            not_before_ms: now,
-            started_ms: None,
-            ended_ms: None,
-            session: None,
-            holder: None,
-            exit_code: None,
-            limit: None,
-            error: None,
-            stderr_tail: None,
-            cost_micros: None,
-            dead_letter: None,
-            cancel_requested: false,
             parent_run: parent.map(|p| p.run),
-            approval: None,
+            ..new_row(
+                trigger,
+                spec,
+                stored_text(&payload, raw),
+                digest.clone(),
+                now,
+            )
         };
         // The approval is made first so the run names it; it is put before humans only
         // once the run is stored (a duplicate delivery asks nobody).
@@ -635,52 +634,7 @@ impl Intake {
             approval: approval.as_ref().map(|a| a.id.clone()),
             ..row
         };
-        let window = trigger.dedup.as_ref().map_or(
-            // A tick is deduplicated for as long as the longest clock skew between replicas.
-            Duration::from_secs(3600),
-            |d| d.window,
-        );
-        let expires_ms = now + i64::try_from(window.as_millis()).unwrap_or(i64::MAX / 2);
-        let rate = RateLimit {
-            count: trigger.rate.count,
-            per_ms: i64::try_from(trigger.rate.per.as_millis()).unwrap_or(i64::MAX),
-        };
-        let stored = {
-            let (row, key) = (row.clone(), key.clone());
-            self.runs
-                .call(move |s| {
-                    s.enqueue(
-                        &row,
-                        key.as_deref().map(|key| Dedup { key, expires_ms }),
-                        Some(rate),
-                        now,
-                    )
-                })
-                .await
-        };
-        let admitted = match stored {
-            Ok(Enqueued::New) => Admitted {
-                run_id: row.id.clone(),
-                trigger: trigger.name.clone(),
-                duplicate: false,
-                status: row.status,
-            },
-            Ok(Enqueued::Duplicate(first)) => Admitted {
-                run_id: first,
-                trigger: trigger.name.clone(),
-                duplicate: true,
-                status: row.status,
-            },
-            Ok(Enqueued::RateLimited { retry_after_ms }) => {
-                return Err(IntakeError::RateLimited {
-                    name: trigger.name.clone(),
-                    count: trigger.rate.count,
-                    per: trigger.rate.per,
-                    retry_after: Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0)),
-                })
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let admitted = self.enqueue(trigger, &row, key.clone(), now).await?;
         audit.update(|r| {
             r.run = Some(json!({
                 "trigger": trigger.name,
@@ -707,6 +661,58 @@ impl Intake {
             self.wake.notify_one();
         }
         Ok(admitted)
+    }
+
+    /// Store `row`, unless `key` names a run already stored in the trigger's dedup window
+    /// (that one is answered) or the trigger's rate is spent.
+    async fn enqueue(
+        &self,
+        trigger: &Trigger,
+        row: &RunRow,
+        key: Option<String>,
+        now: i64,
+    ) -> Result<Admitted, IntakeError> {
+        let window = trigger.dedup.as_ref().map_or(
+            // A tick is deduplicated for as long as the longest clock skew between replicas.
+            Duration::from_secs(3600),
+            |d| d.window,
+        );
+        let expires_ms = now + i64::try_from(window.as_millis()).unwrap_or(i64::MAX / 2);
+        let rate = RateLimit {
+            count: trigger.rate.count,
+            per_ms: i64::try_from(trigger.rate.per.as_millis()).unwrap_or(i64::MAX),
+        };
+        let stored = {
+            let row = row.clone();
+            self.runs
+                .call(move |s| {
+                    s.enqueue(
+                        &row,
+                        key.as_deref().map(|key| Dedup { key, expires_ms }),
+                        Some(rate),
+                        now,
+                    )
+                })
+                .await
+        };
+        let (run_id, duplicate) = match stored? {
+            Enqueued::New => (row.id.clone(), false),
+            Enqueued::Duplicate(first) => (first, true),
+            Enqueued::RateLimited { retry_after_ms } => {
+                return Err(IntakeError::RateLimited {
+                    name: trigger.name.clone(),
+                    count: trigger.rate.count,
+                    per: trigger.rate.per,
+                    retry_after: Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0)),
+                })
+            }
+        };
+        Ok(Admitted {
+            run_id,
+            trigger: trigger.name.clone(),
+            duplicate,
+            status: row.status,
+        })
     }
 
     fn record(&self, name: &str) -> AuditGuard {

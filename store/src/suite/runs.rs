@@ -10,36 +10,20 @@ use std::sync::Barrier;
 
 use super::Backend;
 use crate::runs::{
-    Cancel, Dedup, Enqueued, Finished, RateLimit, RunFilter, RunRow, RunStatus, RunStore,
+    Cancel, Dedup, Enqueued, Finished, NewRun, RateLimit, RunFilter, RunRow, RunStatus, RunStore,
 };
 
 /// A queued run of `trigger`, made at `created_ms` and due then, with nothing else set.
 pub(super) fn run(id: &str, trigger: &str, created_ms: i64) -> RunRow {
-    RunRow {
+    let new = NewRun {
         id: id.to_owned(),
         trigger: trigger.to_owned(),
         kind: "webhook".into(),
-        status: RunStatus::Queued,
         spec: r#"{"command":["echo","hi"]}"#.into(),
         payload: "{}".into(),
         payload_sha256: "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a".into(),
-        attempt: 0,
-        created_ms,
-        not_before_ms: created_ms,
-        started_ms: None,
-        ended_ms: None,
-        session: None,
-        holder: None,
-        exit_code: None,
-        limit: None,
-        error: None,
-        stderr_tail: None,
-        cost_micros: None,
-        dead_letter: None,
-        cancel_requested: false,
-        parent_run: None,
-        approval: None,
-    }
+    };
+    RunRow::queued(new, created_ms)
 }
 
 /// Every field set, each to a value no other field of its type has (a swapped column
