@@ -272,37 +272,43 @@ async fn intercept(
         }
     });
     let result = if h2 {
-        let connection = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(256)
-            // Rapid reset (CVE-2023-44487): streams reset by the client before the service
-            // saw them are bounded, and a connection that keeps provoking errors is closed.
-            .max_pending_accept_reset_streams(Some(64))
-            .max_local_error_reset_streams(Some(256))
-            // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
-            .max_header_list_size(limits.max_header_bytes as u32)
-            .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
-            .serve_connection(TokioIo::new(tls), service);
-        tokio::pin!(connection);
-        tokio::select! {
-            result = connection.as_mut() => result,
-            () = watch.ended() => {
-                // GOAWAY: no new streams; those in flight finish within the grace.
-                connection.as_mut().graceful_shutdown();
-                tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+        // Boxed: the task of every intercepted connection is as large as its largest state,
+        // and an HTTP/2 connection's state would otherwise sit, unused, in each HTTP/1
+        // one's (2.7 KiB of the 9.2 KiB of this function's state).
+        Box::pin(async {
+            let connection = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(256)
+                // Rapid reset (CVE-2023-44487): streams reset by the client before the service
+                // saw them are bounded, and a connection that keeps provoking errors is closed.
+                .max_pending_accept_reset_streams(Some(64))
+                .max_local_error_reset_streams(Some(256))
+                // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
+                .max_header_list_size(limits.max_header_bytes as u32)
+                .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+                .serve_connection(TokioIo::new(tls), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => result,
+                () = watch.ended() => {
+                    // GOAWAY: no new streams; those in flight finish within the grace.
+                    connection.as_mut().graceful_shutdown();
+                    tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+                }
+                () = cancellations.tripped() => {
+                    // Late resets (cancelled after the proxy started on them) that
+                    // `max_pending_accept_reset_streams` does not see: go away, let what is in
+                    // flight finish.
+                    tracing::warn!(
+                        cancelled = cancellations.cancelled(),
+                        "closing an h2 connection that cancels more requests than it completes"
+                    );
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
             }
-            () = cancellations.tripped() => {
-                // Late resets (cancelled after the proxy started on them) that
-                // `max_pending_accept_reset_streams` does not see: go away, let what is in
-                // flight finish.
-                tracing::warn!(
-                    cancelled = cancellations.cancelled(),
-                    "closing an h2 connection that cancels more requests than it completes"
-                );
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-        }
+        })
+        .await
     } else {
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
