@@ -26,5 +26,8 @@ USER 65532:65532
 VOLUME ["/var/lib/ostiary"]
 EXPOSE 8080 8081
 ENV OSTIARY_LOG_FORMAT=json
+# glibc copies below 1 MiB with vector loops rather than `rep movsb`, which ran rustls'
+# per-record copies of answer bodies ten times slower here (docs/deploy.md, "Environment").
+ENV GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576
 ENTRYPOINT ["/usr/local/bin/ostiary", "--config", "/etc/ostiary/ostiary.toml"]
 CMD ["serve"]

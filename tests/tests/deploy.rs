@@ -370,3 +370,35 @@ async fn a_stop_timeout_within_the_drain_bound_is_refused() {
     )
     .await;
 }
+
+/// The image, the unit and the manifests run the proxy with the same tuning environment
+/// (docs/deploy.md, "Environment"): a setting that one of them drops or spells differently
+/// would make that deployment measure unlike the others.
+#[test]
+fn every_deployment_sets_the_same_tuning_environment() {
+    const TUNING: &str = "GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576";
+    let image: Vec<String> = dockerfile()
+        .into_iter()
+        .filter_map(|s| s.strip_prefix("ENV ").map(str::to_owned))
+        .collect();
+    assert!(image.iter().any(|e| e == TUNING), "image: {image:?}");
+    let unit = std::fs::read_to_string(root().join("deploy/systemd/ostiary.service")).unwrap();
+    let unit: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Environment="))
+        .collect();
+    assert!(unit.contains(&TUNING), "unit: {unit:?}");
+    let manifest = std::fs::read_to_string(root().join("deploy/k8s/30-deployment.yaml")).unwrap();
+    // `- name: N` then `value: V`, as the schema check (check_deploy.py) has validated.
+    let lines: Vec<&str> = manifest.lines().map(str::trim).collect();
+    let (name, value) = TUNING.split_once('=').unwrap();
+    let set = lines
+        .windows(2)
+        .any(|w| w[0] == format!("- name: {name}") && w[1] == format!("value: {value}"));
+    assert!(set, "30-deployment.yaml sets {TUNING}");
+    let documented = std::fs::read_to_string(root().join("docs/deploy.md")).unwrap();
+    assert!(
+        documented.contains(&format!("| `{TUNING}` |")),
+        "docs/deploy.md"
+    );
+}
