@@ -334,11 +334,7 @@ async fn post_decision(
 ) -> Response<ProxyBody> {
     let refuse =
         |status, title: &str, message: &str| html(status, page::outcome(title, message), false);
-    let form = match read_form(req).await {
-        Ok(bytes) => page::parse_form(&bytes),
-        Err(message) => Err(message),
-    };
-    let (verdict, reason) = match form {
+    let (verdict, reason) = match read_form(req).await.and_then(|b| page::parse_form(&b)) {
         Ok(v) => v,
         Err(message) => return refuse(StatusCode::BAD_REQUEST, "Bad request", &message),
     };

@@ -180,7 +180,7 @@ async fn load(
     config: &Config,
     state: &StateDir,
     metrics: &Arc<Metrics>,
-    counters: &Option<Arc<Counters>>,
+    counters: Option<Arc<Counters>>,
     audit_store: Option<Arc<dyn crate::store::audit::AuditStore>>,
 ) -> Result<Loaded, ServeError> {
     let keys = TokenKeys::from_pem(state.signing_key_pem.expose(), &state.verify_key_pem)
@@ -191,7 +191,7 @@ async fn load(
         state.path(files::AUDIT_HEAD),
         Arc::new(signer),
     );
-    let (config, metrics, counters) = (config.clone(), metrics.clone(), counters.clone());
+    let (config, metrics) = (config.clone(), metrics.clone());
     tokio::task::spawn_blocking(move || {
         load_state(&config, keys, chain, &metrics, counters, audit_store)
     })
@@ -295,7 +295,7 @@ impl Ostiary {
             &config,
             &state,
             &metrics,
-            &counters,
+            counters.clone(),
             options.audit_store.clone(),
         )
         .await?;
