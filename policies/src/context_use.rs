@@ -31,6 +31,10 @@ pub(crate) struct ContextUse {
     /// Some policy may read `context.session.labels` or `context.session.recent` (or the
     /// session record whole): the proxy fetches them only then.
     memory: bool,
+    /// The attributes of `context.session` read by name (`context.session.depth`).
+    session: BTreeSet<String>,
+    /// Some policy uses `context.session` other than through a named attribute.
+    session_whole: bool,
 }
 
 impl ContextUse {
@@ -57,7 +61,16 @@ impl ContextUse {
             all: true,
             keys: BTreeSet::new(),
             memory: true,
+            session: BTreeSet::new(),
+            session_whole: true,
         }
+    }
+
+    /// The attributes of `context.session` a policy may read, or `None` when some policy may
+    /// read them all (the context or the session record used whole). Empty when no policy
+    /// reads the session.
+    pub(crate) fn session_reads(&self) -> Option<&BTreeSet<String>> {
+        (!self.all && !self.session_whole).then_some(&self.session)
     }
 
     /// Whether a policy may read `context.session.labels` or `context.session.recent`.
@@ -83,11 +96,13 @@ impl ContextUse {
                                 // Reached here, `context.session` is used whole (an access
                                 // of one of its attributes is met below, never walked into).
                                 self.memory |= attr == "session";
+                                self.session_whole |= attr == "session";
                                 return;
                             }
                             if is_session(left) {
                                 self.keys.insert("session".to_owned());
                                 self.memory |= matches!(attr, "labels" | "recent");
+                                self.session.insert(attr.to_owned());
                                 return;
                             }
                         }
@@ -163,6 +178,11 @@ mod tests {
         }
     }
 
+    fn session(used: &ContextUse) -> Vec<&str> {
+        let read = used.session_reads().expect("read by name");
+        read.iter().map(String::as_str).collect()
+    }
+
     fn keys(used: &ContextUse) -> Vec<&str> {
         used.keys.iter().map(String::as_str).collect()
     }
@@ -181,6 +201,27 @@ mod tests {
             !used.reads_memory(),
             "calls is not what the session touched"
         );
+        assert_eq!(session(&used), ["calls"]);
+    }
+
+    #[test]
+    fn session_attributes_are_read_by_name_or_all_at_once() {
+        let used = of(r#"
+            permit (principal, action, resource) when { context.session.depth == 0 };
+            forbid (principal, action, resource) when { context.session has parent_agent };
+            permit (principal, action, resource) when { context.session.recent.tool_1h > 3 };
+        "#);
+        assert_eq!(session(&used), ["depth", "parent_agent", "recent"]);
+        for text in [
+            "permit (principal, action, resource) when { context.session == context.session };",
+            "permit (principal, action, resource) when { context == context };",
+            r#"permit (principal, action, resource) when { [context.session].contains({"depth": 0}) };"#,
+        ] {
+            assert_eq!(of(text).session_reads(), None, "{text}");
+        }
+        assert!(of("permit (principal, action, resource);")
+            .session_reads()
+            .is_some_and(BTreeSet::is_empty));
     }
 
     #[test]

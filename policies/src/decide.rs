@@ -292,7 +292,10 @@ impl PolicyEngine {
     /// Only the policies whose scope can match the request are evaluated (see `index.rs`);
     /// the decision is the one the full set gives.
     pub fn decide(&self, req: &AccessRequest) -> Decision {
-        self.decide_sliced(req, None)
+        // The same question asked again is answered as it was (memo.rs).
+        let reads = |key: &str| self.context_use().reads(key);
+        self.memo()
+            .decide(req, reads, || self.decide_sliced(req, None))
     }
 
     /// [`Self::decide`] with the index walking dimension `walk` (0 principal, 1 action, 2

@@ -17,6 +17,7 @@
 //! - [`request`] — what the proxy observed, in the terms policies are written in.
 //! - [`decide`] — evaluation; fail closed (an evaluation error is a deny); escalation.
 //!   `context_use` — the context attributes a set can read: a decision builds only those.
+//!   `memo` — decisions kept by what their requests put into them, for questions asked again.
 //! - `index` — the policy index: a decision evaluates only the policies whose scope can
 //!   match the request (sound slicing by principal, action and resource, and by the leading
 //!   conditions of `when` clauses, `conditions`).
@@ -39,6 +40,7 @@ pub mod explain;
 mod index;
 pub mod labels;
 pub mod load;
+mod memo;
 pub mod recorded;
 pub mod request;
 pub mod schema;

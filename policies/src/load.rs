@@ -84,6 +84,8 @@ pub struct PolicyEngine {
     entity_cache: crate::entities::EntityCache,
     /// The context attributes some policy reads; a decision builds only those.
     context_use: crate::context_use::ContextUse,
+    /// Decisions already made, by what their requests put into them (memo.rs).
+    memo: crate::memo::Memo,
     /// The set's content-addressed id (`version.rs`), recorded with every decision.
     version: crate::version::PolicyVersion,
 }
@@ -235,10 +237,12 @@ impl PolicyEngine {
             return Err(LoadError::Validation(errors));
         }
 
+        let context_use = crate::context_use::ContextUse::of(&policies);
         Ok(Self {
             http_permit_hosts: http_permit_hosts(&policies),
             index: crate::index::PolicyIndex::new(&policies),
-            context_use: crate::context_use::ContextUse::of(&policies),
+            memo: crate::memo::Memo::new(context_use.session_reads()),
+            context_use,
             names: crate::decide::Names::new(&catalog, triggers).map_err(LoadError::Schema)?,
             version: crate::version::PolicyVersion::of(sources, &catalog, &schema_text),
             catalog,
@@ -293,7 +297,19 @@ impl PolicyEngine {
     #[doc(hidden)]
     pub fn building_whole_context(mut self) -> Self {
         self.context_use = crate::context_use::ContextUse::everything();
+        self.memo = crate::memo::Memo::off();
         self
+    }
+
+    /// How many decisions the engine keeps (memo.rs): lets the differential test show that
+    /// its requests were answered from kept decisions too.
+    #[doc(hidden)]
+    pub fn kept_decisions(&self) -> usize {
+        self.memo.len()
+    }
+
+    pub(crate) fn memo(&self) -> &crate::memo::Memo {
+        &self.memo
     }
 
     pub(crate) fn context_use(&self) -> &crate::context_use::ContextUse {

@@ -5,7 +5,11 @@
 //! ([`PolicyEngine::decide_unindexed`]). Any difference in the decision or in the set of
 //! determining policies is a bug in the index. The full-set reference also builds the whole
 //! context ([`PolicyEngine::building_whole_context`]), while the engine under test builds only
-//! the attributes its set reads: a difference there is a bug in that analysis.
+//! the attributes its set reads: a difference there is a bug in that analysis. `decide` also
+//! keeps its decisions (memo.rs) and answers a question asked again from them; the few
+//! agents, hosts, paths and arguments make many requests repeat what an earlier one put into
+//! its decision while differing in what it did not, so a key that leaves out something that
+//! counts shows as a difference too.
 //!
 //! Deterministic: a fixed-seed xorshift drives everything, so a failure reproduces.
 
@@ -619,6 +623,73 @@ fn request(rng: &mut Rng) -> AccessRequest {
     }
 }
 
+/// `req` with one thing changed, most often something its set's decision may not depend on:
+/// decided right after `req`, it is answered by `req`'s kept decision exactly when the memo
+/// judges the change irrelevant, so a key that leaves out what counts shows as a mismatch.
+fn sibling(rng: &mut Rng, req: &AccessRequest) -> AccessRequest {
+    let mut other = req.clone();
+    let s = &mut other.session;
+    match rng.below(8) {
+        0 => s.calls += 1,
+        1 => s.depth += 1,
+        2 => {
+            s.parent_agent = rng.pick(AGENTS).to_string();
+        }
+        3 => {
+            let label = rng.pick(LABELS).to_string();
+            if !s.labels.remove(&label) {
+                s.labels.insert(label);
+            }
+        }
+        4 => {
+            s.recent.tool_10m += 1;
+            s.recent.tool_1h += 1;
+            s.recent.tier_10m += 1;
+            s.recent.tier_1h += 1;
+        }
+        _ => match &mut other.action {
+            Action::Http {
+                method,
+                path,
+                query,
+                port,
+                ..
+            } => match rng.below(4) {
+                0 => *method = rng.pick(&["GET", "POST", "DELETE"]).to_string(),
+                1 => *path = rng.pick(&["/", "/admin/x", "/boom", "/items"]).to_string(),
+                2 => *query = rng.pick(&["", "q=1"]).to_string(),
+                _ => *port = *rng.pick(&[443, 8443, 80]),
+            },
+            Action::Connect { sni, .. } => {
+                *sni = rng.pick(&["h0.example", "boom", "other.org"]).to_string()
+            }
+            Action::Mcp { method, .. } => {
+                *method = rng
+                    .pick(&["initialize", "ping", "resources/read"])
+                    .to_string()
+            }
+            Action::Tool {
+                args,
+                approval,
+                impact_records,
+                ..
+            } => match rng.below(3) {
+                0 => *approval = approval.is_none().then(|| "alice".to_owned()),
+                1 => *impact_records += 50,
+                _ => args["title"] = json!(rng.pick(&["x", "y", "boom", "xm"])),
+            },
+            Action::Trigger {
+                payload, approval, ..
+            } => match rng.below(2) {
+                0 => *approval = approval.is_none().then(|| "alice".to_owned()),
+                _ => payload["ref"] = json!(rng.pick(&["main", "dev"])),
+            },
+            Action::Spawn { child } => *child = rng.pick(AGENTS).to_string(),
+        },
+    }
+    other
+}
+
 /// A decision as the comparison sees it: the outcome, the reason of a deny, and the
 /// determining policies as a set.
 fn normal(decision: &Decision) -> (String, BTreeSet<String>) {
@@ -646,14 +717,31 @@ fn indexed_decisions_equal_full_set_decisions_when_conditions_slice() {
 /// context is what they are decided over.
 #[test]
 fn a_small_set_decides_over_the_context_it_reads_as_over_the_whole_context() {
-    differential_sized(0x8CB9_2BA7_2F3D_8DD7, SETS, false, 4);
+    let memo = differential_sized(0x8CB9_2BA7_2F3D_8DD7, SETS, false, 4);
+    // Small sets mostly read no session counter, so they keep their decisions: the kept
+    // ones must answer often enough for a bad key to show.
+    assert!(
+        memo.answered_kept * 20 > memo.memoized && memo.memoized * 2 > memo.requests,
+        "memo barely exercised: {memo:?}"
+    );
 }
 
 fn differential(seed: u64, sets: usize, conditioned: bool) {
-    differential_sized(seed, sets, conditioned, 60);
+    let memo = differential_sized(seed, sets, conditioned, 60);
+    assert!(memo.answered_kept > 0, "memo never answered: {memo:?}");
 }
 
-fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize) {
+/// How much of a run the memo answered.
+#[derive(Debug)]
+struct MemoUse {
+    requests: usize,
+    /// Requests of sets whose decisions are kept (memo.rs).
+    memoized: usize,
+    /// Of those, the ones answered by a decision kept for an earlier request.
+    answered_kept: usize,
+}
+
+fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize) -> MemoUse {
     let started = std::time::Instant::now();
     let catalog = catalog();
     let triggers = triggers();
@@ -666,6 +754,9 @@ fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize
     let mut rng = Rng(seed);
     let (mut requests, mut mismatches, mut dropped, mut generated) = (0usize, 0usize, 0, 0);
     let mut outcomes = [0usize; 5]; // allow, escalate, forbidden, no permit, error
+                                    // Requests of sets whose decisions are kept (memo.rs), and of those, the ones answered
+                                    // by a decision kept for an earlier request.
+    let (mut memoized, mut answered_kept) = (0usize, 0usize);
     let mut first_mismatch = None;
     for set in 0..sets {
         let size = 1 + rng.below(max_size);
@@ -737,20 +828,44 @@ fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize
                     });
                 }
             }
+            // Every other request, a sibling decided right after it (see `sibling`).
+            if requests % 2 == 1 {
+                let other = sibling(&mut rng, &req);
+                let kept = engine.decide(&other);
+                let afresh = whole.decide_unindexed(&other);
+                if normal(&kept) != normal(&afresh) {
+                    mismatches += 1;
+                    first_mismatch.get_or_insert_with(|| {
+                        format!(
+                            "set {set}\n{text}\nrequest {req:?}\nthen {other:?}\n\
+                             decided {kept:?}\nafresh {afresh:?}"
+                        )
+                    });
+                }
+            }
             if normal(&indexed) != normal(&full) {
                 mismatches += 1;
                 first_mismatch.get_or_insert_with(|| {
                     format!(
-                        "set {set}\n{text}\nrequest {req:?}\nindexed {indexed:?}\nfull {full:?}"
+                        "set {set}\n{text}\nrequest {req:?}\nindexed (or kept) {indexed:?}\n\
+                         full {full:?}"
                     )
                 });
             }
+        }
+        let kept = engine.kept_decisions();
+        if kept > 0 {
+            // Each request, and every other one's sibling.
+            let decided = REQUESTS_PER_SET + REQUESTS_PER_SET / 2;
+            memoized += decided;
+            answered_kept += decided - kept;
         }
     }
     println!(
         "index differential: {requests} requests over {sets} sets (conditioned: {conditioned}) ({generated} generated \
          policies, {dropped} dropped by validation), {mismatches} mismatches; outcomes \
-         allow {} escalate {} forbidden {} no-permit {} error {}; {:.1?}",
+         allow {} escalate {} forbidden {} no-permit {} error {}; {memoized} requests of sets \
+         keeping decisions, {answered_kept} answered by a kept one; {:.1?}",
         outcomes[0],
         outcomes[1],
         outcomes[2],
@@ -771,4 +886,9 @@ fn differential_sized(seed: u64, sets: usize, conditioned: bool, max_size: usize
         "first mismatch: {}",
         first_mismatch.unwrap_or_default()
     );
+    MemoUse {
+        requests,
+        memoized,
+        answered_kept,
+    }
 }

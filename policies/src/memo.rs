@@ -1,0 +1,340 @@
+//! Decisions kept per policy engine, for requests that ask the same question again.
+//!
+//! Flat out, the decision was 9% of the proxy's CPU for a set of three policies, most of it
+//! Cedar building and evaluating its request (docs/benchmarks.md). Agents ask the same
+//! question over and over: the same agent, the same host, the same tool. A decision is a pure
+//! function of the engine (its policies, catalog and triggers, fixed for its life: a reload
+//! builds a new engine, and with it an empty memo) and of what the request puts into
+//! Cedar's request. So it is kept, keyed by exactly that.
+//!
+//! # What the key holds, and why that is sound
+//! - The agent, the tenant and the host: the principal and its entities, the resource.
+//! - The action, with what identifies it and its resource: the tool and whether it is an
+//!   undo, the trigger and its kind, the child of a spawn.
+//! - Whatever decides without Cedar's context being read: a tool's arguments and a trigger's
+//!   payload (converted with the tool's type, and a mismatch is a deny, read or not), and the
+//!   approval (`decide` re-checks a deny with it granted, to tell an escalation).
+//! - Each context attribute a policy of the set can read (`context_use.rs`), and nothing
+//!   else: an attribute no policy names changes no decision, which is what the engine already
+//!   relies on to leave it out of Cedar's context.
+//!
+//! Each field goes in with its length, so no two different requests share a key.
+//!
+//! A set that reads the session's call count, cost or recent calls (or the context or the
+//! session record whole) changes its answer with every call: nothing is kept for it, since
+//! no key would come back.
+//!
+//! Bounded like the entity cache: past [`CAPACITY`] keys the memo starts again empty.
+//! `tests/index_differential.rs` decides generated sets through the memo and without it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::sync::RwLock;
+
+use crate::decide::Decision;
+use crate::request::{AccessRequest, Action};
+
+/// Distinct questions kept before the memo starts over.
+pub(crate) const CAPACITY: usize = 4_096;
+
+/// Attributes of `context.session` that change with every call.
+const VOLATILE: [&str; 3] = ["calls", "cost", "recent"];
+
+/// The decisions of one engine, by request (see the module doc).
+#[derive(Debug, Default)]
+pub(crate) struct Memo {
+    /// `None`: the set reads something that changes with every call; nothing is kept.
+    session: Option<BTreeSet<String>>,
+    kept: RwLock<HashMap<String, Decision>>,
+}
+
+impl Memo {
+    /// A memo for a set that reads `session` of `context.session` (`None`: all of it).
+    pub(crate) fn new(session: Option<&BTreeSet<String>>) -> Self {
+        let session = session
+            .filter(|read| !read.iter().any(|attr| VOLATILE.contains(&attr.as_str())))
+            .cloned();
+        Self {
+            session,
+            kept: RwLock::default(),
+        }
+    }
+
+    /// A memo that keeps nothing.
+    pub(crate) fn off() -> Self {
+        Self::default()
+    }
+
+    /// The decision of `req`: kept, or made by `decide` and kept. `reads` says which context
+    /// attributes some policy can read.
+    pub(crate) fn decide(
+        &self,
+        req: &AccessRequest,
+        reads: impl Fn(&str) -> bool,
+        decide: impl FnOnce() -> Decision,
+    ) -> Decision {
+        let Some(session) = &self.session else {
+            return decide();
+        };
+        let key = key(req, &reads, session);
+        if let Some(kept) = self.kept.read().ok().and_then(|m| m.get(&key).cloned()) {
+            return kept;
+        }
+        let decision = decide();
+        // A poisoned lock only costs the keeping, never the decision.
+        if let Ok(mut kept) = self.kept.write() {
+            if kept.len() >= CAPACITY {
+                kept.clear();
+            }
+            kept.insert(key, decision.clone());
+        }
+        decision
+    }
+
+    /// How many decisions are kept (tests).
+    pub(crate) fn len(&self) -> usize {
+        self.kept.read().map_or(0, |m| m.len())
+    }
+}
+
+/// What `req` puts into its decision (see the module doc), each field with its length.
+fn key(req: &AccessRequest, reads: &dyn Fn(&str) -> bool, session: &BTreeSet<String>) -> String {
+    let mut key = String::with_capacity(128);
+    let mut put = |field: &str| {
+        let _ = write!(key, "{}:{field}", field.len());
+    };
+    put(&req.agent);
+    put(&req.tenant);
+    put(&req.host);
+    let read = |attr: &str, value: &dyn Fn() -> String| {
+        if reads(attr) {
+            value()
+        } else {
+            String::new()
+        }
+    };
+    let approval = |approval: &Option<String>| match approval {
+        None => "-".to_owned(),
+        Some(approver) => format!("+{approver}"),
+    };
+    match &req.action {
+        Action::Http {
+            method,
+            scheme,
+            port,
+            path,
+            query,
+        } => {
+            put("http");
+            put(&read("method", &|| method.clone()));
+            put(&read("scheme", &|| scheme.clone()));
+            put(&read("port", &|| port.to_string()));
+            put(&read("path", &|| path.clone()));
+            put(&read("query", &|| query.clone()));
+        }
+        Action::Connect { port, sni } => {
+            put("connect");
+            put(&read("port", &|| port.to_string()));
+            put(&read("sni", &|| sni.clone()));
+        }
+        Action::Mcp { method, server } => {
+            put("mcp");
+            put(&read("method", &|| method.clone()));
+            put(&read("server", &|| server.clone()));
+        }
+        Action::Spawn { child } => {
+            put("spawn");
+            put(child);
+        }
+        Action::Trigger {
+            name,
+            kind,
+            payload,
+            approval: approved,
+        } => {
+            put("trigger");
+            put(name);
+            put(kind);
+            put(&payload.to_string());
+            put(&approval(approved));
+        }
+        Action::Tool {
+            name,
+            args,
+            impact_records,
+            cost_micros,
+            approval: approved,
+            undo,
+        } => {
+            put(if *undo { "undo" } else { "tool" });
+            put(name);
+            put(&args.to_string());
+            put(&approval(approved));
+            put(&read("impact", &|| {
+                format!("{impact_records},{cost_micros}")
+            }));
+        }
+    }
+    if reads("session") {
+        let s = &req.session;
+        for attr in session {
+            put(attr);
+            match attr.as_str() {
+                "depth" => put(&s.depth.to_string()),
+                "parent_agent" => put(&s.parent_agent),
+                "profile" => put(&s.profile),
+                "labels" => {
+                    put(&s.labels.len().to_string());
+                    s.labels.iter().for_each(|label| put(label));
+                }
+                // Not an attribute of the session (strict validation refuses a policy that
+                // names one), so no value can differ; named in the key all the same.
+                _ => {}
+            }
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::SessionState;
+    use serde_json::json;
+
+    fn http(path: &str) -> AccessRequest {
+        AccessRequest {
+            agent: "a".into(),
+            tenant: "t".into(),
+            host: "h.example".into(),
+            session: SessionState::default(),
+            action: Action::Http {
+                method: "GET".into(),
+                scheme: "https".into(),
+                port: 443,
+                path: path.into(),
+                query: String::new(),
+            },
+        }
+    }
+
+    fn tool(args: serde_json::Value, approval: Option<&str>) -> AccessRequest {
+        AccessRequest {
+            action: Action::Tool {
+                name: "t".into(),
+                args,
+                impact_records: 1,
+                cost_micros: 0,
+                approval: approval.map(str::to_owned),
+                undo: false,
+            },
+            ..http("/")
+        }
+    }
+
+    fn session(attrs: &[&str]) -> BTreeSet<String> {
+        attrs.iter().map(|a| (*a).to_owned()).collect()
+    }
+
+    #[test]
+    fn only_what_a_policy_reads_tells_two_requests_apart() {
+        let none = |_: &str| false;
+        let path = |attr: &str| attr == "path";
+        let empty = session(&[]);
+        assert_eq!(
+            key(&http("/a"), &none, &empty),
+            key(&http("/b"), &none, &empty)
+        );
+        assert_ne!(
+            key(&http("/a"), &path, &empty),
+            key(&http("/b"), &path, &empty)
+        );
+        let mut other = http("/a");
+        other.host = "i.example".into();
+        assert_ne!(key(&http("/a"), &none, &empty), key(&other, &none, &empty));
+        // Arguments and the approval always count: they decide without the context.
+        assert_ne!(
+            key(&tool(json!({"x": 1}), None), &none, &empty),
+            key(&tool(json!({"x": "1"}), None), &none, &empty)
+        );
+        assert_ne!(
+            key(&tool(json!({}), None), &none, &empty),
+            key(&tool(json!({}), Some("")), &none, &empty)
+        );
+        // The session's attributes, only those read.
+        let reads_session = |attr: &str| attr == "session";
+        let mut deeper = http("/a");
+        deeper.session.depth = 1;
+        deeper.session.calls = 7;
+        assert_eq!(
+            key(&http("/a"), &reads_session, &session(&["parent_agent"])),
+            key(&deeper, &reads_session, &session(&["parent_agent"]))
+        );
+        assert_ne!(
+            key(&http("/a"), &reads_session, &session(&["depth"])),
+            key(&deeper, &reads_session, &session(&["depth"]))
+        );
+    }
+
+    #[test]
+    fn fields_cannot_run_into_each_other() {
+        let none = |_: &str| false;
+        let empty = session(&[]);
+        let mut a = http("/");
+        a.agent = "ab".into();
+        a.tenant = "c".into();
+        let mut b = http("/");
+        b.agent = "a".into();
+        b.tenant = "bc".into();
+        assert_ne!(key(&a, &none, &empty), key(&b, &none, &empty));
+    }
+
+    #[test]
+    fn keeps_a_decision_once_and_stays_bounded() {
+        let memo = Memo::new(Some(&session(&["depth"])));
+        let allow = || Decision::Allow {
+            policies: vec!["p".into()],
+        };
+        let mut made = 0;
+        for _ in 0..3 {
+            memo.decide(
+                &http("/"),
+                |_| false,
+                || {
+                    made += 1;
+                    allow()
+                },
+            );
+        }
+        assert_eq!(made, 1, "asked again, the kept decision answers");
+        for i in 0..CAPACITY + 10 {
+            let mut req = http("/");
+            req.host = format!("h{i}");
+            memo.decide(&req, |_| false, allow);
+        }
+        assert!(memo.len() <= CAPACITY, "bounded: {}", memo.len());
+    }
+
+    #[test]
+    fn sets_reading_what_changes_every_call_keep_nothing() {
+        for read in [
+            None,
+            Some(session(&["calls"])),
+            Some(session(&["depth", "recent"])),
+        ] {
+            let memo = Memo::new(read.as_ref());
+            let mut made = 0;
+            for _ in 0..2 {
+                memo.decide(
+                    &http("/"),
+                    |_| true,
+                    || {
+                        made += 1;
+                        Decision::Allow { policies: vec![] }
+                    },
+                );
+            }
+            assert_eq!((made, memo.len()), (2, 0), "{read:?}");
+        }
+    }
+}
