@@ -98,25 +98,12 @@ impl Memo {
 }
 
 /// What `req` puts into its decision (see the module doc), each field with its length.
+/// Written straight into the key: it is built for every decision, hit or miss.
 fn key(req: &AccessRequest, reads: &dyn Fn(&str) -> bool, session: &BTreeSet<String>) -> String {
-    let mut key = String::with_capacity(128);
-    let mut put = |field: &str| {
-        let _ = write!(key, "{}:{field}", field.len());
-    };
-    put(&req.agent);
-    put(&req.tenant);
-    put(&req.host);
-    let read = |attr: &str, value: &dyn Fn() -> String| {
-        if reads(attr) {
-            value()
-        } else {
-            String::new()
-        }
-    };
-    let approval = |approval: &Option<String>| match approval {
-        None => "-".to_owned(),
-        Some(approver) => format!("+{approver}"),
-    };
+    let mut key = Key(String::with_capacity(128));
+    key.put(&req.agent);
+    key.put(&req.tenant);
+    key.put(&req.host);
     match &req.action {
         Action::Http {
             method,
@@ -125,67 +112,67 @@ fn key(req: &AccessRequest, reads: &dyn Fn(&str) -> bool, session: &BTreeSet<Str
             path,
             query,
         } => {
-            put("http");
-            put(&read("method", &|| method.clone()));
-            put(&read("scheme", &|| scheme.clone()));
-            put(&read("port", &|| port.to_string()));
-            put(&read("path", &|| path.clone()));
-            put(&read("query", &|| query.clone()));
+            key.put("http");
+            key.read(reads("method"), method);
+            key.read(reads("scheme"), scheme);
+            key.number(reads("port").then_some(i64::from(*port)));
+            key.read(reads("path"), path);
+            key.read(reads("query"), query);
         }
         Action::Connect { port, sni } => {
-            put("connect");
-            put(&read("port", &|| port.to_string()));
-            put(&read("sni", &|| sni.clone()));
+            key.put("connect");
+            key.number(reads("port").then_some(i64::from(*port)));
+            key.read(reads("sni"), sni);
         }
         Action::Mcp { method, server } => {
-            put("mcp");
-            put(&read("method", &|| method.clone()));
-            put(&read("server", &|| server.clone()));
+            key.put("mcp");
+            key.read(reads("method"), method);
+            key.read(reads("server"), server);
         }
         Action::Spawn { child } => {
-            put("spawn");
-            put(child);
+            key.put("spawn");
+            key.put(child);
         }
         Action::Trigger {
             name,
             kind,
             payload,
-            approval: approved,
+            approval,
         } => {
-            put("trigger");
-            put(name);
-            put(kind);
-            put(&payload.to_string());
-            put(&approval(approved));
+            key.put("trigger");
+            key.put(name);
+            key.put(kind);
+            key.put(&payload.to_string());
+            key.approval(approval);
         }
         Action::Tool {
             name,
             args,
             impact_records,
             cost_micros,
-            approval: approved,
+            approval,
             undo,
         } => {
-            put(if *undo { "undo" } else { "tool" });
-            put(name);
-            put(&args.to_string());
-            put(&approval(approved));
-            put(&read("impact", &|| {
-                format!("{impact_records},{cost_micros}")
-            }));
+            key.put(if *undo { "undo" } else { "tool" });
+            key.put(name);
+            key.put(&args.to_string());
+            key.approval(approval);
+            let impact = reads("impact");
+            key.number(impact.then_some(*impact_records));
+            key.number(impact.then_some(*cost_micros));
         }
     }
     if reads("session") {
         let s = &req.session;
         for attr in session {
-            put(attr);
+            key.put(attr);
             match attr.as_str() {
-                "depth" => put(&s.depth.to_string()),
-                "parent_agent" => put(&s.parent_agent),
-                "profile" => put(&s.profile),
+                "depth" => key.number(Some(s.depth)),
+                "parent_agent" => key.put(&s.parent_agent),
+                "profile" => key.put(&s.profile),
                 "labels" => {
-                    put(&s.labels.len().to_string());
-                    s.labels.iter().for_each(|label| put(label));
+                    key.number(Some(s.labels.len() as i64));
+                    s.labels.iter().for_each(|label| key.put(label));
                 }
                 // Not an attribute of the session (strict validation refuses a policy that
                 // names one), so no value can differ; named in the key all the same.
@@ -193,7 +180,41 @@ fn key(req: &AccessRequest, reads: &dyn Fn(&str) -> bool, session: &BTreeSet<Str
             }
         }
     }
-    key
+    key.0
+}
+
+/// A key being written: strings with their length before them, numbers ended by a `;`.
+struct Key(String);
+
+impl Key {
+    fn put(&mut self, field: &str) {
+        let _ = write!(self.0, "{}:{field}", field.len());
+    }
+
+    /// A field some policy reads, or a place holder the same for every request.
+    fn read(&mut self, read: bool, field: &str) {
+        self.put(if read { field } else { "" });
+    }
+
+    fn number(&mut self, number: Option<i64>) {
+        match number {
+            Some(n) => {
+                let _ = write!(self.0, "{n};");
+            }
+            None => self.0.push(';'),
+        }
+    }
+
+    /// Granted or not, and by whom.
+    fn approval(&mut self, approval: &Option<String>) {
+        match approval {
+            None => self.0.push('-'),
+            Some(approver) => {
+                self.0.push('+');
+                self.put(approver);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
