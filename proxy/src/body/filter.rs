@@ -214,6 +214,13 @@ where
                 this.state = State::Done;
                 return Poll::Ready(last.map(|l| l.map(Frame::trailers)));
             }
+            // A source that knows it is done (its length reached) is not polled again: one
+            // more poll of an HTTP/1 body returns `Pending` until its connection task
+            // catches up, and the end would go out in a write (and a TLS record) of its own.
+            if this.source.is_end_stream() {
+                this.end(None);
+                continue;
+            }
             let frame = match ready!(Pin::new(&mut this.source).poll_frame(cx)) {
                 None => {
                     this.end(None);
@@ -230,6 +237,10 @@ where
                 Ok(data) => {
                     if let Err(e) = this.filter.feed(data, &mut this.out) {
                         this.state = State::Ending(Some(Err(e.into())));
+                    } else if this.source.is_end_stream() && !this.filter.has_more() {
+                        // Ended with this frame: known before the frame leaves, so that the
+                        // writer (and `Paced`) see the body's end with its last bytes.
+                        this.end(None);
                     }
                 }
                 Err(frame) => this.end(frame.into_trailers().ok()),

@@ -235,8 +235,33 @@ fn the_end_of_the_source_flushes_once() {
     let mut body = Filtered::wrap(script(vec![data("ab"), data("cd")]), probe);
     assert_eq!(drain(&mut body), vec![d("abcd")]);
     assert_eq!(body.filter.log, ["feed ab", "feed cd", "finish"]);
-    // Polled up to its end once: the ended body does not ask again.
-    assert_eq!(body.source.polls, 3);
+    // Polled for its frames only: it said it had ended, and the ended body does not ask
+    // again.
+    assert_eq!(body.source.polls, 2);
+}
+
+#[test]
+fn a_source_that_says_it_ended_is_not_polled_for_its_end() {
+    let mut body = Filtered::wrap(script(vec![data("ab")]), holding());
+    assert_eq!(
+        poll(&mut body),
+        d("ab"),
+        "held bytes leave with the last frame"
+    );
+    assert!(body.is_end_stream(), "and the end is known with them");
+    assert_eq!(body.source.polls, 1);
+    assert_eq!(body.filter.log, ["feed ab", "finish"]);
+    // The same for a filter that lets its bytes through as they come.
+    let mut body = Filtered::wrap(script(vec![data("ab")]), Probe::default());
+    assert_eq!(poll(&mut body), d("ab"));
+    assert!(
+        body.is_end_stream(),
+        "the end is known as the last bytes leave"
+    );
+    // A source that has not said so is asked, and may keep the body waiting.
+    let mut body = Filtered::wrap(script(vec![data("ab"), Step::Wait]), holding());
+    assert_eq!(poll(&mut body), Out::Pending);
+    assert_eq!(body.source.polls, 2);
 }
 
 #[test]
