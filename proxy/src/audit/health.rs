@@ -77,10 +77,13 @@ impl Default for Limits {
             // 3,000 req/s, a fifth of the proxy's CPU (benches/results/profile-http.svg).
             // Each commit also has a cost of its own (a transaction, its WAL frames, a
             // wake of this thread): 5 ms rather than 2 ms took the writer's CPU per record
-            // to 0.70x at one client and 0.86x flat out (docs/benchmarks.md). A process
+            // to 0.70x at one client and 0.86x flat out (docs/benchmarks.md). 20 ms rather
+            // than 5 ms took the one-client p99 added by the proxy from +403 to +160 µs
+            // (tool calls) and +391 to +126 µs (plain HTTP): 200 short bursts of commit work
+            // a second on two shared cores delayed ~1% of requests behind them. A process
             // crash loses what waits here; a power cut already loses up to the 50 ms of
             // records the head does not name yet.
-            linger: Duration::from_millis(5),
+            linger: Duration::from_millis(20),
             checkpoint_every: Duration::from_millis(50),
             sign_every: Duration::from_secs(60),
         }

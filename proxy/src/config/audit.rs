@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn group_commit_defaults_to_the_writers_linger_and_is_bounded_above() {
         let c = Config::from_toml("", Path::new("t")).unwrap();
-        assert_eq!(c.audit.group_commit, Duration::from_millis(5));
+        assert_eq!(c.audit.group_commit, Duration::from_millis(20));
         for (text, want) in [("0s", 0), ("10ms", 10), ("100ms", 100)] {
             let toml = format!("[audit]\ngroup_commit = \"{text}\"\n");
             let c = Config::from_toml(&toml, Path::new("t")).unwrap();
