@@ -24,7 +24,8 @@
 //! session record whole) changes its answer with every call: nothing is kept for it, since
 //! no key would come back.
 //!
-//! Bounded like the entity cache: past [`CAPACITY`] keys the memo starts again empty.
+//! Bounded like the entity cache: past [`CAPACITY`] keys the memo starts again empty, and a
+//! key longer than [`LONGEST_KEY`] (large arguments) is not kept at all.
 //! `tests/index_differential.rs` decides generated sets through the memo and without it.
 
 use std::collections::{BTreeSet, HashMap};
@@ -36,6 +37,11 @@ use crate::request::{AccessRequest, Action};
 
 /// Distinct questions kept before the memo starts over.
 pub(crate) const CAPACITY: usize = 4_096;
+
+/// The longest key kept: a tool call's arguments are in its key, and an agent sending large
+/// ones must not fill memory through the memo (at most `CAPACITY` × this, 16 MiB). A longer
+/// question is decided afresh every time.
+pub(crate) const LONGEST_KEY: usize = 4 * 1024;
 
 /// Attributes of `context.session` that change with every call.
 const VOLATILE: [&str; 3] = ["calls", "cost", "recent"];
@@ -77,6 +83,9 @@ impl Memo {
             return decide();
         };
         let key = key(req, &reads, session);
+        if key.len() > LONGEST_KEY {
+            return decide();
+        }
         if let Some(kept) = self.kept.read().ok().and_then(|m| m.get(&key).cloned()) {
             return kept;
         }
@@ -334,6 +343,30 @@ mod tests {
             memo.decide(&req, |_| false, allow);
         }
         assert!(memo.len() <= CAPACITY, "bounded: {}", memo.len());
+    }
+
+    #[test]
+    fn a_question_too_long_to_keep_is_decided_every_time() {
+        let memo = Memo::new(Some(&session(&[])));
+        let large = tool(json!({ "text": "x".repeat(LONGEST_KEY) }), None);
+        let mut made = 0;
+        for _ in 0..2 {
+            memo.decide(
+                &large,
+                |_| false,
+                || {
+                    made += 1;
+                    Decision::Allow { policies: vec![] }
+                },
+            );
+        }
+        assert_eq!((made, memo.len()), (2, 0));
+        memo.decide(
+            &tool(json!({ "text": "x" }), None),
+            |_| false,
+            || Decision::Allow { policies: vec![] },
+        );
+        assert_eq!(memo.len(), 1, "a short one is kept");
     }
 
     #[test]
