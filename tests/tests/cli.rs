@@ -210,7 +210,10 @@ async fn session_new_exports_drive_curl_and_both_outcomes_are_audited() {
         "{records:#?}"
     );
 
-    let denies = audit_query(&server, &["--decision", "deny"], |r| !r.is_empty()).await;
+    let denies = audit_query(&server, &["--decision", "deny"], |r| {
+        r.iter().any(|r| r["request_id"] == denied_id.as_str())
+    })
+    .await;
     assert!(
         denies.iter().all(|r| r["decision"] == "deny"),
         "{denies:#?}"

@@ -254,7 +254,10 @@ async fn three_created_records_are_reversed_newest_first_with_the_tools_credenti
     let call_records = audit_query(
         &rig.server,
         &["--session", &id, "--decision", "allow"],
-        |r| r.iter().filter(|r| r["tool"] == "records.create").count() == 3,
+        |r| {
+            r.iter().filter(|r| r["tool"] == "records.create").count() == 3
+                && r.iter().any(|r| r["tool"] == "notes.post")
+        },
     )
     .await;
     let mut call_ids: Vec<String> = call_records

@@ -275,7 +275,11 @@ async fn mcp_guide_runs() {
         line(&out, "delete_file").starts_with("delete_file -32002 approval_pending apr_"),
         "{out}"
     );
-    let records = audit_query(&server, &["--decision", "deny"], |r| !r.is_empty()).await;
+    let records = audit_query(&server, &["--decision", "deny"], |r| {
+        r.iter()
+            .any(|r| r["policies"] == serde_json::json!(["files-no-writes"]))
+    })
+    .await;
     assert!(
         records
             .iter()
@@ -435,7 +439,11 @@ async fn git_guide_runs() {
             .all(|s| !s.path.contains("receive-pack") && s.header("proxy-authorization").is_none()),
         "nothing of the push reached the upstream: {seen:?}"
     );
-    let denies = audit_query(&server, &["--decision", "deny"], |r| !r.is_empty()).await;
+    let denies = audit_query(&server, &["--decision", "deny"], |r| {
+        r.iter()
+            .any(|r| r["policies"] == serde_json::json!(["git-no-push"]))
+    })
+    .await;
     assert!(
         denies
             .iter()
