@@ -42,7 +42,8 @@ pub struct StreamScrubber {
     carry: Vec<u8>,
     /// `carry.len()` right after the last scan.
     scanned: usize,
-    /// The held-back tail joined with the next frame.
+    /// The held-back tail joined with the start of the next frame (the seam searched for
+    /// matches that start in the tail).
     scratch: Vec<u8>,
 }
 
@@ -91,37 +92,34 @@ impl StreamScrubber {
             self.carry.extend_from_slice(&chunk);
             return;
         }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let hay: &[u8] = if c == 0 {
-            &chunk
-        } else {
-            scratch.clear();
-            scratch.extend_from_slice(&self.carry);
-            scratch.extend_from_slice(&chunk);
-            &scratch
+        let hold_back = self.scrubber.hold_back();
+        let found = matches(matcher, &self.carry, &chunk, hold_back, &mut self.scratch);
+        let hay = Joined {
+            carry: &self.carry,
+            chunk: &chunk,
         };
         let len = hay.len();
         // The held tail: a fixed window, cut at the last newline.
-        let window = len.saturating_sub(self.scrubber.hold_back());
+        let window = len.saturating_sub(hold_back);
         let mut h = match newline {
             Some(i) => window.max(c + i + 1),
             None => window,
         };
         let mut body: Option<BytesMut> = None;
         let mut pos = 0;
-        for (start, end) in matcher.find_iter(hay) {
+        for (start, end) in found {
             if start >= h {
                 break;
             }
             let buf = body.get_or_insert_with(|| BytesMut::with_capacity(len));
-            buf.extend_from_slice(&hay[pos..start]);
+            hay.extend(buf, pos..start);
             buf.extend_from_slice(&inner.marker);
             pos = end;
             h = h.max(end);
         }
         match body {
             Some(mut buf) => {
-                buf.extend_from_slice(&hay[pos..h]);
+                hay.extend(&mut buf, pos..h);
                 push(out, buf.freeze());
             }
             None if h <= c => push(out, Bytes::copy_from_slice(&self.carry[..h])),
@@ -130,17 +128,19 @@ impl StreamScrubber {
                 let rest = chunk.slice(..h - c);
                 if rest.len() <= COALESCE {
                     // One frame in, one frame out: an SSE event is not split needlessly.
-                    push(out, Bytes::copy_from_slice(&hay[..h]));
+                    let mut buf = BytesMut::with_capacity(h);
+                    hay.extend(&mut buf, 0..h);
+                    push(out, buf.freeze());
                 } else {
                     push(out, Bytes::copy_from_slice(&self.carry));
                     push(out, rest);
                 }
             }
         }
-        let tail = hay[h..].to_vec();
+        let mut tail = Vec::with_capacity(len - h);
+        hay.extend(&mut tail, h..len);
         self.carry = tail;
         self.scanned = self.carry.len();
-        self.scratch = scratch;
     }
 
     /// The body ended: the held-back bytes are final, scrub and release them.
@@ -158,6 +158,84 @@ impl StreamScrubber {
     pub fn discard(&mut self) {
         self.carry.clear();
         self.scanned = 0;
+    }
+}
+
+/// The matches in the held-back tail joined with `chunk`, in the coordinates of the two
+/// joined, without copying the chunk after the tail: a match starting in the tail ends
+/// within `hold_back` bytes of the chunk's start (no spelling is longer), so
+/// those are found in the tail joined with that much of the chunk; the rest are found
+/// in the chunk itself, from where the joined search would have gone on. No pattern
+/// looks behind its start, so a search from there finds what the joined one would.
+fn matches(
+    matcher: &super::matcher::Matcher,
+    carry: &[u8],
+    chunk: &[u8],
+    hold_back: usize,
+    scratch: &mut Vec<u8>,
+) -> Vec<(usize, usize)> {
+    let c = carry.len();
+    let mut found = Vec::new();
+    let mut from = 0;
+    if c > 0 {
+        let seam = chunk.len().min(hold_back);
+        scratch.clear();
+        scratch.extend_from_slice(carry);
+        scratch.extend_from_slice(&chunk[..seam]);
+        for (start, end) in matcher.find_iter(scratch) {
+            if start >= c {
+                break;
+            }
+            found.push((start, end));
+            from = end.saturating_sub(c);
+        }
+    }
+    found.extend(
+        matcher
+            .find_iter(&chunk[from..])
+            .map(|(start, end)| (c + from + start, c + from + end)),
+    );
+    found
+}
+
+/// The held-back tail and the next frame, read as one buffer without being copied into one.
+struct Joined<'a> {
+    carry: &'a [u8],
+    chunk: &'a [u8],
+}
+
+impl Joined<'_> {
+    fn len(&self) -> usize {
+        self.carry.len() + self.chunk.len()
+    }
+
+    /// Append the bytes at `range` of the two joined.
+    fn extend(&self, buf: &mut impl Put, range: std::ops::Range<usize>) {
+        let c = self.carry.len();
+        let (start, end) = (range.start, range.end);
+        if start < c {
+            buf.put(&self.carry[start..end.min(c)]);
+        }
+        if end > c {
+            buf.put(&self.chunk[start.max(c) - c..end - c]);
+        }
+    }
+}
+
+/// A buffer bytes are appended to.
+trait Put {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Put for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Put for BytesMut {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 

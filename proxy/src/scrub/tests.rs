@@ -633,14 +633,7 @@ fn streaming_equals_whole_body_scrubbing_on_random_input() {
         }
         let want = s.scrub_bytes(&body).into_owned();
         for _ in 0..8 {
-            let mut chunks: Vec<&[u8]> = Vec::new();
-            let mut rest = &body[..];
-            while !rest.is_empty() {
-                let n = rng.random_range(0..=rest.len().min(20));
-                let (a, b) = rest.split_at(n);
-                chunks.push(a);
-                rest = b;
-            }
+            let chunks = random_chunks(&mut rng, &body, 0, 20);
             assert_eq!(
                 streamed(&s, &chunks),
                 want,
@@ -649,4 +642,59 @@ fn streaming_equals_whole_body_scrubbing_on_random_input() {
             );
         }
     }
+}
+
+/// Secrets that overlap themselves, in long runs of their own bytes, cut at every place and
+/// in frames far longer than the held-back tail: the matches that start in the tail and end
+/// in the next frame, and the ones right after them, are those of the whole body.
+#[test]
+fn runs_of_self_overlapping_secrets_stream_as_they_scrub_whole() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5EA3);
+    for (secret, unit) in [
+        ("aaaa", "a"),
+        ("abab", "ab"),
+        ("abaab", "aab"),
+        ("xyxyx", "xy"),
+    ] {
+        let s = Scrubber::new([secret]);
+        for repeats in [7, 40, 300] {
+            let body = format!("q{}r{}", unit.repeat(repeats), unit.repeat(repeats / 3));
+            let want = s.scrub_bytes(body.as_bytes()).into_owned();
+            let body = body.as_bytes();
+            for cut in 0..=body.len() {
+                let (a, b) = body.split_at(cut);
+                assert_eq!(
+                    streamed(&s, &[a, b]),
+                    want,
+                    "{secret} in {repeats}, cut at {cut}"
+                );
+            }
+            for _ in 0..50 {
+                let chunks = random_chunks(&mut rng, body, 1, 3 * s.hold_back() + 2);
+                assert_eq!(
+                    streamed(&s, &chunks),
+                    want,
+                    "{secret} in {repeats}, {chunks:?}"
+                );
+            }
+        }
+    }
+}
+
+/// `body` cut into frames of `min..=max` bytes each (an empty frame, when `min` is 0).
+fn random_chunks<'a>(
+    rng: &mut rand::rngs::StdRng,
+    body: &'a [u8],
+    min: usize,
+    max: usize,
+) -> Vec<&'a [u8]> {
+    let mut chunks = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let n = rng.random_range(min..=rest.len().min(max));
+        let (a, b) = rest.split_at(n);
+        chunks.push(a);
+        rest = b;
+    }
+    chunks
 }
