@@ -319,28 +319,37 @@ mod tests {
         assert_ne!(key(&a, &none, &empty), key(&b, &none, &empty));
     }
 
-    #[test]
-    fn keeps_a_decision_once_and_stays_bounded() {
-        let memo = Memo::new(Some(&session(&["depth"])));
-        let allow = || Decision::Allow {
-            policies: vec!["p".into()],
-        };
+    /// Ask `memo` about `req` `times` times (every context attribute read, or none): how
+    /// many decisions had to be made.
+    fn decisions_made(memo: &Memo, req: &AccessRequest, reads: bool, times: usize) -> usize {
         let mut made = 0;
-        for _ in 0..3 {
+        for _ in 0..times {
             memo.decide(
-                &http("/"),
-                |_| false,
+                req,
+                |_| reads,
                 || {
                     made += 1;
-                    allow()
+                    Decision::Allow {
+                        policies: vec!["p".into()],
+                    }
                 },
             );
         }
-        assert_eq!(made, 1, "asked again, the kept decision answers");
+        made
+    }
+
+    #[test]
+    fn keeps_a_decision_once_and_stays_bounded() {
+        let memo = Memo::new(Some(&session(&["depth"])));
+        assert_eq!(
+            decisions_made(&memo, &http("/"), false, 3),
+            1,
+            "asked again, the kept decision answers"
+        );
         for i in 0..CAPACITY + 10 {
             let mut req = http("/");
             req.host = format!("h{i}");
-            memo.decide(&req, |_| false, allow);
+            decisions_made(&memo, &req, false, 1);
         }
         assert!(memo.len() <= CAPACITY, "bounded: {}", memo.len());
     }
@@ -349,23 +358,11 @@ mod tests {
     fn a_question_too_long_to_keep_is_decided_every_time() {
         let memo = Memo::new(Some(&session(&[])));
         let large = tool(json!({ "text": "x".repeat(LONGEST_KEY) }), None);
-        let mut made = 0;
-        for _ in 0..2 {
-            memo.decide(
-                &large,
-                |_| false,
-                || {
-                    made += 1;
-                    Decision::Allow { policies: vec![] }
-                },
-            );
-        }
-        assert_eq!((made, memo.len()), (2, 0));
-        memo.decide(
-            &tool(json!({ "text": "x" }), None),
-            |_| false,
-            || Decision::Allow { policies: vec![] },
+        assert_eq!(
+            (decisions_made(&memo, &large, false, 2), memo.len()),
+            (2, 0)
         );
+        decisions_made(&memo, &tool(json!({ "text": "x" }), None), false, 1);
         assert_eq!(memo.len(), 1, "a short one is kept");
     }
 
@@ -377,17 +374,7 @@ mod tests {
             Some(session(&["depth", "recent"])),
         ] {
             let memo = Memo::new(read.as_ref());
-            let mut made = 0;
-            for _ in 0..2 {
-                memo.decide(
-                    &http("/"),
-                    |_| true,
-                    || {
-                        made += 1;
-                        Decision::Allow { policies: vec![] }
-                    },
-                );
-            }
+            let made = decisions_made(&memo, &http("/"), true, 2);
             assert_eq!((made, memo.len()), (2, 0), "{read:?}");
         }
     }

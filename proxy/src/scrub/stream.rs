@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Scrubber;
 
@@ -210,32 +210,15 @@ impl Joined<'_> {
     }
 
     /// Append the bytes at `range` of the two joined.
-    fn extend(&self, buf: &mut impl Put, range: std::ops::Range<usize>) {
+    fn extend(&self, buf: &mut impl BufMut, range: std::ops::Range<usize>) {
         let c = self.carry.len();
         let (start, end) = (range.start, range.end);
         if start < c {
-            buf.put(&self.carry[start..end.min(c)]);
+            buf.put_slice(&self.carry[start..end.min(c)]);
         }
         if end > c {
-            buf.put(&self.chunk[start.max(c) - c..end - c]);
+            buf.put_slice(&self.chunk[start.max(c) - c..end - c]);
         }
-    }
-}
-
-/// A buffer bytes are appended to.
-trait Put {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl Put for Vec<u8> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl Put for BytesMut {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
     }
 }
 
