@@ -188,27 +188,6 @@ pub struct NotificationLabels {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ostiary");
-        let requests = Family::<RequestLabels, Counter>::default();
-        // 1 µs .. ~8 ms: Cedar decisions live in microseconds.
-        let decision_seconds = Histogram::new(exponential_buckets(1e-6, 2.0, 14));
-        // 100 µs .. ~100 s.
-        let upstream_seconds = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
-        registry.register(
-            "requests",
-            "Requests handled, by kind and decision",
-            requests.clone(),
-        );
-        registry.register(
-            "decision_seconds",
-            "Time spent in policy evaluation per decision",
-            decision_seconds.clone(),
-        );
-        registry.register(
-            "upstream_seconds",
-            "Time from dialing an upstream to its response head",
-            upstream_seconds.clone(),
-        );
         let policy_reloads = Family::<ReloadLabels, Counter>::default();
         // Both series exist from the start, so an alert on `failed` sees 0 rather than
         // nothing until the first failure.
@@ -217,150 +196,174 @@ impl Default for Metrics {
                 outcome: outcome.to_owned(),
             });
         }
+        let mut metrics = Self {
+            request_handles: Handles::default(),
+            check_second_handles: Handles::default(),
+            check_handles: Handles::default(),
+            registry: Mutex::default(),
+            requests: Family::default(),
+            // 1 µs .. ~8 ms: Cedar decisions live in microseconds.
+            decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 14)),
+            // 100 µs .. ~100 s.
+            upstream_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 21)),
+            policy_reloads,
+            shadow: Family::default(),
+            policy_generation: Gauge::default(),
+            credentials: Family::default(),
+            // 100 µs .. ~6.5 s: one Vault round trip.
+            credential_fetch_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 17)),
+            revocations: Family::default(),
+            quarantined_leases: Gauge::default(),
+            live_leases: Gauge::default(),
+            exfiltration_attempts: Family::default(),
+            approval_transitions: Family::default(),
+            approval_notifications: Family::default(),
+            approvals_pending: Gauge::default(),
+            approvals_executing: Gauge::default(),
+            approval_notifications_failing: Gauge::default(),
+            check_seconds: Family::new_with_constructor(check_histogram),
+            checks: Family::default(),
+            check_budget_exceeded: Family::default(),
+            watchdog_trips: Family::default(),
+            limits_exceeded: Family::default(),
+        };
+        let mut registry = Registry::with_prefix("ostiary");
+        metrics.register_decisions(&mut registry);
+        metrics.register_credentials(&mut registry);
+        metrics.register_approvals(&mut registry);
+        metrics.register_guardrails(&mut registry);
+        metrics.registry = Mutex::new(registry);
+        metrics
+    }
+}
+
+/// Each family and gauge in the registry `/metrics` encodes, by concern.
+impl Metrics {
+    /// Requests, decisions and the policy set in force.
+    fn register_decisions(&self, registry: &mut Registry) {
+        registry.register(
+            "requests",
+            "Requests handled, by kind and decision",
+            self.requests.clone(),
+        );
+        registry.register(
+            "decision_seconds",
+            "Time spent in policy evaluation per decision",
+            self.decision_seconds.clone(),
+        );
+        registry.register(
+            "upstream_seconds",
+            "Time from dialing an upstream to its response head",
+            self.upstream_seconds.clone(),
+        );
         registry.register(
             "policy_reloads",
             "Policy set reloads, by outcome (a failed one keeps the last good set)",
-            policy_reloads.clone(),
+            self.policy_reloads.clone(),
         );
-        let shadow = Family::<ShadowLabels, Counter>::default();
         registry.register(
             "shadow_decisions",
             "Decisions the shadow policy set compared, by outcome (agree, disagree, dropped: \
              the queue was full, partial: kept without their arguments, unreadable)",
-            shadow.clone(),
+            self.shadow.clone(),
         );
-        let policy_generation = Gauge::default();
         registry.register(
             "policy_generation",
             "Generation of the policy set in force (1 at start-up, +1 per successful reload)",
-            policy_generation.clone(),
+            self.policy_generation.clone(),
         );
-        let credentials = Family::<CredentialLabels, Counter>::default();
+    }
+
+    /// The broker: credentials, their leases, and placeholders sent where they may not go.
+    fn register_credentials(&self, registry: &mut Registry) {
         registry.register(
             "credentials",
             "Credentials asked of the broker, by binding, source and outcome",
-            credentials.clone(),
+            self.credentials.clone(),
         );
-        // 100 µs .. ~6.5 s: one Vault round trip.
-        let credential_fetch_seconds = Histogram::new(exponential_buckets(1e-4, 2.0, 17));
         registry.register(
             "credential_fetch_seconds",
             "Time to fetch a credential the cache did not hold (file read or Vault round trip)",
-            credential_fetch_seconds.clone(),
+            self.credential_fetch_seconds.clone(),
         );
-        let revocations = Family::<RevocationLabels, Counter>::default();
         registry.register(
             "lease_revocations",
             "Lease revocations at teardown or expiry, by binding and outcome",
-            revocations.clone(),
+            self.revocations.clone(),
         );
-        let quarantined_leases = Gauge::default();
         registry.register(
             "quarantined_leases",
             "Leases whose revocation failed and is being retried",
-            quarantined_leases.clone(),
+            self.quarantined_leases.clone(),
         );
-        let live_leases = Gauge::default();
         registry.register(
             "live_leases",
             "Leases held for live sessions",
-            live_leases.clone(),
+            self.live_leases.clone(),
         );
-        let exfiltration_attempts = Family::<NameLabels, Counter>::default();
         registry.register(
             "placeholder_exfiltration_attempts",
             "Requests refused for carrying a credential placeholder to a host it is not bound to, or outside its binding's injection point",
-            exfiltration_attempts.clone(),
+            self.exfiltration_attempts.clone(),
         );
-        let approval_transitions = Family::<TransitionLabels, Counter>::default();
+    }
+
+    /// The approval queue and its notifications.
+    fn register_approvals(&self, registry: &mut Registry) {
         registry.register(
             "approval_transitions",
             "Approval state transitions (held, approved, denied, expired, reminded, executed, failed, refused, recovered)",
-            approval_transitions.clone(),
+            self.approval_transitions.clone(),
         );
-        let approval_notifications = Family::<NotificationLabels, Counter>::default();
         registry.register(
             "approval_notifications",
             "Notifications to approvers, by channel and outcome (failed ones are retried)",
-            approval_notifications.clone(),
+            self.approval_notifications.clone(),
         );
-        let approvals_pending = Gauge::default();
         registry.register(
             "approvals_pending",
             "Approvals waiting for a human",
-            approvals_pending.clone(),
+            self.approvals_pending.clone(),
         );
-        let approvals_executing = Gauge::default();
         registry.register(
             "approvals_executing",
             "Approved requests claimed for execution and not yet finished",
-            approvals_executing.clone(),
+            self.approvals_executing.clone(),
         );
-        let approval_notifications_failing = Gauge::default();
         registry.register(
             "approval_notifications_failing",
             "Notifications that failed at least once and are still being retried",
-            approval_notifications_failing.clone(),
+            self.approval_notifications_failing.clone(),
         );
-        let check_seconds: Family<CheckLabels, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(check_histogram);
+    }
+
+    /// Tier checks, the loop watchdog and session limits.
+    fn register_guardrails(&self, registry: &mut Registry) {
         registry.register(
             "check_seconds",
             "Time each tier check took, by check",
-            check_seconds.clone(),
+            self.check_seconds.clone(),
         );
-        let checks = Family::<CheckOutcomeLabels, Counter>::default();
         registry.register(
             "checks",
             "Tier checks run, by check and outcome (pass, fail, escalate, timeout, error)",
-            checks.clone(),
+            self.checks.clone(),
         );
-        let check_budget_exceeded = Family::<BudgetLabels, Counter>::default();
         registry.register(
             "check_budget_exceeded",
             "Requests whose checks did not all answer within the tier's budget, by tier and what the tier did",
-            check_budget_exceeded.clone(),
+            self.check_budget_exceeded.clone(),
         );
-        let watchdog_trips = Family::<KindLabels, Counter>::default();
         registry.register(
             "watchdog_trips",
             "Sessions paused by the loop watchdog, by rule",
-            watchdog_trips.clone(),
+            self.watchdog_trips.clone(),
         );
-        let limits_exceeded = Family::<LimitLabels, Counter>::default();
         registry.register(
             "limits_exceeded",
             "Requests refused (429) or escalated because a session limit was reached, by limit",
-            limits_exceeded.clone(),
+            self.limits_exceeded.clone(),
         );
-        Self {
-            request_handles: Handles::default(),
-            check_second_handles: Handles::default(),
-            check_handles: Handles::default(),
-            watchdog_trips,
-            limits_exceeded,
-            check_seconds,
-            checks,
-            check_budget_exceeded,
-            approval_transitions,
-            approval_notifications,
-            approvals_pending,
-            approvals_executing,
-            approval_notifications_failing,
-            credentials,
-            credential_fetch_seconds,
-            revocations,
-            quarantined_leases,
-            live_leases,
-            exfiltration_attempts,
-            registry: Mutex::new(registry),
-            requests,
-            decision_seconds,
-            upstream_seconds,
-            policy_reloads,
-            shadow,
-            policy_generation,
-        }
     }
 }
 
