@@ -40,16 +40,8 @@ use super::record::AuditRecord;
 use super::signing::Signing;
 use super::sink::{log_unwritten, AuditSink, Command, AUDIT_UNAVAILABLE};
 use crate::metrics::Metrics;
-use crate::store::audit::{AppendError, AuditRow, AuditStore};
+use crate::store::audit::{yielding, AppendError, AuditRow, AuditStore};
 use crate::store::StoreError;
-
-/// Records serialised between two offers of the core ([`Writer::append_adopting`]): 8, or
-/// an eighth of a larger batch. A small batch (a lightly loaded proxy) is where a request
-/// waiting behind the writer shows as latency; under load every yield finds a task waiting
-/// and costs a context switch, so a batch yields about as often whatever its size.
-fn records_per_yield(batch: usize) -> usize {
-    (batch / 8).max(8)
-}
 
 /// The writer thread's handle; dropping every sink (or [`AuditSink::close`]) and joining
 /// drains the queue.
@@ -518,20 +510,11 @@ impl Writer {
     /// (read, checked and sealed after under the store's append lock, so that a writer
     /// never loses a race to the others however busy they are); the rows written.
     fn append_adopting(&mut self, records: &[AuditRecord]) -> Result<Vec<AuditRow>, WriteError> {
-        // This thread shares the cores with the requests it records, and a request woken
-        // onto its core waits until the scheduler preempts it — after its time slice, not
-        // at the wakeup (EEVDF runs the current task to parity first). A group commit's
-        // burst was most of the one-client p99 the proxy added, so the writer offers the
-        // core every few records here, around the append, and between rows inside it
-        // (docs/benchmarks.md, "The audit writer gives way").
-        let every = records_per_yield(records.len());
-        let mut texts = Vec::with_capacity(records.len());
-        for (i, record) in records.iter().enumerate() {
-            if i % every == every - 1 {
-                thread::yield_now();
-            }
-            texts.push(serde_json::to_string(record)?);
-        }
+        // The core offered while serialising, around the append and between the rows it
+        // inserts: requests woken onto it wait otherwise ([`yielding`]).
+        let texts = yielding(records)
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()?;
         thread::yield_now();
         let rows = self.append_sealing(&mut |_, _| Ok(seal_rows(records, &texts)));
         thread::yield_now();

@@ -6,7 +6,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, TransactionBehavior};
 
 use super::Db;
-use crate::audit::{Adopted, AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
+use crate::audit::{yielding, Adopted, AppendError, AuditQuery, AuditRow, AuditStore, Seal, Tip};
 use crate::StoreError;
 
 /// The chain's own connection, committing with `synchronous = NORMAL`: a commit is in the
@@ -48,23 +48,12 @@ fn last_row(c: &Connection) -> rusqlite::Result<Option<Tip>> {
         .optional()
 }
 
-/// Rows inserted between two offers of the core, at least: the audit writer's thread shares
-/// the cores with the requests it records, and a request woken onto its core would otherwise
-/// wait out the whole insert. A larger batch yields every eighth of its rows, so that under
-/// load (where every yield costs a context switch) a batch yields about as often whatever its
-/// size (docs/benchmarks.md, "The audit writer gives way").
-const ROWS_PER_YIELD: usize = 8;
-
 fn insert(c: &Connection, rows: &[AuditRow]) -> rusqlite::Result<()> {
     let mut insert = c.prepare_cached(
         "INSERT INTO audit (seq, ts_ms, session, decision, record, prev, hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    let every = (rows.len() / 8).max(ROWS_PER_YIELD);
-    for (i, r) in rows.iter().enumerate() {
-        if i % every == every - 1 {
-            std::thread::yield_now();
-        }
+    for r in yielding(rows) {
         insert.execute(params![
             r.seq, r.ts_ms, r.session, r.decision, r.record, r.prev, r.hash
         ])?;
