@@ -339,6 +339,12 @@ async fn a_one_at_a_time_schedule_never_runs_twice_at_once_across_replicas() {
     let other = 1 - first;
     let replica = &mut fleet.replicas[first];
     crate::support::cli::terminate(&mut replica.child, &replica.log).await;
+    // A run of the other replica started after the stop: the two before it may already have
+    // been one on each replica, when the other took a queued run first.
+    let stopped_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     for name in names {
         loop {
@@ -347,7 +353,7 @@ async fn a_one_at_a_time_schedule_never_runs_twice_at_once_across_replicas() {
             if runs
                 .iter()
                 .filter(theirs)
-                .any(|r| r["status"] == "succeeded")
+                .any(|r| r["status"] == "succeeded" && r["started_ms"].as_i64() > Some(stopped_ms))
             {
                 break;
             }
