@@ -31,12 +31,15 @@ if [ ! -x "$TOOLS/bin/oha" ] || ! "$TOOLS/bin/oha" --version | grep -q "$OHA_VER
     echo "installing oha $OHA_VERSION (crates.io)"
     cargo install oha --version "$OHA_VERSION" --locked --root "$TOOLS" --quiet
 fi
-# `--profile` records with perf and folds the stacks with inferno.
-if [[ " $* " == *" --profile "* ]]; then
+# `--profile` records with perf and folds the stacks with inferno; `--allocations` counts
+# uprobes with perf.
+if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* ]]; then
     command -v perf >/dev/null || {
         echo "installing linux-perf (Debian)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
     }
+fi
+if [[ " $* " == *" --profile "* ]]; then
     if ! cargo install --list --root "$TOOLS" | grep -q "^inferno v$INFERNO_VERSION:"; then
         echo "installing inferno $INFERNO_VERSION (crates.io)"
         cargo install inferno --version "$INFERNO_VERSION" --locked --root "$TOOLS" --quiet

@@ -510,6 +510,48 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
     print(f"wrote {RESULTS / (opts.label + '.svg')}")
 
 
+# mimalloc's entry points as the `mimalloc` crate's global allocator calls them: every
+# allocation, zeroed allocation and reallocation of the process goes through one of these.
+ALLOC_FUNCTIONS = ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned")
+
+
+def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> dict:
+    """Exact heap allocations per request of one Ostiary rung: perf counts uprobes on
+    mimalloc's entry points (every thread, the audit writer's included) over `--requests`
+    one-client requests. A count, not a time: the same build and requests give the same
+    figure on any machine, so two builds can be compared without rounds."""
+    tracing = Path("/sys/kernel/tracing")
+    if not (tracing / "uprobe_events").exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(tracing)], check=False,
+                       capture_output=True)
+    group = "ostiary_alloc"
+    events = []
+    for i, fn in enumerate(ALLOC_FUNCTIONS):
+        name = f"{group}:{setup.name.replace('-', '_').replace('@', '_')}_{i}"
+        subprocess.run(["perf", "probe", "-q", "-d", name], capture_output=True)
+        run(["perf", "probe", "-q", "-x", str(binary), "--add", f"{name}={fn}"])
+        events.append(name)
+    out = work / f"{setup.name}.allocs"
+    counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(events),
+                                "-o", str(out), "-p", str(setup.pid)])
+    time.sleep(0.5)
+    try:
+        res = oha_run(opts.oha, setup, Scenario("allocations", "", "/1k",
+                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
+        time.sleep(0.3)  # the audit writer's last group
+    finally:
+        counter.send_signal(signal.SIGINT)
+        counter.wait()
+        for name in events:
+            subprocess.run(["perf", "probe", "-q", "-d", name], capture_output=True)
+    counts = {}
+    for line in out.read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].strip().isdigit():
+            counts[ALLOC_FUNCTIONS[events.index(fields[2])]] = int(fields[0]) / res["ok"]
+    return {"requests": res["ok"], "per_request": sum(counts.values()), "by_function": counts}
+
+
 def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> dict:
     """RSS of the proxy before, and with `idle` intercepted keep-alive connections open, each
     having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k)."""
@@ -659,6 +701,9 @@ def main():
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")
+    ap.add_argument("--allocations", action="store_true",
+                    help="instead of the table: heap allocations per request of each Ostiary "
+                         "rung (perf uprobes on mimalloc; needs root), --requests of one client")
     ap.add_argument("--streams", type=int, default=1000,
                     help="event streams of the sse scenario per round (0: skip it)")
     ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
@@ -702,6 +747,18 @@ def main():
         if opts.profile:
             target = next(s for s in setups if s.name == opts.profile)
             profile(opts, target, up_port, work)
+            return
+        if opts.allocations:
+            rows = {}
+            for s in setups:
+                if s.name.startswith("ostiary-") and s.name != "ostiary-relay":
+                    binary = Path(opts.ostiary_b or opts.ostiary) if s.name.endswith("@b") \
+                        else Path(opts.ostiary)
+                    rows[s.name] = allocations(opts, s, binary, up_port, work)
+                    print(f"{s.name:<16} {rows[s.name]['per_request']:6.1f} allocations per "
+                          f"request ({rows[s.name]['requests']} requests, one client)", flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return
         if opts.memory:
             rows = {}

@@ -227,21 +227,30 @@ impl PathTemplate {
             _ => path,
         };
         let rest = path.strip_prefix('/')?;
-        let parts: Vec<&str> = rest.split('/').collect();
-        if parts.len() != self.segments.len() {
+        // Every route of the catalog is tried against every request's path: nothing is
+        // allocated until the path has matched.
+        let parts = || rest.split('/');
+        if parts().count() != self.segments.len()
+            || !self
+                .segments
+                .iter()
+                .zip(parts())
+                .all(|(segment, part)| match segment {
+                    Segment::Literal(lit) => lit == part,
+                    Segment::Param(_) => !part.is_empty(),
+                })
+        {
             return None;
         }
-        let mut out = Vec::new();
-        for (segment, part) in self.segments.iter().zip(parts) {
-            match segment {
-                Segment::Literal(lit) if lit == part => {}
-                Segment::Param(name) if !part.is_empty() => {
-                    out.push((name.clone(), part.to_owned()));
-                }
-                _ => return None,
-            }
-        }
-        Some(out)
+        let params = self.segments.iter().zip(parts());
+        Some(
+            params
+                .filter_map(|(segment, part)| match segment {
+                    Segment::Param(name) => Some((name.clone(), part.to_owned())),
+                    Segment::Literal(_) => None,
+                })
+                .collect(),
+        )
     }
 }
 

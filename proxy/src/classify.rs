@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, Method, Request, Uri};
 
 use crate::egress::address::{split_authority, Host};
@@ -56,15 +58,28 @@ impl Target {
         }
     }
 
-    /// The absolute URI the upstream request is sent to.
+    /// The absolute URI the upstream request is sent to. Built from its parts, each text
+    /// handed to `http` without a copy: this runs for every forwarded request.
     pub fn upstream_uri(&self) -> Result<Uri, ProxyError> {
-        let mut text = format!("{}://{}{}", self.scheme, self.authority(), self.path);
-        if !self.query.is_empty() {
+        let invalid = |e: http::Error| ProxyError::bad_request(format!("request target: {e}"));
+        let path_and_query = if self.query.is_empty() {
+            PathAndQuery::from_maybe_shared(Bytes::from(self.path.clone()))
+        } else {
+            let mut text = String::with_capacity(self.path.len() + 1 + self.query.len());
+            text.push_str(&self.path);
             text.push('?');
             text.push_str(&self.query);
-        }
-        text.parse()
-            .map_err(|e| ProxyError::bad_request(format!("request target: {e}")))
+            PathAndQuery::from_maybe_shared(Bytes::from(text))
+        };
+        Uri::builder()
+            .scheme(self.scheme)
+            .authority(
+                Authority::from_maybe_shared(Bytes::from(self.authority()))
+                    .map_err(|e| invalid(e.into()))?,
+            )
+            .path_and_query(path_and_query.map_err(|e| invalid(e.into()))?)
+            .build()
+            .map_err(invalid)
     }
 }
 
@@ -101,38 +116,37 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
         Origin::Tunnel(tunnel) => {
             // h2 carries :authority in the URI; h1 carries Host (or, rarely, absolute-form).
             let named = match uri.authority() {
-                Some(a) => a.as_str().to_owned(),
+                Some(a) => a.as_str(),
                 None => req
                     .headers()
                     .get(HOST)
                     .ok_or_else(|| ProxyError::bad_request("request has no Host"))?
                     .to_str()
-                    .map_err(|_| ProxyError::bad_request("Host is not ASCII"))?
-                    .to_owned(),
+                    .map_err(|_| ProxyError::bad_request("Host is not ASCII"))?,
             };
-            let (host, port) = parse_authority(&named)?;
+            let (host, port) = tunnel_authority(tunnel, named)?;
             // A port-less Host means "the tunnel's port" in practice (some clients omit
             // non-default ports); a port that is present must match.
             if host != tunnel.host || port.is_some_and(|p| p != tunnel.port) {
                 return Err(ProxyError::Misdirected {
                     tunnel: format!("{}:{}", tunnel.host, tunnel.port),
-                    host: named,
+                    host: named.to_owned(),
                 });
             }
             (host, tunnel.port, "https")
         }
     };
     let path = match uri.path() {
-        "" => "/".to_owned(),
-        p if p.starts_with('/') => p.to_owned(),
-        "*" if req.method() == Method::OPTIONS => "*".to_owned(),
+        "" => "/",
+        p if p.starts_with('/') => p,
+        "*" if req.method() == Method::OPTIONS => "*",
         other => {
             return Err(ProxyError::bad_request(format!(
                 "request path {other:?} does not start with /"
             )))
         }
     };
-    let path = crate::path_forms::normalize(&path).into_owned();
+    let path = crate::path_forms::normalize(path).into_owned();
     if has_dot_segment(&path) {
         // Upstreams disagree on resolving `.`/`..` (and their %2e spellings), so a rule on
         // `/admin` could be walked around with `/x/../admin`. Clients resolve them before
@@ -153,9 +167,47 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
 
 /// A `.` or `..` segment, literally or percent-encoded (`%2e`), anywhere in the path.
 fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|segment| {
-        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
-        decoded == "." || decoded == ".."
+    path.split('/').any(is_dot_segment)
+}
+
+/// `.` or `..`, each dot possibly spelt `%2e` or `%2E`. Looked at in place: every request's
+/// path passes here.
+fn is_dot_segment(segment: &str) -> bool {
+    let mut rest = segment.as_bytes();
+    let mut dots = 0;
+    while !rest.is_empty() {
+        rest = match rest {
+            [b'.', tail @ ..] => tail,
+            [b'%', b'2', e, tail @ ..] if e.eq_ignore_ascii_case(&b'e') => tail,
+            _ => return false,
+        };
+        dots += 1;
+    }
+    matches!(dots, 1 | 2)
+}
+
+/// The host and port a request inside `tunnel` names. The common case — the very spelling
+/// the tunnel's host was normalised to, with or without a port — is recognised without
+/// normalising it again (normalising a normalised name gives it back unchanged).
+fn tunnel_authority(tunnel: &Tunnel, named: &str) -> Result<(Host, Option<u16>), ProxyError> {
+    if let Host::Name(canonical) = &tunnel.host {
+        match named.strip_prefix(canonical.as_str()) {
+            Some("") => return Ok((tunnel.host.clone(), None)),
+            Some(port) if is_port(port.strip_prefix(':'), tunnel.port) => {
+                return Ok((tunnel.host.clone(), Some(tunnel.port)))
+            }
+            _ => {}
+        }
+    }
+    parse_authority(named)
+}
+
+/// `text` is `port` in plain decimal: no sign, no leading zero.
+fn is_port(text: Option<&str>, port: u16) -> bool {
+    text.is_some_and(|text| {
+        text.bytes().all(|b| b.is_ascii_digit())
+            && !text.starts_with('0')
+            && text.parse::<u16>() == Ok(port)
     })
 }
 
@@ -275,6 +327,76 @@ mod tests {
                 .body(())
                 .unwrap();
             assert!(target(&Origin::Plain, &req).is_ok(), "{path}");
+        }
+    }
+
+    #[test]
+    fn dot_segments_are_found_in_place_as_by_decoding_them() {
+        // The spelling that decodes each segment before comparing, as this module did.
+        let decoded = |segment: &str| {
+            let d = segment.to_ascii_lowercase().replace("%2e", ".");
+            d == "." || d == ".."
+        };
+        let pieces = [".", "%2e", "%2E", "%2", "%", "e", "E", "a", "%2f"];
+        let mut segments = vec![String::new()];
+        for _ in 0..4 {
+            let longer: Vec<String> = segments
+                .iter()
+                .flat_map(|s| pieces.iter().map(move |p| format!("{s}{p}")))
+                .collect();
+            segments.extend(longer);
+        }
+        for segment in &segments {
+            assert_eq!(is_dot_segment(segment), decoded(segment), "{segment:?}");
+        }
+    }
+
+    #[test]
+    fn a_tunnel_hosts_own_spelling_is_taken_as_normalising_it_would() {
+        let Origin::Tunnel(t) = tunnel("api.example", 443) else {
+            unreachable!()
+        };
+        for named in [
+            "api.example",
+            "api.example:443",
+            "api.example:8443",
+            "api.example:0443",
+            "api.example:+443",
+            "api.example:",
+            "api.example:443:443",
+            "api.example.",
+            "API.example:443",
+            "api.examplex",
+            "api.exampl",
+            "api.example:65536",
+            "api.example@evil.example",
+        ] {
+            let fast = tunnel_authority(&t, named).map_err(|e| e.to_string());
+            let slow = parse_authority(named).map_err(|e| e.to_string());
+            assert_eq!(fast, slow, "{named}");
+        }
+    }
+
+    #[test]
+    fn the_upstream_uri_is_the_target_written_out() {
+        for (origin, uri) in [
+            (Origin::Plain, "http://a.example/x/y?q=1&r=%20"),
+            (Origin::Plain, "http://a.example:8080/"),
+            (Origin::Plain, "http://[::1]:8080/v6?x"),
+            (Origin::Plain, "http://127.0.0.1/%2F"),
+            (tunnel("api.example", 443), "/tool/1k"),
+        ] {
+            let req = Request::get(uri)
+                .header(HOST, "api.example")
+                .body(())
+                .unwrap();
+            let t = target(&origin, &req).unwrap();
+            let mut text = format!("{}://{}{}", t.scheme, t.authority(), t.path);
+            if !t.query.is_empty() {
+                text.push('?');
+                text.push_str(&t.query);
+            }
+            assert_eq!(t.upstream_uri().unwrap().to_string(), text, "{uri}");
         }
     }
 

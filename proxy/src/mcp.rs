@@ -87,7 +87,11 @@ pub fn endpoint(catalog: &Catalog, target: &Target) -> Result<Option<Endpoint>, 
 }
 
 fn endpoint_at(catalog: &Catalog, target: &Target, path: &str) -> Option<Endpoint> {
-    let host = target.host.to_string();
+    // Compared in place: every request to a catalogued host passes here.
+    let host: std::borrow::Cow<'_, str> = match &target.host {
+        crate::egress::address::Host::Name(name) => name.as_str().into(),
+        ip => ip.to_string().into(),
+    };
     catalog
         .tools()
         .iter()

@@ -292,9 +292,23 @@ fn io_err(path: &Path, source: std::io::Error) -> StateError {
 
 /// Random bytes as lowercase hex.
 pub fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::rng().fill_bytes(&mut buf);
-    hex::encode(buf)
+    // Request ids are drawn for every request: up to 32 bytes come from the stack, so the
+    // id is the only allocation.
+    let mut small = [0u8; 32];
+    let mut large = Vec::new();
+    let buf = if bytes <= small.len() {
+        &mut small[..bytes]
+    } else {
+        large.resize(bytes, 0);
+        &mut large[..]
+    };
+    rand::rng().fill_bytes(buf);
+    let mut out = String::with_capacity(bytes * 2);
+    for b in buf.iter() {
+        out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        out.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), StateError> {
@@ -393,6 +407,21 @@ fn ensure_ed25519(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn random_hex_is_two_lowercase_hex_digits_a_byte_and_differs_each_draw() {
+        for bytes in [0, 1, 8, 12, 31, 32, 33, 64] {
+            let a = random_hex(bytes);
+            assert_eq!(a.len(), bytes * 2);
+            assert!(a
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert_eq!(hex::decode(&a).unwrap().len(), bytes);
+            if bytes >= 8 {
+                assert_ne!(a, random_hex(bytes), "{bytes} bytes drawn twice alike");
+            }
+        }
+    }
 
     #[test]
     fn creates_then_reuses_state() {

@@ -209,3 +209,20 @@ async fn a_sync_that_fails_stops_forwarding_until_it_works_again() {
     assert!(report.ok(), "{report:?}");
     assert_eq!(report.records, 4, "{report:?}");
 }
+
+#[test]
+fn a_records_text_is_what_serde_json_writes_whatever_its_length() {
+    for reason in [String::new(), "r".repeat(100), "é\"\\\n".repeat(2_000)] {
+        let record = AuditRecord {
+            request_id: "req".into(),
+            kind: "http".into(),
+            decision: "deny".into(),
+            reason: Some(reason),
+            ..Default::default()
+        };
+        assert_eq!(
+            record_text(&record).unwrap(),
+            serde_json::to_string(&record).unwrap()
+        );
+    }
+}

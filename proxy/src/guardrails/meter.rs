@@ -200,7 +200,13 @@ impl Meter {
     /// by the spawn depth; a cycle (which `create` cannot make) would stop at the bound.
     fn chain(&self, session: &str) -> Vec<Arc<Mutex<Account>>> {
         let mut out = Vec::new();
-        let mut next = Some(session.to_owned());
+        // The session's own account is looked up by the id as given: a root session (the
+        // common case, on every request's byte and call accounting) copies no id at all.
+        let Some(own) = self.account(session) else {
+            return out;
+        };
+        let mut next = own.lock().unwrap_or_else(|e| e.into_inner()).parent.clone();
+        out.push(own);
         while let Some(id) = next.take() {
             let Some(account) = self.account(&id) else {
                 break;

@@ -119,7 +119,7 @@ impl<'a> RequestCtx<'a> {
             r.port = Some(target.port);
             r.path = Some(target.path.clone());
             // The set that decides it, whatever a reload swaps in before the record is written.
-            r.policy_version = Some(engine.version().to_string());
+            r.policy_version = Some(engine.version().as_ref().to_owned());
         });
         Self {
             plane,
