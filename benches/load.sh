@@ -39,6 +39,10 @@ if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* ]]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
     }
 fi
+if [[ " $* " == *" --instructions "* ]] && ! command -v valgrind >/dev/null; then
+    echo "installing valgrind (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null
+fi
 if [[ " $* " == *" --profile "* ]]; then
     if ! cargo install --list --root "$TOOLS" | grep -q "^inferno v$INFERNO_VERSION:"; then
         echo "installing inferno $INFERNO_VERSION (crates.io)"

@@ -552,6 +552,46 @@ def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> d
     return {"requests": res["ok"], "per_request": sum(counts.values()), "by_function": counts}
 
 
+def under_callgrind(work: Path, binary: Path, name: str) -> Path:
+    """A wrapper that runs `ostiary serve` under callgrind (and any other subcommand, the
+    session it mints, as it is), its output next to the rung's files."""
+    wrapper = work / f"{name}.callgrind.sh"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$1" = serve ]; then
+    exec valgrind -q --tool=callgrind --callgrind-out-file={work / name}.callgrind.%p {binary} "$@"
+fi
+exec {binary} "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def instructions(opts, setup: Setup, up_port: int, work: Path) -> dict:
+    """Instructions per request of one Ostiary rung run under callgrind: its counters zeroed
+    after the warm-up, dumped after `--requests` one-client requests (every thread: the
+    audit writer's included). Instructions, not seconds, so they repeat within ~0.5% from
+    run to run whatever else the machine does. valgrind hides AVX-512 and SHA-NI, so crypto
+    (SHA-256 above all: the audit chain) counts for more than it costs on the machine."""
+    subprocess.run(["callgrind_control", "-z", str(setup.pid)], check=True, capture_output=True)
+    res = oha_run(opts.oha, setup, Scenario("instructions", "", "/1k",
+                                            ["-n", str(opts.requests), "-c", "1"]), up_port)
+    time.sleep(1.0)  # the audit writer's last group
+    dumps = set(work.glob(f"{setup.name}.callgrind.*"))
+    subprocess.run(["callgrind_control", "-d", str(setup.pid)], check=True, capture_output=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        new = set(work.glob(f"{setup.name}.callgrind.*")) - dumps
+        if new:
+            time.sleep(0.5)
+            text = max(new, key=lambda f: f.stat().st_mtime).read_text(errors="replace")
+            for line in text.splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+                    return {"requests": res["ok"], "per_request": total / res["ok"]}
+        time.sleep(0.2)
+    raise RuntimeError(f"{setup.name}: callgrind wrote no dump")
+
+
 def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> dict:
     """RSS of the proxy before, and with `idle` intercepted keep-alive connections open, each
     having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k)."""
@@ -704,6 +744,9 @@ def main():
     ap.add_argument("--allocations", action="store_true",
                     help="instead of the table: heap allocations per request of each Ostiary "
                          "rung (perf uprobes on mimalloc; needs root), --requests of one client")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead of the table: instructions per request of each Ostiary rung "
+                         "under callgrind (valgrind), --requests of one client")
     ap.add_argument("--streams", type=int, default=1000,
                     help="event streams of the sse scenario per round (0: skip it)")
     ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
@@ -724,13 +767,17 @@ def main():
     try:
         if not only or "ostiary-relay" in only:
             setups.append(start_relay(work, certs, Path(opts.relay), "ostiary-relay"))
+        def binary(path: str, name: str) -> Path:
+            return under_callgrind(work, Path(path), name) if opts.instructions else Path(path)
+
         for name, rung in RUNGS.items():
             if not only or name in only:
-                setups.append(start_ostiary(work, certs, up_port, name, rung, Path(opts.ostiary)))
+                setups.append(start_ostiary(work, certs, up_port, name, rung,
+                                            binary(opts.ostiary, name)))
                 if opts.ostiary_b or opts.config_b or opts.env_b:
                     env_b = dict(v.split("=", 1) for v in opts.env_b)
                     setups.append(start_ostiary(work, certs, up_port, f"{name}@b", rung,
-                                                Path(opts.ostiary_b or opts.ostiary),
+                                                binary(opts.ostiary_b or opts.ostiary, f"{name}@b"),
                                                 opts.config_b.replace("\\n", "\n"), env_b))
         if not only or "hudsucker" in only:
             setups.append(start_relay(work, certs, Path(opts.hudsucker), "hudsucker"))
@@ -747,6 +794,16 @@ def main():
         if opts.profile:
             target = next(s for s in setups if s.name == opts.profile)
             profile(opts, target, up_port, work)
+            return
+        if opts.instructions:
+            rows = {}
+            for s in setups:
+                if s.name.startswith("ostiary-") and s.name != "ostiary-relay":
+                    rows[s.name] = instructions(opts, s, up_port, work)
+                    print(f"{s.name:<16} {rows[s.name]['per_request']:9.0f} instructions per "
+                          f"request ({rows[s.name]['requests']} requests, one client)", flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return
         if opts.allocations:
             rows = {}
