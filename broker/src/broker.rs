@@ -297,13 +297,23 @@ impl Broker {
                 .then(|| (who.host.to_owned(), who.tool.map(str::to_owned))),
         };
         let mut fetched = false;
-        let entry = self
-            .cache
-            .try_get_with(key.clone(), async {
-                fetched = true;
-                self.fetch(binding, who, key.clone()).await.map(Arc::new)
-            })
-            .await?;
+        // A hit first; the fetch, boxed, only on a miss: it runs once per session and binding,
+        // and its future (Vault's client's) would otherwise be part of every injecting
+        // request's, or be boxed — allocated and copied — for each of them.
+        let entry = match self.cache.get(&key).await {
+            Some(entry) => entry,
+            None => {
+                self.cache
+                    .try_get_with(
+                        key.clone(),
+                        Box::pin(async {
+                            fetched = true;
+                            self.fetch(binding, who, key.clone()).await.map(Arc::new)
+                        }),
+                    )
+                    .await?
+            }
+        };
         // moka expires entries lazily; never use one past its time.
         if !entry.usable(Instant::now()) {
             self.cache.invalidate(&key).await;

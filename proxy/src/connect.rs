@@ -57,8 +57,10 @@ pub async fn handle(plane: Arc<DataPlane>, mut req: Request<Incoming>) -> Respon
                 };
                 match plan {
                     Plan::Intercept(tunnel) => intercept(plane, upgraded, tunnel).await,
+                    // Boxed: each connection's task is as large as the larger of the two,
+                    // and intercepted connections are the many.
                     Plan::Relay { tunnel, addrs } => {
-                        tunnel::relay(plane, upgraded, tunnel, addrs).await
+                        Box::pin(tunnel::relay(plane, upgraded, tunnel, addrs)).await
                     }
                 }
             });
@@ -245,7 +247,9 @@ async fn intercept(
         );
     };
     let limits = plane.config.proxy.clone();
-    let Some(tls) = handshake(&plane, io, &tunnel).await else {
+    // Boxed: the handshake's state (2.9 KiB) is needed for a few round trips, and an idle
+    // connection's task would otherwise keep room for it as long as the connection lives.
+    let Some(tls) = Box::pin(handshake(&plane, io, &tunnel)).await else {
         return;
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");

@@ -244,7 +244,11 @@ impl Counters {
         keys: &[&str],
         args: &[String],
     ) -> Result<T, CountersError> {
-        let result = async {
+        // Boxed: the Redis client's futures take ~4 KiB, and every phase that may touch the
+        // shared counters (gate, rate, charge, remember, the watchdog) would otherwise carry
+        // that much in every request's future, shared counters or not; a request's future
+        // is copied whole when it is boxed (docs/benchmarks.md, "Smaller request futures").
+        let result = Box::pin(async {
             let mut conn = self.conn().await?;
             let mut call = script.prepare_invoke();
             for key in keys {
@@ -254,7 +258,7 @@ impl Counters {
                 call.arg(arg);
             }
             call.invoke_async(&mut conn).await.map_err(classify)
-        }
+        })
         .await;
         self.health.observe(&result);
         result

@@ -9,7 +9,7 @@
 use redis::Value;
 use serde::{Deserialize, Serialize};
 
-use super::{classify, Counters, CountersError};
+use super::{Counters, CountersError};
 
 /// Events a session's stream keeps (about: Redis trims whole nodes). Above the watchdog's
 /// own ring, so no rule sees fewer calls than it would in one process.
@@ -86,20 +86,8 @@ impl Counters {
                 serde_json::to_string(event).map_err(|e| CountersError::Protocol(e.to_string()))?,
             );
         }
-        let result = async {
-            let mut conn = self.conn().await?;
-            let mut call = self.scripts.trail.prepare_invoke();
-            call.key(&key);
-            for arg in &args {
-                call.arg(arg);
-            }
-            call.invoke_async::<Value>(&mut conn)
-                .await
-                .map_err(classify)
-        }
-        .await;
-        self.health.observe(&result);
-        parse(result?, cursor)
+        let value: Value = self.run(&self.scripts.trail, &[&key], &args).await?;
+        parse(value, cursor)
     }
 }
 

@@ -177,7 +177,9 @@ async fn decide_one(
             over_limit,
             tool_call: tool.is_some(),
         };
-        return Err(hold(ctx, req, held).await);
+        // Boxed: holding for a human is rare, and its future would otherwise be in every
+        // request's.
+        return Err(Box::pin(hold(ctx, req, held)).await);
     }
     Ok(decided)
 }

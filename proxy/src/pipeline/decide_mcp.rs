@@ -78,7 +78,11 @@ pub(super) async fn run(
     if charged > 0 && !plan.batch {
         ctx.audit.update(|r| r.cost_micros = Some(charged));
     }
-    hold(ctx, req, &mut plan).await?;
+    // Boxed, and only when a call was escalated: holding is rare, and its future would
+    // otherwise be in every request's.
+    if !plan.escalated.is_empty() {
+        Box::pin(hold(ctx, req, &mut plan)).await?;
+    }
     for call in &plan.calls {
         ctx.note.calls.push(call.seen.clone());
     }

@@ -136,7 +136,9 @@ async fn run(
     // itself, before anything treats it as a request to forward; it authenticates inside.
     if let (Origin::Plain, Some(id)) = (origin, escalate::status_request(plane, &req)) {
         audit.update(|r| r.approval = Some(id.clone()));
-        return escalate::status(plane, req, &id, request_id).await;
+        // Boxed, like the other answers the proxy gives itself below: a rare path's future
+        // would otherwise be part of every request's.
+        return Box::pin(escalate::status(plane, req, &id, request_id)).await;
     }
     // authenticate — first: nothing about an unauthenticated request is examined further.
     let principal = admit::authenticate(plane, origin, &req, audit).await?;
@@ -148,9 +150,9 @@ async fn run(
     // resolved or forwarded, whatever a policy says of hosts.
     if crate::runs::checkpoint::is_reserved(&target.host) {
         let internal = plane.internal.as_deref();
-        return crate::runs::internal::answer(
+        return Box::pin(crate::runs::internal::answer(
             internal, &principal, &target, req, audit, request_id,
-        )
+        ))
         .await;
     }
     // Taken once, so the whole request is recognised and decided under one policy set.
