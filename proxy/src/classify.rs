@@ -401,6 +401,21 @@ mod tests {
     }
 
     #[test]
+    fn an_asterisk_form_options_goes_upstream_as_asked() {
+        // Built from parts, `OPTIONS *` keeps its asterisk (formatting and re-parsing the
+        // whole URI, as before, refused it as a malformed port).
+        let req = Request::options("*")
+            .header(HOST, "api.example")
+            .body(())
+            .unwrap();
+        let t = target(&tunnel("api.example", 443), &req).unwrap();
+        assert_eq!(t.path, "*");
+        let uri = t.upstream_uri().unwrap();
+        assert_eq!(uri.path_and_query().map(|p| p.as_str()), Some("*"));
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("api.example:443"));
+    }
+
+    #[test]
     fn two_content_types_are_refused() {
         let req = Request::post("http://a.example/")
             .header(CONTENT_TYPE, "application/json")
