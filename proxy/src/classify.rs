@@ -403,7 +403,7 @@ mod tests {
     #[test]
     fn an_asterisk_form_options_goes_upstream_as_asked() {
         // Built from parts, `OPTIONS *` keeps its asterisk (formatting and re-parsing the
-        // whole URI, as before, refused it as a malformed port).
+        // whole URI, as before, gave authority `api.example:443*` and path `/`).
         let req = Request::options("*")
             .header(HOST, "api.example")
             .body(())
