@@ -795,25 +795,21 @@ def main():
             target = next(s for s in setups if s.name == opts.profile)
             profile(opts, target, up_port, work)
             return
-        if opts.instructions:
+        if opts.instructions or opts.allocations:
+            # Counts, one Ostiary rung at a time: instructions under callgrind, or heap
+            # allocations through uprobes on the binary the rung runs.
+            what = "instructions" if opts.instructions else "allocations"
             rows = {}
             for s in setups:
                 if s.name.startswith("ostiary-") and s.name != "ostiary-relay":
-                    rows[s.name] = instructions(opts, s, up_port, work)
-                    print(f"{s.name:<16} {rows[s.name]['per_request']:9.0f} instructions per "
-                          f"request ({rows[s.name]['requests']} requests, one client)", flush=True)
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
-            return
-        if opts.allocations:
-            rows = {}
-            for s in setups:
-                if s.name.startswith("ostiary-") and s.name != "ostiary-relay":
-                    binary = Path(opts.ostiary_b or opts.ostiary) if s.name.endswith("@b") \
-                        else Path(opts.ostiary)
-                    rows[s.name] = allocations(opts, s, binary, up_port, work)
-                    print(f"{s.name:<16} {rows[s.name]['per_request']:6.1f} allocations per "
-                          f"request ({rows[s.name]['requests']} requests, one client)", flush=True)
+                    if opts.instructions:
+                        rows[s.name] = instructions(opts, s, up_port, work)
+                    else:
+                        binary = Path(opts.ostiary_b or opts.ostiary) if s.name.endswith("@b") \
+                            else Path(opts.ostiary)
+                        rows[s.name] = allocations(opts, s, binary, up_port, work)
+                    print(f"{s.name:<16} {rows[s.name]['per_request']:9.1f} {what} per request "
+                          f"({rows[s.name]['requests']} requests, one client)", flush=True)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return

@@ -293,7 +293,7 @@ fn io_err(path: &Path, source: std::io::Error) -> StateError {
 /// Random bytes as lowercase hex.
 pub fn random_hex(bytes: usize) -> String {
     // Request ids are drawn for every request: up to 32 bytes come from the stack, so the
-    // id is the only allocation.
+    // hex text is the only allocation.
     let mut small = [0u8; 32];
     let mut large = Vec::new();
     let buf = if bytes <= small.len() {
@@ -303,12 +303,7 @@ pub fn random_hex(bytes: usize) -> String {
         &mut large[..]
     };
     rand::rng().fill_bytes(buf);
-    let mut out = String::with_capacity(bytes * 2);
-    for b in buf.iter() {
-        out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-        out.push(char::from(b"0123456789abcdef"[usize::from(b & 0xf)]));
-    }
-    out
+    hex::encode(buf)
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), StateError> {
