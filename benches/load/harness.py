@@ -741,6 +741,9 @@ def main():
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the run's working directory (callgrind dumps for "
+                         "callgrind_annotate, the proxies' logs and configs)")
     ap.add_argument("--allocations", action="store_true",
                     help="instead of the table: heap allocations per request of each Ostiary "
                          "rung (perf uprobes on mimalloc; needs root), --requests of one client")
@@ -882,7 +885,10 @@ def main():
             s.stop()
         nginx.terminate()
         nginx.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        if opts.keep_work:
+            print(f"kept {work} (callgrind dumps, logs, configs)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,10 @@ impl Target {
     /// `host:port` for the upstream URI (IPv6 bracketed).
     pub fn authority(&self) -> String {
         match &self.host {
+            // Joined, not `format!`ed: every forwarded request's URI is built from it.
+            Host::Name(name) => {
+                [name.as_str(), ":", itoa::Buffer::new().format(self.port)].concat()
+            }
             Host::Ip(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{}", self.port),
             host => format!("{host}:{}", self.port),
         }

@@ -141,25 +141,44 @@ pub fn strip_ostiary_headers(headers: &mut HeaderMap) {
 /// Remove hop-by-hop headers, including those named by `Connection`. `keep_upgrade` keeps
 /// `Connection: upgrade` and `Upgrade` for a WebSocket handshake.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+    // One look at the names present, then a removal for each of the list that is there:
+    // most requests carry one of them at most (`Proxy-Authorization` on the proxy
+    // listener), and a removal by name costs a hash and a probe whether or not it finds one.
+    let mut doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| *name == UPGRADE || HOP_BY_HOP.contains(name))
+        .cloned()
         .collect();
+    // Nothing below acts without one of them: the names `Connection` lists, `TE: trailers`
+    // and a kept `Upgrade` each need their own header, looked up only when it is there.
+    if doomed.is_empty() {
+        return;
+    }
+    let has = |name: &HeaderName| doomed.contains(name);
+    let (connection, te, upgrade) = (has(&CONNECTION), has(&TE), has(&UPGRADE));
+    if connection {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .collect();
+        doomed.extend(named);
+    }
     // gRPC requires `te: trailers` end to end; it is the one TE value that is safe to pass.
-    let trailers = headers
-        .get(TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    let upgrade = headers.get(UPGRADE).cloned();
-    for name in named {
+    let trailers = te
+        && headers
+            .get(TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    let upgrade = if upgrade {
+        headers.get(UPGRADE).cloned()
+    } else {
+        None
+    };
+    for name in doomed {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(UPGRADE);
     if trailers {
         headers.insert(TE, http::HeaderValue::from_static("trailers"));
     }
@@ -192,6 +211,25 @@ pub fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_stripped() {
+        for name in HOP_BY_HOP.iter().chain([&UPGRADE]) {
+            let mut h = HeaderMap::new();
+            h.insert(name, "x".parse().unwrap());
+            h.insert("x-keep", "1".parse().unwrap());
+            strip_hop_by_hop(&mut h, false);
+            assert!(!h.contains_key(name), "{name} passed");
+            assert_eq!(h.len(), 1, "{name}: {h:?}");
+        }
+        // Only end-to-end headers: the map is left as it was.
+        let mut h = HeaderMap::new();
+        h.insert("accept", "*/*".parse().unwrap());
+        h.insert("x-keep", "1".parse().unwrap());
+        let before = h.clone();
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h, before);
+    }
 
     #[test]
     fn strips_hop_by_hop_and_named() {

@@ -24,7 +24,7 @@ pub(super) async fn run(
     ctx.note.calls.push(match recognised {
         Recognised::Tool(call) => Seen::new(call.tool.name(), &call.args, tier, None, true),
         _ => Seen::new(
-            &format!("{} {}{}", ctx.target.method, ctx.host, ctx.target.path),
+            &[ctx.target.method.as_str(), " ", &ctx.host, &ctx.target.path].concat(),
             &serde_json::Value::String(ctx.target.query.clone()),
             tier,
             None,

@@ -31,6 +31,9 @@ pub struct Matcher {
     max_len: usize,
     /// A bound on any match's length that depends on the secrets' lengths alone.
     window: usize,
+    /// The shortest match, in bytes: a shorter buffer (most header names and values) holds
+    /// none, and is not searched.
+    min_len: usize,
 }
 
 struct Anchors {
@@ -57,7 +60,7 @@ impl Matcher {
         let mut anchor_texts: Vec<String> = Vec::new();
         let mut reach: Vec<(usize, usize)> = Vec::new();
         let mut all_anchored = true;
-        let (mut max_len, mut window) = (0, 0);
+        let (mut max_len, mut window, mut min_len) = (0, 0, usize::MAX);
         for form in &forms {
             let chars: Vec<Hir> = form.text.chars().map(encodings::char_hir).collect();
             let lens: Vec<usize> = chars
@@ -92,7 +95,9 @@ impl Matcher {
                 }
                 None => all_anchored = false,
             }
-            hirs.push(Hir::concat(chars));
+            let hir = Hir::concat(chars);
+            min_len = min_len.min(hir.properties().minimum_len().unwrap_or(0));
+            hirs.push(hir);
         }
         let regex = Regex::builder()
             .configure(
@@ -137,6 +142,7 @@ impl Matcher {
             anchors,
             max_len,
             window,
+            min_len,
         })
     }
 
@@ -158,6 +164,7 @@ impl Matcher {
     /// The leftmost-first matches of `hay`, without overlaps, in order: `(start, end)`.
     pub fn find_iter<'h>(&'h self, hay: &'h [u8]) -> Matches<'h> {
         let spans = match &self.anchors {
+            _ if hay.len() < self.min_len => Vec::new(),
             None => vec![(0, hay.len())],
             Some(anchors) => anchors.windows(hay),
         };
@@ -304,6 +311,28 @@ mod tests {
         let a: Vec<_> = anchored.find_iter(hay.as_bytes()).collect();
         assert_eq!(a, whole.find_iter(hay.as_bytes()).collect::<Vec<_>>());
         assert_eq!(a.len(), 6, "{a:?}");
+    }
+
+    #[test]
+    fn a_buffer_shorter_than_every_spelling_is_not_searched_and_nothing_is_missed() {
+        // The shortest spelling of "k3y+v" is itself (5 bytes); of "q1w2e3r4" too (8).
+        let forms = [form("k3y+v"), form("q1w2e3r4")];
+        let m = Matcher::new(&forms).unwrap();
+        assert_eq!(m.min_len, 5);
+        let mut whole = Matcher::new(&forms).unwrap();
+        whole.anchors = None;
+        whole.min_len = 0;
+        let hay = b"k3y+v k3y%2Bv q1w2e3r4 k3y\\u002bv xq1w2e3r";
+        // Every slice, the short ones included: the same matches as a search of it all.
+        for start in 0..hay.len() {
+            for end in start..=hay.len() {
+                let slice = &hay[start..end];
+                let a: Vec<_> = m.find_iter(slice).collect();
+                assert_eq!(a, whole.find_iter(slice).collect::<Vec<_>>(), "{slice:?}");
+            }
+        }
+        assert!(m.is_match(b"k3y+v"));
+        assert!(!m.is_match(b"k3y+"));
     }
 
     #[test]

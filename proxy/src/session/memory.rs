@@ -85,12 +85,13 @@ fn store_unavailable(e: StoreError) -> ProxyError {
     }
 }
 
+// Joined rather than `format!`ed: both are made for every tool call.
 fn tool_key(tool: &str) -> String {
-    format!("tool:{tool}")
+    ["tool:", tool].concat()
 }
 
 fn tier_key(tier: Tier) -> String {
-    format!("tier:{}", tier.as_str())
+    ["tier:", tier.as_str()].concat()
 }
 
 impl SessionMemory {
