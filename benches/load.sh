@@ -39,7 +39,8 @@ if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* ]]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
     }
 fi
-if [[ " $* " == *" --instructions "* ]] && ! command -v valgrind >/dev/null; then
+if [[ " $* " == *" --instructions "* || " $* " == *" --massif "* ]] \
+    && ! command -v valgrind >/dev/null; then
     echo "installing valgrind (Debian)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null
 fi

@@ -552,13 +552,14 @@ def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> d
     return {"requests": res["ok"], "per_request": sum(counts.values()), "by_function": counts}
 
 
-def under_callgrind(work: Path, binary: Path, name: str) -> Path:
-    """A wrapper that runs `ostiary serve` under callgrind (and any other subcommand, the
-    session it mints, as it is), its output next to the rung's files."""
-    wrapper = work / f"{name}.callgrind.sh"
+def under_valgrind(work: Path, binary: Path, name: str, tool: str, always: bool = False) -> Path:
+    """A wrapper that runs `ostiary serve` under valgrind's `tool` (callgrind or massif; any
+    other subcommand, the session it mints, as it is; `always`: every invocation, for the
+    relay rung), its output next to the rung's files."""
+    wrapper = work / f"{name}.{tool}.sh"
     wrapper.write_text(f"""#!/bin/sh
-if [ "$1" = serve ]; then
-    exec valgrind -q --tool=callgrind --callgrind-out-file={work / name}.callgrind.%p {binary} "$@"
+if [ "$1" = serve ] || [ {'1' if always else '0'} = 1 ]; then
+    exec valgrind -q --tool={tool} --{tool}-out-file={work / name}.{tool}.%p {binary} "$@"
 fi
 exec {binary} "$@"
 """)
@@ -592,9 +593,11 @@ def instructions(opts, setup: Setup, up_port: int, work: Path) -> dict:
     raise RuntimeError(f"{setup.name}: callgrind wrote no dump")
 
 
-def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> dict:
+def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
+           heap_snapshot: Path | None = None) -> dict:
     """RSS of the proxy before, and with `idle` intercepted keep-alive connections open, each
-    having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k)."""
+    having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k); under massif,
+    the heap's snapshot at that moment written to `heap_snapshot`."""
     import asyncio
     import ssl
 
@@ -631,6 +634,11 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int) -> d
             writers += await asyncio.gather(*(one() for _ in range(min(50, idle - i))))
         await asyncio.sleep(1)
         held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
+        if heap_snapshot:
+            # Where the heap is while the connections are idle: massif's detailed snapshot,
+            # taken through its gdbserver, for `ms_print`.
+            subprocess.run(["vgdb", f"--pid={setup.pid}", "detailed_snapshot",
+                            str(heap_snapshot)], check=True, capture_output=True, timeout=120)
         for w in writers:
             w.close()
         return {"idle_connections": len(writers), "rss_before_kib": before, "rss_idle_kib": held,
@@ -750,6 +758,11 @@ def main():
     ap.add_argument("--instructions", action="store_true",
                     help="instead of the table: instructions per request of each Ostiary rung "
                          "under callgrind (valgrind), --requests of one client")
+    ap.add_argument("--massif", action="store_true",
+                    help="with --memory: run each Ostiary rung (the relay's too) under "
+                         "massif (valgrind) and "
+                         "write its heap's snapshot with the idle connections open under "
+                         "benches/results/ (RSS figures are valgrind's, not the proxy's)")
     ap.add_argument("--streams", type=int, default=1000,
                     help="event streams of the sse scenario per round (0: skip it)")
     ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
@@ -769,9 +782,16 @@ def main():
     only = set(filter(None, opts.only.split(",")))
     try:
         if not only or "ostiary-relay" in only:
-            setups.append(start_relay(work, certs, Path(opts.relay), "ostiary-relay"))
+            relay = Path(opts.relay)
+            if opts.massif:
+                relay = under_valgrind(work, relay, "ostiary-relay", "massif", always=True)
+            setups.append(start_relay(work, certs, relay, "ostiary-relay"))
         def binary(path: str, name: str) -> Path:
-            return under_callgrind(work, Path(path), name) if opts.instructions else Path(path)
+            if opts.instructions:
+                return under_valgrind(work, Path(path), name, "callgrind")
+            if opts.massif:
+                return under_valgrind(work, Path(path), name, "massif")
+            return Path(path)
 
         for name, rung in RUNGS.items():
             if not only or name in only:
@@ -821,8 +841,16 @@ def main():
             for s in setups:
                 if s.proxy and not s.name.startswith("ostiary-tunnel"):
                     token = s.proxy_header
-                    rows[s.name] = memory(s, up_port, token, opts.memory)
+                    massif = opts.massif and s.name.startswith("ostiary-")
+                    snapshot = RESULTS / f"{opts.label}.{s.name}.massif" if massif else None
+                    if snapshot:
+                        RESULTS.mkdir(parents=True, exist_ok=True)
+                    rows[s.name] = memory(s, up_port, token, opts.memory, snapshot)
                     r = rows[s.name]
+                    if snapshot:
+                        print(f"{s.name:<16} heap snapshot with {opts.memory} idle connections: "
+                              f"{snapshot} (ms_print it)", flush=True)
+                        continue  # massif's pace makes the streaming peak meaningless
                     print(f"{s.name:<16} RSS {r['rss_before_kib'] / 1024:6.1f} MiB -> "
                           f"{r['rss_idle_kib'] / 1024:6.1f} MiB with {r['idle_connections']} idle "
                           f"intercepted connections (allocated: {r['anon_before_kib'] / 1024:.1f} -> "

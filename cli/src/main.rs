@@ -36,6 +36,7 @@ use tracing_subscriber::EnvFilter;
 /// Per-request allocations dominate the proxy's malloc traffic (buffers, headers, Cedar
 /// values); mimalloc's thread-local heaps serve them without glibc's arena locks, and return
 /// what a connection's handshake used instead of keeping it in a fragmented arena.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -120,7 +120,48 @@ pub fn json_response(status: StatusCode, body: &Value, request_id: &str) -> Resp
     response
 }
 
-fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
+/// A response's status, message and details (docs/design.md §5).
+type Described = (StatusCode, String, Value);
+
+/// Routes each variant to its family's mapping. The match is exhaustive, so a new variant
+/// cannot go undescribed; a family's own match ends in [`misrouted`].
+fn describe(err: &ProxyError) -> Described {
+    match err {
+        ProxyError::Unauthenticated { .. }
+        | ProxyError::BadRequest { .. }
+        | ProxyError::HeadersTooLarge
+        | ProxyError::BodyTooLarge { .. }
+        | ProxyError::LimitExceeded(_)
+        | ProxyError::SessionPaused { .. }
+        | ProxyError::IdempotencyMismatch { .. }
+        | ProxyError::IdempotencyConflict { .. }
+        | ProxyError::CheckFailed { .. }
+        | ProxyError::Misdirected { .. } => request(err),
+        ProxyError::Denied { .. }
+        | ProxyError::ApprovalRequired { .. }
+        | ProxyError::ApprovalPending { .. }
+        | ProxyError::ApprovalDenied { .. }
+        | ProxyError::ApprovalExpired { .. }
+        | ProxyError::ApprovalNotExecuted { .. }
+        | ProxyError::ApprovalMismatch { .. }
+        | ProxyError::ApprovalBodyTooLarge { .. } => decision(err),
+        ProxyError::DestinationBlocked { .. }
+        | ProxyError::PlaceholderExfiltration { .. }
+        | ProxyError::PlaceholderForeign { .. }
+        | ProxyError::CredentialRefused { .. }
+        | ProxyError::CredentialUnavailable { .. } => egress(err),
+        ProxyError::Upstream { .. }
+        | ProxyError::UpstreamTimeout { .. }
+        | ProxyError::Internal { .. }
+        | ProxyError::AuditUnavailable { .. }
+        | ProxyError::NotServed { .. }
+        | ProxyError::StateUnavailable { .. }
+        | ProxyError::McpRefused { .. } => failure(err),
+    }
+}
+
+/// What the agent sent, or its session's state, refuses the request.
+fn request(err: &ProxyError) -> Described {
     match err {
         ProxyError::Unauthenticated { reason } => (
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
@@ -191,6 +232,13 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             format!("This tunnel was opened to {tunnel}; a request for {host} must use its own."),
             json!({ "tunnel": tunnel, "host": host }),
         ),
+        other => misrouted(other),
+    }
+}
+
+/// A policy's or a human's decision refuses or holds the request.
+fn decision(err: &ProxyError) -> Described {
+    match err {
         ProxyError::Denied {
             policies,
             action,
@@ -281,6 +329,13 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             ),
             json!({ "reason": "approval_body_too_large", "limit": limit }),
         ),
+        other => misrouted(other),
+    }
+}
+
+/// Where the request would go, or the credential it would carry, refuses it.
+fn egress(err: &ProxyError) -> Described {
+    match err {
         ProxyError::DestinationBlocked { address, reason } => (
             StatusCode::FORBIDDEN,
             format!("The destination {address} may not be reached ({reason})."),
@@ -337,6 +392,13 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
             ),
             json!({ "credential": credential, "reason": cause }),
         ),
+        other => misrouted(other),
+    }
+}
+
+/// The upstream or the proxy itself failed; nothing of the agent's is at fault.
+fn failure(err: &ProxyError) -> Described {
+    match err {
         ProxyError::Upstream { reason } => (
             StatusCode::BAD_GATEWAY,
             format!("The upstream failed: {reason}."),
@@ -389,7 +451,22 @@ fn describe(err: &ProxyError) -> (StatusCode, String, Value) {
                 json!({}),
             ),
         },
+        other => misrouted(other),
     }
+}
+
+/// A variant routed to a family that does not map it: a 500 rather than a panic on the
+/// response path (the routing and the families are one file apart, and tests cover each).
+fn misrouted(err: &ProxyError) -> Described {
+    tracing::error!(
+        kind = err.kind(),
+        "respond: a refusal was routed to the wrong family"
+    );
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Ostiary failed to handle this request; the audit record has the details.".into(),
+        json!({}),
+    )
 }
 
 #[cfg(test)]
@@ -462,6 +539,169 @@ mod tests {
         assert_eq!(body["error"], "bad_request");
         assert_eq!(body["reason"], "body_too_large");
         assert_eq!(body["limit"], 10);
+    }
+
+    /// One of each variant and the status docs/design.md §5 gives it: a variant the routing
+    /// in `describe` sends to the wrong family would answer 500 with `misrouted`'s message.
+    #[test]
+    fn every_variant_is_described_by_its_family() {
+        let s = || "x".to_owned();
+        let hit = crate::guardrails::meter::LimitHit {
+            limit: "calls".into(),
+            used: json!(3),
+            max: json!(3),
+            retry_after: None,
+        };
+        let cases = [
+            (ProxyError::Unauthenticated { reason: s() }, 407),
+            (ProxyError::BadRequest { reason: s() }, 400),
+            (ProxyError::HeadersTooLarge, 431),
+            (ProxyError::BodyTooLarge { limit: 1 }, 400),
+            (ProxyError::LimitExceeded(Box::new(hit)), 429),
+            (ProxyError::SessionPaused { reason: s() }, 423),
+            (ProxyError::IdempotencyMismatch { key: s() }, 422),
+            (
+                ProxyError::IdempotencyConflict {
+                    key: s(),
+                    reason: "running",
+                },
+                409,
+            ),
+            (
+                ProxyError::CheckFailed {
+                    check: s(),
+                    detail: s(),
+                },
+                422,
+            ),
+            (
+                ProxyError::Misdirected {
+                    tunnel: s(),
+                    host: s(),
+                },
+                421,
+            ),
+            (
+                ProxyError::Denied {
+                    policies: vec![],
+                    action: s(),
+                    resource: s(),
+                    reason: s(),
+                },
+                403,
+            ),
+            (
+                ProxyError::ApprovalRequired {
+                    policies: vec![],
+                    action: s(),
+                    resource: s(),
+                },
+                403,
+            ),
+            (
+                ProxyError::ApprovalPending {
+                    approval_id: s(),
+                    status_url: s(),
+                    expires_at: s(),
+                    status: "pending",
+                },
+                202,
+            ),
+            (
+                ProxyError::ApprovalDenied {
+                    approval_id: s(),
+                    approver: s(),
+                    reason: None,
+                },
+                403,
+            ),
+            (ProxyError::ApprovalExpired { approval_id: s() }, 403),
+            (
+                ProxyError::ApprovalNotExecuted {
+                    approval_id: s(),
+                    status: "failed",
+                    reason: s(),
+                },
+                502,
+            ),
+            (
+                ProxyError::ApprovalMismatch {
+                    approval_id: s(),
+                    reason: "approval_mismatch",
+                },
+                400,
+            ),
+            (ProxyError::ApprovalBodyTooLarge { limit: 1 }, 413),
+            (
+                ProxyError::DestinationBlocked {
+                    address: s(),
+                    reason: s(),
+                },
+                403,
+            ),
+            (
+                ProxyError::PlaceholderExfiltration {
+                    credential: s(),
+                    host: s(),
+                    at: s(),
+                    point: None,
+                },
+                403,
+            ),
+            (ProxyError::PlaceholderForeign { credential: s() }, 403),
+            (
+                ProxyError::CredentialRefused {
+                    credential: s(),
+                    reason: "credential_needs_tls",
+                },
+                403,
+            ),
+            (
+                ProxyError::CredentialUnavailable {
+                    credential: s(),
+                    cause: s(),
+                },
+                503,
+            ),
+            (ProxyError::Upstream { reason: s() }, 502),
+            (ProxyError::UpstreamTimeout { reason: s() }, 504),
+            (ProxyError::AuditUnavailable { reason: s() }, 503),
+            (
+                ProxyError::NotServed {
+                    status: 405,
+                    reason: s(),
+                },
+                405,
+            ),
+            (
+                ProxyError::StateUnavailable {
+                    component: "redis",
+                    reason: s(),
+                },
+                503,
+            ),
+            (
+                ProxyError::McpRefused {
+                    replies: vec![],
+                    batch: false,
+                    follow_up: false,
+                },
+                200,
+            ),
+        ];
+        let misrouted = misrouted(&ProxyError::Internal { reason: s() }).1;
+        for (err, want) in cases {
+            let (status, message, _) = describe(&err);
+            assert_eq!(status.as_u16(), want, "{err:?}");
+            assert_ne!(message, misrouted, "{err:?} was misrouted");
+        }
+        let (status, _, details) = describe(&ProxyError::Internal { reason: s() });
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            details,
+            json!({}),
+            "an internal error's reason stays in the record"
+        );
     }
 
     #[tokio::test]

@@ -275,14 +275,39 @@ async fn close_trail(plane: &ControlPlane, siem: Option<tokio::task::JoinHandle<
     }
 }
 
-impl Ostiary {
-    /// Open state, load policies, log in to Vault if configured, start the audit writer.
-    pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
+/// What [`Ostiary::build`] opened and started, before it is wired into the planes' handles.
+struct Opened {
+    config: Config,
+    state: StateDir,
+    metrics: Arc<Metrics>,
+    counters: Option<Arc<Counters>>,
+    stores: crate::store::Stores,
+    trail_reader: Arc<dyn crate::store::audit::AuditStore>,
+    writer: AuditWriter,
+    sessions: crate::session::SessionRegistry,
+    guardrails: crate::guardrails::Guardrails,
+    policies: Arc<PolicyStore>,
+    audit: AuditSink,
+    replica: String,
+    holder: String,
+    guard: Arc<Guard>,
+    upstreams: Upstreams,
+    credentials: Credentials,
+    approvals: ApprovalQueue,
+    checks: Checks,
+    minter: LeafMinter,
+    siem: Option<SiemStream>,
+}
+
+impl Opened {
+    /// The state directory, the policies, the store and what a previous run left in it, the
+    /// audit writer, the egress guard and pools, the broker (its Vault session), approvals,
+    /// checks and the leaf minter.
+    async fn open(config: Config, options: Options) -> Result<Self, ServeError> {
         let (state, policies) = open(&config)?;
         let metrics = Arc::new(Metrics::default());
         metrics.set_policy_generation(policies.generation());
         let counters = shared_counters(&config, &metrics)?;
-        let db_path = state.path(files::DATABASE);
         let Loaded {
             stores,
             trail_reader,
@@ -326,7 +351,6 @@ impl Ostiary {
         let checks = Checks::new(config.tiers.clone(), &config.checks)?;
         checks.prepare(policies.current().catalog());
         let minter = LeafMinter::new(&state.ca_cert_pem, state.ca_key_pem.expose())?;
-        let tunnel_hosts = tunnel_hosts(&config);
         let siem = match &config.audit.siem {
             Some(siem) => Some(SiemStream::new(
                 siem,
@@ -337,6 +361,56 @@ impl Ostiary {
             )?),
             None => None,
         };
+        Ok(Self {
+            config,
+            state,
+            metrics,
+            counters,
+            stores,
+            trail_reader,
+            writer,
+            sessions,
+            guardrails,
+            policies,
+            audit,
+            replica,
+            holder,
+            guard,
+            upstreams,
+            credentials,
+            approvals,
+            checks,
+            minter,
+            siem,
+        })
+    }
+
+    /// The planes' handles and the background tasks' own, each given what it uses.
+    fn wire(self) -> Result<Ostiary, ServeError> {
+        let Self {
+            config,
+            state,
+            metrics,
+            counters,
+            stores,
+            trail_reader,
+            writer,
+            sessions,
+            guardrails,
+            policies,
+            audit,
+            replica,
+            holder,
+            guard,
+            upstreams,
+            credentials,
+            approvals,
+            checks,
+            minter,
+            siem,
+        } = self;
+        let tunnel_hosts = tunnel_hosts(&config);
+        let db_path = state.path(files::DATABASE);
         let config = Arc::new(config);
         let sessions = Arc::new(sessions);
         let credentials = Arc::new(credentials);
@@ -386,71 +460,18 @@ impl Ostiary {
             internal: runs.as_ref().map(|r| r.internal.clone()),
             undo: stores.undo.clone(),
         });
-        let executor = Executor {
-            queue: approvals.clone(),
-            sessions: sessions.clone(),
-            runner: Arc::new(Execution {
-                plane: data.clone(),
-                desk: desk.clone(),
-                runs: runs.as_ref().map(|r| r.intake.clone()),
-            }),
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-        };
-        let teardown = Teardown {
-            sessions: sessions.clone(),
-            guardrails: guardrails.clone(),
-            approvals: approvals.clone(),
-            credentials: credentials.clone(),
-            upstreams,
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-            news: counters.map(|counters| crate::lifecycle::News { replica, counters }),
-        };
-        let reloader = Reloader {
-            policies: policies.clone(),
-            checks,
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-            triggers: runs.as_ref().map(|r| r.reload.clone()),
-        };
-        let undo = crate::undo::Reverser {
-            plane: data.clone(),
-            teardown: teardown.clone(),
-        };
+        let news = counters.map(|counters| crate::lifecycle::News { replica, counters });
         let scheduler = runs.as_mut().and_then(|r| r.scheduler.take());
-        let run_trail = trail_reader.clone();
-        let control = Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
-            let sessions_for_runs: Arc<dyn crate::runs::runner::RunSessions> =
-                Arc::new(crate::control::runs::PlaneSessions(plane.clone()));
-            let runs = runs.map(|r| crate::control::runs::RunsControl {
-                runner: Arc::new(r.runner(sessions_for_runs, run_trail)),
-                intake: r.intake.clone(),
-                checkpoints: r.checkpoints.clone(),
-                store: r.store.clone(),
-            });
-            ControlPlane {
-                config,
-                sessions,
-                approvals,
-                guardrails,
-                credentials,
-                teardown,
-                executor,
-                desk: desk.clone(),
-                reloader,
-                audit,
-                metrics,
-                ca_pem: state.ca_cert_pem.clone(),
-                admin_token: state.admin_token.clone(),
-                trail: trail_reader,
-                db_path,
-                proxy_addr,
-                runs,
-                undo,
-            }
-        });
-        Ok(Self {
+        let control = control_plane(
+            &data,
+            &desk,
+            runs,
+            news,
+            state.admin_token.clone(),
+            trail_reader,
+            db_path,
+        );
+        Ok(Ostiary {
             data,
             control,
             desk: (desk, trip_queue),
@@ -460,6 +481,90 @@ impl Ostiary {
             scheduler,
             triggers: None,
         })
+    }
+}
+
+/// The control plane's handle over the data plane's parts (the same sessions, approvals,
+/// credentials, audit sink), with what only the control API uses: the approvals' executor,
+/// session teardown, the policy reloader, undo and the runs of triggers.
+fn control_plane(
+    data: &Arc<DataPlane>,
+    desk: &Desk,
+    runs: Option<crate::runs::assemble::Assembled>,
+    news: Option<crate::lifecycle::News>,
+    admin_token: crate::state::SecretString,
+    trail: Arc<dyn crate::store::audit::AuditStore>,
+    db_path: std::path::PathBuf,
+) -> Arc<ControlPlane> {
+    let executor = Executor {
+        queue: data.approvals.clone(),
+        sessions: data.sessions.clone(),
+        runner: Arc::new(Execution {
+            plane: data.clone(),
+            desk: desk.clone(),
+            runs: runs.as_ref().map(|r| r.intake.clone()),
+        }),
+        audit: data.audit.clone(),
+        metrics: data.metrics.clone(),
+    };
+    let teardown = Teardown {
+        sessions: data.sessions.clone(),
+        guardrails: data.guardrails.clone(),
+        approvals: data.approvals.clone(),
+        credentials: data.credentials.clone(),
+        upstreams: data.upstreams.clone(),
+        audit: data.audit.clone(),
+        metrics: data.metrics.clone(),
+        news,
+    };
+    let reloader = Reloader {
+        policies: data.policies.clone(),
+        checks: data.checks.clone(),
+        audit: data.audit.clone(),
+        metrics: data.metrics.clone(),
+        triggers: runs.as_ref().map(|r| r.reload.clone()),
+    };
+    let undo = crate::undo::Reverser {
+        plane: data.clone(),
+        teardown: teardown.clone(),
+    };
+    let run_trail = trail.clone();
+    Arc::new_cyclic(|plane: &std::sync::Weak<ControlPlane>| {
+        let sessions_for_runs: Arc<dyn crate::runs::runner::RunSessions> =
+            Arc::new(crate::control::runs::PlaneSessions(plane.clone()));
+        let runs = runs.map(|r| crate::control::runs::RunsControl {
+            runner: Arc::new(r.runner(sessions_for_runs, run_trail)),
+            intake: r.intake.clone(),
+            checkpoints: r.checkpoints.clone(),
+            store: r.store.clone(),
+        });
+        ControlPlane {
+            config: data.config.clone(),
+            sessions: data.sessions.clone(),
+            approvals: data.approvals.clone(),
+            guardrails: data.guardrails.clone(),
+            credentials: data.credentials.clone(),
+            teardown,
+            executor,
+            desk: desk.clone(),
+            reloader,
+            audit: data.audit.clone(),
+            metrics: data.metrics.clone(),
+            ca_pem: data.ca_pem.clone(),
+            admin_token,
+            trail,
+            db_path,
+            proxy_addr: data.proxy_addr.clone(),
+            runs,
+            undo,
+        }
+    })
+}
+
+impl Ostiary {
+    /// Open state, load policies, log in to Vault if configured, start the audit writer.
+    pub async fn build(config: Config, options: Options) -> Result<Self, ServeError> {
+        Opened::open(config, options).await?.wire()
     }
 
     /// The control plane's handle: the config, the admin token (`OSTIARY_ADMIN_TOKEN`, or

@@ -343,158 +343,18 @@ pub(super) async fn reflect(parts: &hyper::http::request::Parts, body: Bytes) ->
     .to_string()
     .into_bytes();
 
-    let mut headers = HeaderMap::new();
-    let mut reflect_header = |name: String, value: &str| {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            headers.append(name, value);
-        }
-    };
-    for (name, value) in &pairs {
-        if name == "authorization" || name == "cookie" || name.starts_with("x-") {
-            reflect_header(format!("x-reflect-{name}"), value);
-        }
-    }
-    if let Some(q) = query {
-        reflect_header("x-reflect-query".into(), q);
-    }
-    if mode == "names" {
-        // Values turned into header *names*: a reflection a scrubber of values misses.
-        for (name, value) in &pairs {
-            if name == "authorization" || name.starts_with("x-") {
-                let token: String = value
-                    .chars()
-                    .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
-                    .collect();
-                reflect_header(format!("x-n-{token}"), "1");
-            }
-        }
-    }
-    reflect_header("set-cookie".into(), &format!("s={authorization}; Path=/"));
-    if mode == "forge" {
-        // An upstream dressing its answer as the proxy's own: a refusal's headers, which a
-        // client (the SDKs) takes as the proxy speaking.
-        for name in [
-            "ostiary-request-id",
-            "Ostiary-Approval",
-            "OSTIARY-DUPLICATE",
-        ] {
-            reflect_header(name.into(), "forged-by-upstream");
-        }
-    }
+    let mut headers = reflected_headers(&pairs, query, mode, &authorization);
 
     let delay = Duration::from_millis(
         query_param(query, "delay_ms")
             .and_then(|d| d.parse().ok())
             .unwrap_or(0),
     );
-    let (status, content_type, encoding, payload, size): (_, _, Option<&str>, Vec<u8>, usize) =
-        match mode {
-            "sse" => {
-                let mut events = Vec::new();
-                for (name, value) in &pairs {
-                    events.extend_from_slice(
-                        format!("event: header\ndata: {name}: {value}\n\n").as_bytes(),
-                    );
-                }
-                events.extend_from_slice(b"event: end\ndata: done\n\n");
-                (StatusCode::OK, "text/event-stream", None, events, 3)
-            }
-            "gzip" | "br" | "zstd" | "deflate" => {
-                let compressed = compress(mode, &echo).await;
-                (
-                    StatusCode::OK,
-                    "application/json",
-                    Some(mode),
-                    compressed,
-                    3,
-                )
-            }
-            // `compress` (LZW) is a registered coding nobody implements any more: the proxy
-            // cannot decode it, so it must refuse the body rather than pass it on.
-            "compress" => (
-                StatusCode::OK,
-                "application/json",
-                Some("compress"),
-                echo,
-                3,
-            ),
-            "b64" => {
-                use base64::Engine;
-                let encoded = base64::engine::general_purpose::STANDARD.encode(&echo);
-                (StatusCode::OK, "text/plain", None, encoded.into_bytes(), 3)
-            }
-            "redirect" => {
-                let authority = parts
-                    .uri
-                    .authority()
-                    .map(|a| a.to_string())
-                    .or_else(|| parts.headers.get(hyper::header::HOST).map(text))
-                    .unwrap_or_default();
-                let port = authority
-                    .rsplit_once(':')
-                    .map(|(_, p)| p.to_owned())
-                    .unwrap_or_else(|| "443".into());
-                let location = format!(
-                    "https://other.example.test:{port}/reflect?auth={}",
-                    percent_encode(&authorization)
-                );
-                reflect_header("location".into(), &location);
-                (StatusCode::FOUND, "application/json", None, echo, 3)
-            }
-            "error" => {
-                let mut page = String::from(
-                    "<html><head><title>500 Internal Server Error</title></head><body>\n\
-                     <h1>Internal Server Error</h1><p>While handling:</p><pre>\n",
-                );
-                page.push_str(&format!("{} {}\n", parts.method, parts.uri));
-                for (name, value) in &pairs {
-                    page.push_str(&format!("{name}: {value}\n"));
-                }
-                page.push_str("</pre></body></html>\n");
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/html",
-                    None,
-                    page.into_bytes(),
-                    3,
-                )
-            }
-            // JSON as PHP's json_encode writes it: `/` escaped as `\/`.
-            "json_slashes" => {
-                let text = String::from_utf8_lossy(&echo).replace('/', "\\/");
-                (
-                    StatusCode::OK,
-                    "application/json",
-                    None,
-                    text.into_bytes(),
-                    3,
-                )
-            }
-            // A coding named after the (uppercased) `x-api-key` the upstream received: a
-            // value that differs from the secret only in case.
-            "encoding_upper" => (StatusCode::OK, "application/json", None, echo, 3),
-            _ => (StatusCode::OK, "application/json", None, echo, 3),
-        };
+    let (status, content_type, encoding, payload, size) =
+        reflected_payload(mode, parts, &pairs, echo, &authorization, &mut headers).await;
     let mut body = chunked(payload, size, delay);
     if mode == "trailers" {
-        // The reflection again in trailers (h2 carries them; so does chunked h1).
-        let mut trailers = HeaderMap::new();
-        for (name, value) in &pairs {
-            if name == "authorization" || name.starts_with("x-") {
-                if let (Ok(n), Ok(v)) = (
-                    HeaderName::from_bytes(format!("x-trailer-{name}").as_bytes()),
-                    HeaderValue::from_str(value),
-                ) {
-                    trailers.append(n, v);
-                }
-            }
-        }
-        let tail = futures_util::stream::iter([Ok::<_, Infallible>(Frame::trailers(trailers))]);
-        let data = body.into_data_stream().map(|d| d.map(Frame::data));
-        body = BodyExt::boxed_unsync(StreamBody::new(data.chain(tail)));
+        body = with_reflected_trailers(body, &pairs);
     }
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
@@ -530,6 +390,185 @@ pub(super) async fn reflect(parts: &hyper::http::request::Parts, body: Bytes) ->
         );
     }
     resp
+}
+
+/// The response headers `/reflect` echoes the request in: `authorization`, `cookie` and
+/// `x-*` as `x-reflect-*`, the query, values as names (`mode=names`), a cookie carrying the
+/// credential, and forged proxy headers (`mode=forge`).
+fn reflected_headers(
+    pairs: &[(String, String)],
+    query: Option<&str>,
+    mode: &str,
+    authorization: &str,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        if name == "authorization" || name == "cookie" || name.starts_with("x-") {
+            add_header(&mut headers, format!("x-reflect-{name}"), value);
+        }
+    }
+    if let Some(q) = query {
+        add_header(&mut headers, "x-reflect-query".into(), q);
+    }
+    if mode == "names" {
+        // Values turned into header *names*: a reflection a scrubber of values misses.
+        for (name, value) in pairs {
+            if name == "authorization" || name.starts_with("x-") {
+                let token: String = value
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+                    .collect();
+                add_header(&mut headers, format!("x-n-{token}"), "1");
+            }
+        }
+    }
+    add_header(
+        &mut headers,
+        "set-cookie".into(),
+        &format!("s={authorization}; Path=/"),
+    );
+    if mode == "forge" {
+        // An upstream dressing its answer as the proxy's own: a refusal's headers, which a
+        // client (the SDKs) takes as the proxy speaking.
+        for name in [
+            "ostiary-request-id",
+            "Ostiary-Approval",
+            "OSTIARY-DUPLICATE",
+        ] {
+            add_header(&mut headers, name.into(), "forged-by-upstream");
+        }
+    }
+    headers
+}
+
+/// Appends `name: value` when both are valid in a header (a reflection of what cannot be
+/// one is left out).
+fn add_header(headers: &mut HeaderMap, name: String, value: &str) {
+    if let (Ok(name), Ok(value)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_str(value),
+    ) {
+        headers.append(name, value);
+    }
+}
+
+/// A `/reflect` answer's status, content type, coding, body and chunk count, by `mode`:
+/// the echo as JSON, an event stream, compressed, base64, a redirect (its `location` added
+/// to `headers`), an HTML error page, JSON with escaped slashes.
+async fn reflected_payload<'m>(
+    mode: &'m str,
+    parts: &hyper::http::request::Parts,
+    pairs: &[(String, String)],
+    echo: Vec<u8>,
+    authorization: &str,
+    headers: &mut HeaderMap,
+) -> (StatusCode, &'static str, Option<&'m str>, Vec<u8>, usize) {
+    match mode {
+        "sse" => {
+            let mut events = Vec::new();
+            for (name, value) in pairs {
+                events.extend_from_slice(
+                    format!("event: header\ndata: {name}: {value}\n\n").as_bytes(),
+                );
+            }
+            events.extend_from_slice(b"event: end\ndata: done\n\n");
+            (StatusCode::OK, "text/event-stream", None, events, 3)
+        }
+        "gzip" | "br" | "zstd" | "deflate" => {
+            let compressed = compress(mode, &echo).await;
+            (
+                StatusCode::OK,
+                "application/json",
+                Some(mode),
+                compressed,
+                3,
+            )
+        }
+        // `compress` (LZW) is a registered coding nobody implements any more: the proxy
+        // cannot decode it, so it must refuse the body rather than pass it on.
+        "compress" => (
+            StatusCode::OK,
+            "application/json",
+            Some("compress"),
+            echo,
+            3,
+        ),
+        "b64" => {
+            use base64::Engine;
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&echo);
+            (StatusCode::OK, "text/plain", None, encoded.into_bytes(), 3)
+        }
+        "redirect" => {
+            let authority = parts
+                .uri
+                .authority()
+                .map(|a| a.to_string())
+                .or_else(|| parts.headers.get(hyper::header::HOST).map(text))
+                .unwrap_or_default();
+            let port = authority
+                .rsplit_once(':')
+                .map(|(_, p)| p.to_owned())
+                .unwrap_or_else(|| "443".into());
+            let location = format!(
+                "https://other.example.test:{port}/reflect?auth={}",
+                percent_encode(authorization)
+            );
+            add_header(headers, "location".into(), &location);
+            (StatusCode::FOUND, "application/json", None, echo, 3)
+        }
+        "error" => {
+            let mut page = String::from(
+                "<html><head><title>500 Internal Server Error</title></head><body>\n\
+                 <h1>Internal Server Error</h1><p>While handling:</p><pre>\n",
+            );
+            page.push_str(&format!("{} {}\n", parts.method, parts.uri));
+            for (name, value) in pairs {
+                page.push_str(&format!("{name}: {value}\n"));
+            }
+            page.push_str("</pre></body></html>\n");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/html",
+                None,
+                page.into_bytes(),
+                3,
+            )
+        }
+        // JSON as PHP's json_encode writes it: `/` escaped as `\/`.
+        "json_slashes" => {
+            let text = String::from_utf8_lossy(&echo).replace('/', "\\/");
+            (
+                StatusCode::OK,
+                "application/json",
+                None,
+                text.into_bytes(),
+                3,
+            )
+        }
+        // A coding named after the (uppercased) `x-api-key` the upstream received: a
+        // value that differs from the secret only in case.
+        "encoding_upper" => (StatusCode::OK, "application/json", None, echo, 3),
+        _ => (StatusCode::OK, "application/json", None, echo, 3),
+    }
+}
+
+/// `body` followed by trailers carrying the reflection again (h2 carries them; so does
+/// chunked h1).
+fn with_reflected_trailers(body: Body, pairs: &[(String, String)]) -> Body {
+    let mut trailers = HeaderMap::new();
+    for (name, value) in pairs {
+        if name == "authorization" || name.starts_with("x-") {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(format!("x-trailer-{name}").as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                trailers.append(n, v);
+            }
+        }
+    }
+    let tail = futures_util::stream::iter([Ok::<_, Infallible>(Frame::trailers(trailers))]);
+    let data = body.into_data_stream().map(|d| d.map(Frame::data));
+    BodyExt::boxed_unsync(StreamBody::new(data.chain(tail)))
 }
 
 /// `/messages`: `GET` hands back every stored request; any other method stores this one
