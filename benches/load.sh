@@ -39,6 +39,10 @@ if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* ]]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
     }
 fi
+if [[ " $* " == *" --syscalls "* ]] && ! command -v strace >/dev/null; then
+    echo "installing strace (Debian)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace >/dev/null
+fi
 if [[ " $* " == *" --instructions "* || " $* " == *" --massif "* ]] \
     && ! command -v valgrind >/dev/null; then
     echo "installing valgrind (Debian)"

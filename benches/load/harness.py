@@ -515,6 +515,35 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
 ALLOC_FUNCTIONS = ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned")
 
 
+def syscalls(opts, setup: Setup, up_port: int, work: Path) -> dict:
+    """System calls per request of one proxy, by name: `strace -c -f` attached to the
+    process (every thread, an audit writer's included) over `--requests` one-client
+    requests after the warm-up. A count, like `--allocations`: where a proxy's requests go
+    to the kernel (reads that find nothing, wakeups between threads, the trail's writes)
+    and how often, whatever the machine's speed."""
+    out = work / f"{setup.name}.strace"
+    tracer = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(setup.pid)],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached to every thread before the first request
+    try:
+        res = oha_run(opts.oha, setup, Scenario("syscalls", "", "/1k",
+                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
+        time.sleep(0.3)  # the audit writer's last group
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait()
+    by_name, errors = {}, {}
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] name
+        if len(fields) in (5, 6) and fields[3].isdigit() and fields[-1] != "total":
+            by_name[fields[-1]] = int(fields[3]) / res["ok"]
+            if len(fields) == 6:
+                errors[fields[-1]] = int(fields[4]) / res["ok"]
+    return {"requests": res["ok"], "per_request": sum(by_name.values()),
+            "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1])), "errors": errors}
+
+
 def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> dict:
     """Exact heap allocations per request of one Ostiary rung: perf counts uprobes on
     mimalloc's entry points (every thread, the audit writer's included) over `--requests`
@@ -755,6 +784,9 @@ def main():
     ap.add_argument("--allocations", action="store_true",
                     help="instead of the table: heap allocations per request of each Ostiary "
                          "rung (perf uprobes on mimalloc; needs root), --requests of one client")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="instead of the table: system calls per request of every proxy, by "
+                         "name (strace -c), --requests of one client")
     ap.add_argument("--instructions", action="store_true",
                     help="instead of the table: instructions per request of each Ostiary rung "
                          "under callgrind (valgrind), --requests of one client")
@@ -817,6 +849,19 @@ def main():
         if opts.profile:
             target = next(s for s in setups if s.name == opts.profile)
             profile(opts, target, up_port, work)
+            return
+        if opts.syscalls:
+            rows = {}
+            for s in setups:
+                if s.proxy and s.pid:
+                    rows[s.name] = syscalls(opts, s, up_port, work)
+                    r = rows[s.name]
+                    top = ", ".join(f"{name} {n:.2f}" for name, n in r["by_name"].items()
+                                    if n >= 0.05)
+                    print(f"{s.name:<16} {r['per_request']:6.2f} system calls per request "
+                          f"({r['requests']} requests, one client): {top}", flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return
         if opts.instructions or opts.allocations:
             # Counts, one Ostiary rung at a time: instructions under callgrind, or heap
