@@ -2,6 +2,7 @@
 //! recorded), HTTP/1.1 or h2, each request recorded and dispatched to its route, and the
 //! WebSocket echo.
 
+use super::reflect::reflect;
 use super::routes::*;
 use super::*;
 

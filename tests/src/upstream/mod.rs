@@ -650,6 +650,7 @@ pub async fn serve(
 mod connection;
 use connection::Connection;
 
+mod reflect;
 mod routes;
 pub use routes::plain_reflect_body;
 

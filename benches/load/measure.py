@@ -1,0 +1,278 @@
+"""The load harness's measurements other than the timed table: a `perf` profile, counts per
+request (system calls, heap allocations, instructions), resident memory with idle
+connections and while streaming (with massif's heap snapshot), and event streams' time to
+first byte.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from setups import HOST, RESULTS, Scenario, Setup, oha_run, rss_kib, run
+
+
+def profile(opts, setup: Setup, up_port: int, work: Path):
+    """perf samples (cpu-clock: these machines have no hardware counters) of the setup's
+    process under `--profile-clients` clients (16) flat out, folded by inferno into a
+    flamegraph."""
+    data = work / "perf.data"
+    perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "997", "-g",
+                             "--call-graph", "dwarf,16384", "-p", str(setup.pid), "-o", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    sc = Scenario("profile", "", opts.profile_path,
+                  ["-z", f"{opts.seconds}s", "-c", str(opts.profile_clients)])
+    res = oha_run(opts.oha, setup, sc, up_port)
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+    print(f"{setup.name}: {res['rps']:.0f} req/s while profiled")
+    script = subprocess.run(["perf", "script", "--no-inline", "-i", str(data)], check=True, capture_output=True)
+    inferno = Path(opts.inferno)
+    folded = subprocess.run([str(inferno / "inferno-collapse-perf")], input=script.stdout,
+                            check=True, capture_output=True).stdout
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{opts.label}.folded").write_bytes(folded)
+    svg = subprocess.run([str(inferno / "inferno-flamegraph"), "--title",
+                          f"{setup.name}, {opts.profile_clients} clients flat out, {opts.profile_path}"],
+                         input=folded, check=True, capture_output=True).stdout
+    (RESULTS / f"{opts.label}.svg").write_bytes(svg)
+    print(f"wrote {RESULTS / (opts.label + '.svg')}")
+
+
+# mimalloc's entry points as the `mimalloc` crate's global allocator calls them: every
+# allocation, zeroed allocation and reallocation of the process goes through one of these.
+ALLOC_FUNCTIONS = ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned")
+
+
+def syscalls(opts, setup: Setup, up_port: int, work: Path) -> dict:
+    """System calls per request of one proxy, by name: `strace -c -f` attached to the
+    process (every thread, an audit writer's included) over `--requests` one-client
+    requests after the warm-up. A count, like `--allocations`: where a proxy's requests go
+    to the kernel (reads that find nothing, wakeups between threads, the trail's writes)
+    and how often, whatever the machine's speed."""
+    out = work / f"{setup.name}.strace"
+    tracer = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(setup.pid)],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached to every thread before the first request
+    try:
+        res = oha_run(opts.oha, setup, Scenario("syscalls", "", "/1k",
+                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
+        time.sleep(0.3)  # the audit writer's last group
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait()
+    by_name, errors = {}, {}
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] name
+        if len(fields) in (5, 6) and fields[3].isdigit() and fields[-1] != "total":
+            by_name[fields[-1]] = int(fields[3]) / res["ok"]
+            if len(fields) == 6:
+                errors[fields[-1]] = int(fields[4]) / res["ok"]
+    return {"requests": res["ok"], "per_request": sum(by_name.values()),
+            "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1])), "errors": errors}
+
+
+def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> dict:
+    """Exact heap allocations per request of one Ostiary rung: perf counts uprobes on
+    mimalloc's entry points (every thread, the audit writer's included) over `--requests`
+    one-client requests. A count, not a time: the same build and requests give the same
+    figure on any machine, so two builds can be compared without rounds."""
+    tracing = Path("/sys/kernel/tracing")
+    if not (tracing / "uprobe_events").exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(tracing)], check=False,
+                       capture_output=True)
+    group = "ostiary_alloc"
+    events = []
+    for i, fn in enumerate(ALLOC_FUNCTIONS):
+        name = f"{group}:{setup.name.replace('-', '_').replace('@', '_')}_{i}"
+        subprocess.run(["perf", "probe", "-q", "-d", name], capture_output=True)
+        run(["perf", "probe", "-q", "-x", str(binary), "--add", f"{name}={fn}"])
+        events.append(name)
+    out = work / f"{setup.name}.allocs"
+    counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(events),
+                                "-o", str(out), "-p", str(setup.pid)])
+    time.sleep(0.5)
+    try:
+        res = oha_run(opts.oha, setup, Scenario("allocations", "", "/1k",
+                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
+        time.sleep(0.3)  # the audit writer's last group
+    finally:
+        counter.send_signal(signal.SIGINT)
+        counter.wait()
+        for name in events:
+            subprocess.run(["perf", "probe", "-q", "-d", name], capture_output=True)
+    counts = {}
+    for line in out.read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].strip().isdigit():
+            counts[ALLOC_FUNCTIONS[events.index(fields[2])]] = int(fields[0]) / res["ok"]
+    return {"requests": res["ok"], "per_request": sum(counts.values()), "by_function": counts}
+
+
+def under_valgrind(work: Path, binary: Path, name: str, tool: str, always: bool = False) -> Path:
+    """A wrapper that runs `ostiary serve` under valgrind's `tool` (callgrind or massif; any
+    other subcommand, the session it mints, as it is; `always`: every invocation, for the
+    relay rung), its output next to the rung's files."""
+    wrapper = work / f"{name}.{tool}.sh"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$1" = serve ] || [ {'1' if always else '0'} = 1 ]; then
+    exec valgrind -q --tool={tool} --{tool}-out-file={work / name}.{tool}.%p {binary} "$@"
+fi
+exec {binary} "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def instructions(opts, setup: Setup, up_port: int, work: Path) -> dict:
+    """Instructions per request of one Ostiary rung run under callgrind: its counters zeroed
+    after the warm-up, dumped after `--requests` one-client requests (every thread: the
+    audit writer's included). Instructions, not seconds, so they repeat within ~0.5% from
+    run to run whatever else the machine does. valgrind hides AVX-512 and SHA-NI, so crypto
+    (SHA-256 above all: the audit chain) counts for more than it costs on the machine."""
+    subprocess.run(["callgrind_control", "-z", str(setup.pid)], check=True, capture_output=True)
+    res = oha_run(opts.oha, setup, Scenario("instructions", "", "/1k",
+                                            ["-n", str(opts.requests), "-c", "1"]), up_port)
+    time.sleep(1.0)  # the audit writer's last group
+    dumps = set(work.glob(f"{setup.name}.callgrind.*"))
+    subprocess.run(["callgrind_control", "-d", str(setup.pid)], check=True, capture_output=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        new = set(work.glob(f"{setup.name}.callgrind.*")) - dumps
+        if new:
+            time.sleep(0.5)
+            text = max(new, key=lambda f: f.stat().st_mtime).read_text(errors="replace")
+            for line in text.splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+                    return {"requests": res["ok"], "per_request": total / res["ok"]}
+        time.sleep(0.2)
+    raise RuntimeError(f"{setup.name}: callgrind wrote no dump")
+
+
+def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
+           heap_snapshot: Path | None = None) -> dict:
+    """RSS of the proxy before, and with `idle` intercepted keep-alive connections open, each
+    having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k); under massif,
+    the heap's snapshot at that moment written to `heap_snapshot`."""
+    import asyncio
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+    port = int(setup.proxy.rsplit(":", 1)[1])
+    auth = f"{token_header}\r\n" if token_header else ""
+
+    async def one():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"CONNECT {HOST}:{up_port} HTTP/1.1\r\nHost: {HOST}:{up_port}\r\n{auth}\r\n".encode())
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"CONNECT refused: {head[:80]!r}")
+        await writer.start_tls(ctx, server_hostname=HOST)
+        writer.write(f"GET /1k HTTP/1.1\r\nHost: {HOST}:{up_port}\r\n\r\n".encode())
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        lengths = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")]
+        if lengths:
+            await reader.readexactly(lengths[0])
+        else:  # chunked (Ostiary streams what it scrubs)
+            await reader.readuntil(b"\r\n0\r\n\r\n")
+        return writer
+
+    async def run():
+        before, before_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
+        writers = []
+        for i in range(0, idle, 50):
+            writers += await asyncio.gather(*(one() for _ in range(min(50, idle - i))))
+        await asyncio.sleep(1)
+        held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
+        if heap_snapshot:
+            # Where the heap is while the connections are idle: massif's detailed snapshot,
+            # taken through its gdbserver, for `ms_print`.
+            subprocess.run(["vgdb", f"--pid={setup.pid}", "detailed_snapshot",
+                            str(heap_snapshot)], check=True, capture_output=True, timeout=120)
+        for w in writers:
+            w.close()
+        return {"idle_connections": len(writers), "rss_before_kib": before, "rss_idle_kib": held,
+                "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
+
+    return asyncio.run(run())
+
+
+def sse(setup: Setup, up_port: int, streams: int) -> dict:
+    """Time to first byte of an event stream (1,024 events of 1 KiB, text/event-stream) and
+    the rate it streams at, one client on one keep-alive connection, `streams` times. The
+    client is Python's http.client, the same for every setup: its own cost cancels out of
+    the added figures."""
+    import http.client
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    if setup.proxy:
+        port = int(setup.proxy.rsplit(":", 1)[1])
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+        headers = {}
+        if setup.proxy_header:
+            name, value = setup.proxy_header.split(": ", 1)
+            headers[name] = value
+        conn.set_tunnel(HOST, up_port, headers=headers)
+    else:
+        conn = http.client.HTTPSConnection(HOST, up_port, context=ctx, timeout=30)
+    path = f"{setup.path_prefix}/events"
+    ttfb, total, size = [], [], 0
+    for _ in range(streams):
+        started = time.perf_counter()
+        conn.request("GET", path, headers={"Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"{setup.name} / sse: status {resp.status}")
+        first = resp.read(1)
+        ttfb.append(time.perf_counter() - started)
+        rest = resp.read()
+        total.append(time.perf_counter() - started)
+        size = len(first) + len(rest)
+    conn.close()
+    ttfb.sort()
+    total.sort()
+    med = statistics.median(total)
+    return {"p50_us": ttfb[len(ttfb) // 2] * 1e6, "p99_us": ttfb[len(ttfb) * 99 // 100] * 1e6,
+            "rps": 1 / med, "mib_per_s": size / med / (1 << 20), "ok": streams}
+
+
+def streaming_memory(opts, setup: Setup, up_port: int, clients: int) -> dict:
+    """Peak RSS of the proxy while `clients` clients stream 1 MiB and then 16 MiB bodies
+    flat out: flat if the proxy streams, proportional to the body if it buffers."""
+    out = {"rss_before_kib": rss_kib(setup.pid)}
+    for path in ("/1m", "/16m"):
+        peak = 0
+        sc = Scenario("stream", "", path, ["-z", f"{opts.seconds}s", "-c", str(clients)])
+        done = []
+        import threading
+
+        def load():
+            try:
+                done.append(oha_run(opts.oha, setup, sc, up_port))
+            except RuntimeError as e:
+                done.append({"error": str(e)[:200]})
+
+        t = threading.Thread(target=load)
+        t.start()
+        while t.is_alive():
+            peak = max(peak, rss_kib(setup.pid) or 0)
+            time.sleep(0.02)
+        t.join()
+        out[f"rss_peak_kib{path.replace('/', '_')}"] = peak
+        out[f"load{path.replace('/', '_')}"] = done[0]
+    return out
