@@ -155,6 +155,12 @@ def main():
     ap.add_argument("--inferno", default=str(ROOT / "benches" / ".tools" / "bin"))
     ap.add_argument("--mitmdump", default=shutil.which("mitmdump") or "mitmdump")
     opts = ap.parse_args()
+    if opts.massif and b"mi_malloc_aligned" in Path(opts.ostiary).read_bytes():
+        # massif sees only the malloc family; mimalloc's arenas would leave the snapshot
+        # nearly empty, which reads as a proxy that holds nothing.
+        sys.exit(f"--massif: {opts.ostiary} allocates with mimalloc, which massif cannot see; "
+                 "build it on glibc's malloc (cargo build --release -p ostiary-cli "
+                 "--no-default-features) and pass --ostiary target/release/ostiary")
 
     scs = scenarios(opts.seconds, opts.requests)
     if opts.scenarios:
