@@ -48,6 +48,23 @@ def profile(opts, setup: Setup, up_port: int, work: Path):
 ALLOC_FUNCTIONS = ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned")
 
 
+def watched(opts, setup: Setup, up_port: int, what: str, counter: list[str], attach: float,
+            stderr=None) -> dict:
+    """`--requests` one-client requests while `counter` (strace, perf stat) watches the
+    proxy: started `attach` seconds before the first request, stopped with SIGINT (so that
+    it writes its counts) after the audit writer's last group. `oha_run`'s result."""
+    proc = subprocess.Popen(counter, stderr=stderr)
+    time.sleep(attach)
+    try:
+        res = oha_run(opts.oha, setup, Scenario(what, "", "/1k",
+                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
+        time.sleep(0.3)  # the audit writer's last group
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+    return res
+
+
 def syscalls(opts, setup: Setup, up_port: int, work: Path) -> dict:
     """System calls per request of one proxy, by name: `strace -c -f` attached to the
     process (every thread, an audit writer's included) over `--requests` one-client
@@ -55,16 +72,10 @@ def syscalls(opts, setup: Setup, up_port: int, work: Path) -> dict:
     to the kernel (reads that find nothing, wakeups between threads, the trail's writes)
     and how often, whatever the machine's speed."""
     out = work / f"{setup.name}.strace"
-    tracer = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(setup.pid)],
-                              stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached to every thread before the first request
-    try:
-        res = oha_run(opts.oha, setup, Scenario("syscalls", "", "/1k",
-                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
-        time.sleep(0.3)  # the audit writer's last group
-    finally:
-        tracer.send_signal(signal.SIGINT)
-        tracer.wait()
+    # strace says it attached to each thread on stderr; its counts go to `out`.
+    res = watched(opts, setup, up_port, "syscalls",
+                  ["strace", "-c", "-f", "-o", str(out), "-p", str(setup.pid)],
+                  attach=1.0, stderr=subprocess.DEVNULL)
     by_name, errors = {}, {}
     for line in out.read_text().splitlines():
         fields = line.split()
@@ -94,16 +105,11 @@ def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> d
         run(["perf", "probe", "-q", "-x", str(binary), "--add", f"{name}={fn}"])
         events.append(name)
     out = work / f"{setup.name}.allocs"
-    counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(events),
-                                "-o", str(out), "-p", str(setup.pid)])
-    time.sleep(0.5)
     try:
-        res = oha_run(opts.oha, setup, Scenario("allocations", "", "/1k",
-                                                ["-n", str(opts.requests), "-c", "1"]), up_port)
-        time.sleep(0.3)  # the audit writer's last group
+        res = watched(opts, setup, up_port, "allocations",
+                      ["perf", "stat", "-x", ",", "-e", ",".join(events), "-o", str(out),
+                       "-p", str(setup.pid)], attach=0.5)
     finally:
-        counter.send_signal(signal.SIGINT)
-        counter.wait()
         for name in events:
             subprocess.run(["perf", "probe", "-q", "-d", name], capture_output=True)
     counts = {}

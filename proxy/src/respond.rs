@@ -541,142 +541,161 @@ mod tests {
         assert_eq!(body["limit"], 10);
     }
 
-    /// One of each variant and the status docs/design.md §5 gives it: a variant the routing
-    /// in `describe` sends to the wrong family would answer 500 with `misrouted`'s message.
-    #[test]
-    fn every_variant_is_described_by_its_family() {
-        let s = || "x".to_owned();
+    fn x() -> String {
+        "x".to_owned()
+    }
+
+    /// One of each variant `request` maps, and its status.
+    fn request_cases() -> Vec<(ProxyError, u16)> {
         let hit = crate::guardrails::meter::LimitHit {
             limit: "calls".into(),
             used: json!(3),
             max: json!(3),
             retry_after: None,
         };
-        let cases = [
-            (ProxyError::Unauthenticated { reason: s() }, 407),
-            (ProxyError::BadRequest { reason: s() }, 400),
+        vec![
+            (ProxyError::Unauthenticated { reason: x() }, 407),
+            (ProxyError::BadRequest { reason: x() }, 400),
             (ProxyError::HeadersTooLarge, 431),
             (ProxyError::BodyTooLarge { limit: 1 }, 400),
             (ProxyError::LimitExceeded(Box::new(hit)), 429),
-            (ProxyError::SessionPaused { reason: s() }, 423),
-            (ProxyError::IdempotencyMismatch { key: s() }, 422),
+            (ProxyError::SessionPaused { reason: x() }, 423),
+            (ProxyError::IdempotencyMismatch { key: x() }, 422),
             (
                 ProxyError::IdempotencyConflict {
-                    key: s(),
+                    key: x(),
                     reason: "running",
                 },
                 409,
             ),
             (
                 ProxyError::CheckFailed {
-                    check: s(),
-                    detail: s(),
+                    check: x(),
+                    detail: x(),
                 },
                 422,
             ),
             (
                 ProxyError::Misdirected {
-                    tunnel: s(),
-                    host: s(),
+                    tunnel: x(),
+                    host: x(),
                 },
                 421,
             ),
+        ]
+    }
+
+    /// One of each variant `decision` maps, and its status.
+    fn decision_cases() -> Vec<(ProxyError, u16)> {
+        vec![
             (
                 ProxyError::Denied {
                     policies: vec![],
-                    action: s(),
-                    resource: s(),
-                    reason: s(),
+                    action: x(),
+                    resource: x(),
+                    reason: x(),
                 },
                 403,
             ),
             (
                 ProxyError::ApprovalRequired {
                     policies: vec![],
-                    action: s(),
-                    resource: s(),
+                    action: x(),
+                    resource: x(),
                 },
                 403,
             ),
             (
                 ProxyError::ApprovalPending {
-                    approval_id: s(),
-                    status_url: s(),
-                    expires_at: s(),
+                    approval_id: x(),
+                    status_url: x(),
+                    expires_at: x(),
                     status: "pending",
                 },
                 202,
             ),
             (
                 ProxyError::ApprovalDenied {
-                    approval_id: s(),
-                    approver: s(),
+                    approval_id: x(),
+                    approver: x(),
                     reason: None,
                 },
                 403,
             ),
-            (ProxyError::ApprovalExpired { approval_id: s() }, 403),
+            (ProxyError::ApprovalExpired { approval_id: x() }, 403),
             (
                 ProxyError::ApprovalNotExecuted {
-                    approval_id: s(),
+                    approval_id: x(),
                     status: "failed",
-                    reason: s(),
+                    reason: x(),
                 },
                 502,
             ),
             (
                 ProxyError::ApprovalMismatch {
-                    approval_id: s(),
+                    approval_id: x(),
                     reason: "approval_mismatch",
                 },
                 400,
             ),
             (ProxyError::ApprovalBodyTooLarge { limit: 1 }, 413),
+        ]
+    }
+
+    /// One of each variant `egress` maps, and its status.
+    fn egress_cases() -> Vec<(ProxyError, u16)> {
+        vec![
             (
                 ProxyError::DestinationBlocked {
-                    address: s(),
-                    reason: s(),
+                    address: x(),
+                    reason: x(),
                 },
                 403,
             ),
             (
                 ProxyError::PlaceholderExfiltration {
-                    credential: s(),
-                    host: s(),
-                    at: s(),
+                    credential: x(),
+                    host: x(),
+                    at: x(),
                     point: None,
                 },
                 403,
             ),
-            (ProxyError::PlaceholderForeign { credential: s() }, 403),
+            (ProxyError::PlaceholderForeign { credential: x() }, 403),
             (
                 ProxyError::CredentialRefused {
-                    credential: s(),
+                    credential: x(),
                     reason: "credential_needs_tls",
                 },
                 403,
             ),
             (
                 ProxyError::CredentialUnavailable {
-                    credential: s(),
-                    cause: s(),
+                    credential: x(),
+                    cause: x(),
                 },
                 503,
             ),
-            (ProxyError::Upstream { reason: s() }, 502),
-            (ProxyError::UpstreamTimeout { reason: s() }, 504),
-            (ProxyError::AuditUnavailable { reason: s() }, 503),
+        ]
+    }
+
+    /// One of each variant `failure` maps but `Internal`, and its status.
+    fn failure_cases() -> Vec<(ProxyError, u16)> {
+        vec![
+            (ProxyError::Upstream { reason: x() }, 502),
+            (ProxyError::UpstreamTimeout { reason: x() }, 504),
+            (ProxyError::AuditUnavailable { reason: x() }, 503),
             (
                 ProxyError::NotServed {
                     status: 405,
-                    reason: s(),
+                    reason: x(),
                 },
                 405,
             ),
             (
                 ProxyError::StateUnavailable {
                     component: "redis",
-                    reason: s(),
+                    reason: x(),
                 },
                 503,
             ),
@@ -688,14 +707,26 @@ mod tests {
                 },
                 200,
             ),
+        ]
+    }
+
+    /// One of each variant and the status docs/design.md §5 gives it: a variant the routing
+    /// in `describe` sends to the wrong family would answer 500 with `misrouted`'s message.
+    #[test]
+    fn every_variant_is_described_by_its_family() {
+        let misrouted = misrouted(&ProxyError::Internal { reason: x() }).1;
+        let cases = [
+            request_cases(),
+            decision_cases(),
+            egress_cases(),
+            failure_cases(),
         ];
-        let misrouted = misrouted(&ProxyError::Internal { reason: s() }).1;
-        for (err, want) in cases {
+        for (err, want) in cases.into_iter().flatten() {
             let (status, message, _) = describe(&err);
             assert_eq!(status.as_u16(), want, "{err:?}");
             assert_ne!(message, misrouted, "{err:?} was misrouted");
         }
-        let (status, _, details) = describe(&ProxyError::Internal { reason: s() });
+        let (status, _, details) = describe(&ProxyError::Internal { reason: x() });
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
             details,

@@ -387,97 +387,78 @@ impl Opened {
 
     /// The planes' handles and the background tasks' own, each given what it uses.
     fn wire(self) -> Result<Ostiary, ServeError> {
-        let Self {
-            config,
-            state,
-            metrics,
-            counters,
-            stores,
-            trail_reader,
-            writer,
-            sessions,
-            guardrails,
-            policies,
-            audit,
-            replica,
-            holder,
-            guard,
-            upstreams,
-            credentials,
-            approvals,
-            checks,
-            minter,
-            siem,
-        } = self;
-        let tunnel_hosts = tunnel_hosts(&config);
-        let db_path = state.path(files::DATABASE);
-        let config = Arc::new(config);
-        let sessions = Arc::new(sessions);
-        let credentials = Arc::new(credentials);
-        let approvals = Arc::new(approvals);
-        let checks = Arc::new(checks);
-        let guardrails = Arc::new(guardrails);
+        let tunnel_hosts = tunnel_hosts(&self.config);
+        let db_path = self.state.path(files::DATABASE);
+        let config = Arc::new(self.config);
+        let sessions = Arc::new(self.sessions);
+        let credentials = Arc::new(self.credentials);
+        let approvals = Arc::new(self.approvals);
+        let checks = Arc::new(self.checks);
+        let guardrails = Arc::new(self.guardrails);
         let proxy_addr = ProxyAddr::new(config.listen.proxy);
         let (trips, trip_queue) = Trips::channel();
         let desk = Desk {
             guardrails: guardrails.clone(),
             sessions: sessions.clone(),
             approvals: approvals.clone(),
-            policies: policies.clone(),
-            audit: audit.clone(),
-            trail: stores.audit.clone(),
-            metrics: metrics.clone(),
+            policies: self.policies.clone(),
+            audit: self.audit.clone(),
+            trail: self.stores.audit.clone(),
+            metrics: self.metrics.clone(),
         };
         let mut runs = crate::runs::assemble::assemble(crate::runs::assemble::Inputs {
             config: &config,
-            stores: &stores,
+            stores: &self.stores,
             broker: credentials.broker.clone(),
             approvals: approvals.clone(),
-            policies: policies.clone(),
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-            admin_token: state.admin_token.clone(),
-            holder,
+            policies: self.policies.clone(),
+            audit: self.audit.clone(),
+            metrics: self.metrics.clone(),
+            admin_token: self.state.admin_token.clone(),
+            holder: self.holder,
         })
         .map_err(ServeError::Runs)?;
         let data = Arc::new(DataPlane {
             config: config.clone(),
-            policies: policies.clone(),
+            policies: self.policies.clone(),
             sessions: sessions.clone(),
-            guard,
-            upstreams: upstreams.clone(),
+            guard: self.guard,
+            upstreams: self.upstreams.clone(),
             credentials: credentials.clone(),
             approvals: approvals.clone(),
             checks: checks.clone(),
             guardrails: guardrails.clone(),
             trips,
-            minter,
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-            ca_pem: state.ca_cert_pem.clone(),
+            minter: self.minter,
+            audit: self.audit.clone(),
+            metrics: self.metrics.clone(),
+            ca_pem: self.state.ca_cert_pem.clone(),
             tunnel_hosts,
             proxy_addr: proxy_addr.clone(),
             internal: runs.as_ref().map(|r| r.internal.clone()),
-            undo: stores.undo.clone(),
+            undo: self.stores.undo.clone(),
         });
-        let news = counters.map(|counters| crate::lifecycle::News { replica, counters });
+        let news = self.counters.map(|counters| crate::lifecycle::News {
+            replica: self.replica,
+            counters,
+        });
         let scheduler = runs.as_mut().and_then(|r| r.scheduler.take());
         let control = control_plane(
             &data,
             &desk,
             runs,
             news,
-            state.admin_token.clone(),
-            trail_reader,
+            self.state.admin_token.clone(),
+            self.trail_reader,
             db_path,
         );
         Ok(Ostiary {
             data,
             control,
             desk: (desk, trip_queue),
-            writer,
+            writer: self.writer,
             unix: None,
-            siem,
+            siem: self.siem,
             scheduler,
             triggers: None,
         })
