@@ -23,8 +23,8 @@ from pathlib import Path
 
 from measure import (allocations, instructions, memory, profile, sse, streaming_memory,
                      syscalls, under_valgrind)
-from setups import (RESULTS, ROOT, RUNGS, Scenario, Setup, make_certs, free_port, oha_run, rss_kib,
-                    scenarios, start_mitmdump, start_nginx, start_ostiary, start_relay,
+from setups import (RESULTS, ROOT, RUNGS, Scenario, Setup, children, make_certs, free_port, oha_run,
+                    rss_kib, scenarios, start_mitmdump, start_nginx, start_ostiary, start_relay,
                     start_squid)
 
 # --- the report ---------------------------------------------------------------------------
@@ -287,15 +287,23 @@ def main():
                         continue
                     raw.setdefault(sc.name, {}).setdefault(s.name, []).append(res)
                     cpu = f" {res['cpu_us']:>6.1f}µs CPU/req" if "cpu_us" in res else ""
+                    if "runq_us" in res:
+                        cpu += f", {res['runq_us']:.1f}µs waiting for a CPU"
                     print(f"round {r + 1} {sc.name:<8} {s.name:<16} p50 {res['p50_us']:>7.0f}µs "
                           f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s{cpu}", flush=True)
             if opts.streams and (not opts.scenarios or "sse" in opts.scenarios.split(",")):
                 order = setups[r % len(setups):] + setups[: r % len(setups)]
                 for s in order:
-                    res = sse(s, up_port, opts.streams)
+                    res = sse(s, up_port, opts.streams, children(nginx.pid))
                     raw.setdefault("sse", {}).setdefault(s.name, []).append(res)
-                    print(f"round {r + 1} sse      {s.name:<16} TTFB p50 {res['p50_us']:>7.0f}µs "
-                          f"p99 {res['p99_us']:>7.0f}µs {res['mib_per_s']:>7.0f} MiB/s", flush=True)
+                    waits = f" nginx {res['upstream_runq_us']:.0f}µs"
+                    if res["proxy_runq_us"] is not None:
+                        waits = f" proxy {res['proxy_runq_us']:.0f}µs," + waits
+                    print(f"round {r + 1} sse      {s.name:<16} TTFB p10/50/90 "
+                          f"{res['p10_us']:>5.0f}/{res['p50_us']:>5.0f}/{res['p90_us']:>5.0f}µs "
+                          f"p99 {res['p99_us']:>7.0f}µs {res['mib_per_s']:>7.0f} MiB/s; "
+                          f"waited for a CPU per stream:{waits}; cores idle "
+                          f"{res['idle_us']:.0f}µs", flush=True)
         if "sse" in raw:
             scs.append(Scenario("sse", "event stream (1,024 events of 1 KiB): time to first "
                                 "byte (p50/p99), streams/s", "/events", []))

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from setups import HOST, RESULTS, Scenario, Setup, oha_run, rss_kib, run
+from setups import HOST, RESULTS, Scenario, Setup, idle_us, oha_run, rss_kib, run, runq_wait_us
 
 
 def profile(opts, setup: Setup, up_port: int, work: Path):
@@ -215,11 +215,17 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
     return asyncio.run(run())
 
 
-def sse(setup: Setup, up_port: int, streams: int) -> dict:
+def sse(setup: Setup, up_port: int, streams: int, upstream: list[int]) -> dict:
     """Time to first byte of an event stream (1,024 events of 1 KiB, text/event-stream) and
     the rate it streams at, one client on one keep-alive connection, `streams` times. The
     client is Python's http.client, the same for every setup: its own cost cancels out of
-    the added figures."""
+    the added figures.
+
+    Also the time per stream that the proxy's threads, and the upstream's (`upstream`, nginx's
+    workers), spent runnable but waiting for a CPU, and that the machine's cores spent idle:
+    nginx writes the whole body in one burst into a socket buffer that has grown to
+    megabytes, and a proxy thread the kernel woke on nginx's core waits behind it while the
+    other core idles (docs/benchmarks.md, "An event stream's first byte")."""
     import http.client
     import ssl
 
@@ -238,6 +244,8 @@ def sse(setup: Setup, up_port: int, streams: int) -> dict:
         conn = http.client.HTTPSConnection(HOST, up_port, context=ctx, timeout=30)
     path = f"{setup.path_prefix}/events"
     ttfb, total, size = [], [], 0
+    proxy_pids = [setup.pid] if setup.pid else []
+    waited = (runq_wait_us(proxy_pids), runq_wait_us(upstream), idle_us())
     for _ in range(streams):
         started = time.perf_counter()
         conn.request("GET", path, headers={"Accept": "text/event-stream"})
@@ -249,12 +257,21 @@ def sse(setup: Setup, up_port: int, streams: int) -> dict:
         rest = resp.read()
         total.append(time.perf_counter() - started)
         size = len(first) + len(rest)
+    after = (runq_wait_us(proxy_pids), runq_wait_us(upstream), idle_us())
     conn.close()
     ttfb.sort()
     total.sort()
     med = statistics.median(total)
+
+    def per_stream(before, now):
+        return None if before is None or now is None else (now - before) / streams
+
     return {"p50_us": ttfb[len(ttfb) // 2] * 1e6, "p99_us": ttfb[len(ttfb) * 99 // 100] * 1e6,
-            "rps": 1 / med, "mib_per_s": size / med / (1 << 20), "ok": streams}
+            "p10_us": ttfb[len(ttfb) // 10] * 1e6, "p90_us": ttfb[len(ttfb) * 9 // 10] * 1e6,
+            "rps": 1 / med, "mib_per_s": size / med / (1 << 20), "ok": streams,
+            "proxy_runq_us": per_stream(waited[0], after[0]) if proxy_pids else None,
+            "upstream_runq_us": per_stream(waited[1], after[1]),
+            "idle_us": per_stream(waited[2], after[2])}
 
 
 def streaming_memory(opts, setup: Setup, up_port: int, clients: int) -> dict:
