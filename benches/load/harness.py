@@ -24,8 +24,8 @@ from pathlib import Path
 from measure import (allocations, instructions, memory, profile, sse, streaming_memory,
                      syscalls, under_valgrind)
 from setups import (RESULTS, ROOT, RUNGS, Scenario, Setup, children, make_certs, free_port, oha_run,
-                    rss_kib, scenarios, start_mitmdump, start_nginx, start_ostiary, start_relay,
-                    start_squid)
+                    rss_kib, scenarios, start_live_events, start_mitmdump, start_nginx,
+                    start_ostiary, start_relay, start_squid)
 
 # --- the report ---------------------------------------------------------------------------
 
@@ -173,6 +173,7 @@ def main():
     nginx = start_nginx(work, certs, up_port)
     setups: list[Setup] = [Setup(name="direct", proxy=None)]
     only = set(filter(None, opts.only.split(",")))
+    live = None  # the sse-live scenario's upstream, when it runs
     try:
         if not only or "ostiary-relay" in only:
             relay = Path(opts.relay)
@@ -272,6 +273,9 @@ def main():
             return
         raw: dict[str, dict[str, list[dict]]] = {}
         unsupported: dict[tuple[str, str], str] = {}
+        if opts.streams and (not opts.scenarios or "sse-live" in opts.scenarios.split(",")):
+            live_port = free_port()
+            live = start_live_events(certs, live_port)
         for r in range(opts.rounds):
             for sc in scs:
                 order = setups[r % len(setups):] + setups[: r % len(setups)]
@@ -304,9 +308,20 @@ def main():
                           f"p99 {res['p99_us']:>7.0f}µs {res['mib_per_s']:>7.0f} MiB/s; "
                           f"waited for a CPU per stream:{waits}; cores idle "
                           f"{res['idle_us']:.0f}µs", flush=True)
+            if live:
+                order = setups[r % len(setups):] + setups[: r % len(setups)]
+                for s in order:
+                    res = sse(s, live_port, min(opts.streams, 200), [live.pid])
+                    raw.setdefault("sse-live", {}).setdefault(s.name, []).append(res)
+                    print(f"round {r + 1} sse-live {s.name:<16} TTFB p10/50/90 "
+                          f"{res['p10_us']:>5.0f}/{res['p50_us']:>5.0f}/{res['p90_us']:>5.0f}µs "
+                          f"p99 {res['p99_us']:>7.0f}µs", flush=True)
         if "sse" in raw:
             scs.append(Scenario("sse", "event stream (1,024 events of 1 KiB): time to first "
                                 "byte (p50/p99), streams/s", "/events", []))
+        if "sse-live" in raw:
+            scs.append(Scenario("sse-live", "event stream as it happens (8 events of 1 KiB, 2 ms "
+                                "apart): time to first byte (p50/p99)", "/events", []))
         rss = {s.name: rss_kib(s.pid) for s in setups if s.pid}
         table = summarise(raw, [s.name for s in setups], scs)
         print_table(table, scs)
@@ -325,6 +340,8 @@ def main():
     finally:
         for s in setups:
             s.stop()
+        if live:
+            live.terminate()
         nginx.terminate()
         nginx.wait()
         if opts.keep_work:

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,17 @@ http {{
     proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(work)],
                             stdout=subprocess.DEVNULL, stderr=open(work / "nginx.out", "w"))
     wait_port(port, "nginx", proc)
+    return proc
+
+
+def start_live_events(certs: dict[str, Path], port: int) -> subprocess.Popen:
+    """The `sse-live` scenario's upstream (`live_events.py`): events as they happen, not a
+    file's burst."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("live_events.py")),
+                             "--port", str(port), "--cert", str(certs["up_cert"]),
+                             "--key", str(certs["up_key"])],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, "live events", proc)
     return proc
 
 
