@@ -273,9 +273,20 @@ def main():
             return
         raw: dict[str, dict[str, list[dict]]] = {}
         unsupported: dict[tuple[str, str], str] = {}
-        if opts.streams and (not opts.scenarios or "sse-live" in opts.scenarios.split(",")):
+        # Event streams, timed by one Python client: (scenario, upstream port, streams per
+        # round, the upstream's processes whose run-queue wait is read, what it measures).
+        streamed = []
+        wanted = set(opts.scenarios.split(",")) if opts.scenarios else {"sse", "sse-live"}
+        if opts.streams and "sse" in wanted:
+            streamed.append(("sse", up_port, opts.streams, children(nginx.pid),
+                             "event stream (1,024 events of 1 KiB): time to first byte "
+                             "(p50/p99), streams/s"))
+        if opts.streams and "sse-live" in wanted:
             live_port = free_port()
             live = start_live_events(certs, live_port)
+            streamed.append(("sse-live", live_port, min(opts.streams, 200), [live.pid],
+                             "event stream as it happens (8 events of 1 KiB, 2 ms apart): time "
+                             "to first byte (p50/p99)"))
         for r in range(opts.rounds):
             for sc in scs:
                 order = setups[r % len(setups):] + setups[: r % len(setups)]
@@ -295,33 +306,21 @@ def main():
                         cpu += f", {res['runq_us']:.1f}µs waiting for a CPU"
                     print(f"round {r + 1} {sc.name:<8} {s.name:<16} p50 {res['p50_us']:>7.0f}µs "
                           f"p99 {res['p99_us']:>7.0f}µs {res['rps']:>9.0f} req/s{cpu}", flush=True)
-            if opts.streams and (not opts.scenarios or "sse" in opts.scenarios.split(",")):
+            for name, port, streams, upstream, _ in streamed:
                 order = setups[r % len(setups):] + setups[: r % len(setups)]
                 for s in order:
-                    res = sse(s, up_port, opts.streams, children(nginx.pid))
-                    raw.setdefault("sse", {}).setdefault(s.name, []).append(res)
-                    waits = f" nginx {res['upstream_runq_us']:.0f}µs"
+                    res = sse(s, port, streams, upstream)
+                    raw.setdefault(name, {}).setdefault(s.name, []).append(res)
+                    waits = f" upstream {res['upstream_runq_us']:.0f}µs"
                     if res["proxy_runq_us"] is not None:
                         waits = f" proxy {res['proxy_runq_us']:.0f}µs," + waits
-                    print(f"round {r + 1} sse      {s.name:<16} TTFB p10/50/90 "
+                    print(f"round {r + 1} {name:<8} {s.name:<16} TTFB p10/50/90 "
                           f"{res['p10_us']:>5.0f}/{res['p50_us']:>5.0f}/{res['p90_us']:>5.0f}µs "
                           f"p99 {res['p99_us']:>7.0f}µs {res['mib_per_s']:>7.0f} MiB/s; "
                           f"waited for a CPU per stream:{waits}; cores idle "
                           f"{res['idle_us']:.0f}µs", flush=True)
-            if live:
-                order = setups[r % len(setups):] + setups[: r % len(setups)]
-                for s in order:
-                    res = sse(s, live_port, min(opts.streams, 200), [live.pid])
-                    raw.setdefault("sse-live", {}).setdefault(s.name, []).append(res)
-                    print(f"round {r + 1} sse-live {s.name:<16} TTFB p10/50/90 "
-                          f"{res['p10_us']:>5.0f}/{res['p50_us']:>5.0f}/{res['p90_us']:>5.0f}µs "
-                          f"p99 {res['p99_us']:>7.0f}µs", flush=True)
-        if "sse" in raw:
-            scs.append(Scenario("sse", "event stream (1,024 events of 1 KiB): time to first "
-                                "byte (p50/p99), streams/s", "/events", []))
-        if "sse-live" in raw:
-            scs.append(Scenario("sse-live", "event stream as it happens (8 events of 1 KiB, 2 ms "
-                                "apart): time to first byte (p50/p99)", "/events", []))
+        scs += [Scenario(name, what, "/events", []) for name, _, _, _, what in streamed
+                if name in raw]
         rss = {s.name: rss_kib(s.pid) for s in setups if s.pid}
         table = summarise(raw, [s.name for s in setups], scs)
         print_table(table, scs)
