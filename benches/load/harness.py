@@ -117,7 +117,8 @@ def main():
                          "as `<rung>@b`, in the same rounds")
     ap.add_argument("--config-b", default="", metavar="TOML",
                     help="lines appended to the config of the `@b` rungs (A/B of a setting; "
-                         "the B binary defaults to --ostiary)")
+                         "`listen.KEY = V` lines go into [listen]; the B binary defaults to "
+                         "--ostiary)")
     ap.add_argument("--env-b", default=[], action="append", metavar="NAME=VALUE",
                     help="an environment variable of the `@b` rungs (A/B of one; repeatable)")
     ap.add_argument("--hudsucker", default=str(ROOT / "target" / "release" / "hudsucker-relay"))

@@ -214,10 +214,15 @@ source = { file = "bench" }
 hosts  = ["localhost"]
 inject = { header = "Authorization", value = "Bearer {secret}" }
 """
+    # `listen.KEY = V` lines of `extra` belong in [listen], which this file opens itself.
+    listen = "\n".join(line.removeprefix("listen.") for line in extra.splitlines()
+                       if line.startswith("listen."))
+    extra = "\n".join(line for line in extra.splitlines() if not line.startswith("listen."))
     (d / "ostiary.toml").write_text(f"""
 [listen]
 proxy = "127.0.0.1:{proxy_port}"
 control = "127.0.0.1:{control_port}"
+{listen}
 [state]
 dir = "{d}/state"
 [policy]

@@ -1,5 +1,6 @@
-//! The proxy listeners: accept connections — on TCP (`listen.proxy`), and on the Unix socket
-//! sandboxes reach the proxy through (`listen.proxy_unix`) — apply the strict HTTP/1 wire
+//! The proxy listeners: accept connections — on TCP (`listen.proxy`, on the event loops of
+//! [`crate::shards`]), and on the Unix socket sandboxes reach the proxy through
+//! (`listen.proxy_unix`) — apply the strict HTTP/1 wire
 //! guard and the header-read timeout, and route each request — `CONNECT` to
 //! [`crate::connect`], everything else to the [`crate::pipeline`]. Both listeners serve the
 //! same proxy: a request is authenticated by its session token, whichever way it came.
@@ -14,53 +15,123 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::AuditGuard;
 use crate::classify::{Origin, Tunnel};
 use crate::error::ProxyError;
 use crate::plane::DataPlane;
+use crate::shards::{Alive, Loops};
 use crate::wire_guard::{Observer, StrictH1};
 use crate::{connect, pipeline};
 
-/// Serve the proxy's TCP listener (and its Unix socket, when given) until `shutdown`
-/// resolves, then drain.
-pub async fn serve(
-    listener: TcpListener,
+/// The proxy's listeners, ready to serve.
+#[derive(Debug)]
+pub struct Proxy {
+    tcp: Tcp,
     unix: Option<UnixListener>,
     plane: Arc<DataPlane>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let tracker = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    tracker.spawn(connection(plane.clone(), stream));
-                }
-                Err(e) => backoff(e).await,
-            },
-            accepted = accept_unix(unix.as_ref()) => match accepted {
-                Ok(stream) => {
-                    tracker.spawn(connection(plane.clone(), stream));
-                }
-                Err(e) => backoff(e).await,
-            },
+}
+
+/// Who serves the TCP listener's connections.
+#[derive(Debug)]
+enum Tcp {
+    /// Tasks of the runtime `serve` runs on (`listen.proxy_threads = 0`), counted in the
+    /// gauge.
+    Shared(TcpListener, Gauge),
+    /// Event loops of their own ([`shards`]), already accepting.
+    Loops(Loops),
+}
+
+impl Proxy {
+    /// Take the TCP listener (and the Unix socket, when given) for `plane`, starting the
+    /// event loops `listen.proxy_threads` asks for. The Unix socket's connections — a
+    /// sandbox's few — are served on the runtime `serve` runs on.
+    pub fn new(
+        listener: TcpListener,
+        unix: Option<UnixListener>,
+        plane: Arc<DataPlane>,
+    ) -> std::io::Result<Self> {
+        let tcp = match plane.config.listen.proxy_threads() {
+            0 => Tcp::Shared(listener, plane.metrics.proxy_connections("shared")),
+            threads => {
+                let serving = plane.clone();
+                Tcp::Loops(Loops::start(
+                    listener,
+                    threads,
+                    &plane.metrics,
+                    plane.config.listen.drain,
+                    move |stream, alive| connection(serving.clone(), stream, alive),
+                )?)
+            }
+        };
+        Ok(Self { tcp, unix, plane })
+    }
+
+    /// Serve until `shutdown` resolves, then drain.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let Self { tcp, unix, plane } = self;
+        let (shared, loops) = match tcp {
+            Tcp::Shared(listener, open) => (Some((listener, open)), None),
+            Tcp::Loops(loops) => (None, Some(loops)),
+        };
+        let tracker = TaskTracker::new();
+        let stopping = CancellationToken::new();
+        let unix_open = plane.metrics.proxy_connections("unix");
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = accept_tcp(shared.as_ref()) => match accepted {
+                    Ok((stream, open)) => {
+                        let _ = stream.set_nodelay(true);
+                        let alive = Alive::new(open, &tracker, &stopping);
+                        tracker.spawn(connection(plane.clone(), stream, alive));
+                    }
+                    Err(e) => backoff(e).await,
+                },
+                accepted = accept_unix(unix.as_ref()) => match accepted {
+                    Ok(stream) => {
+                        let alive = Alive::new(&unix_open, &tracker, &stopping);
+                        tracker.spawn(connection(plane.clone(), stream, alive));
+                    }
+                    Err(e) => backoff(e).await,
+                },
+            }
+        }
+        drop((shared, unix));
+        stopping.cancel();
+        tracker.close();
+        // In-flight connections may finish (`listen.drain`); a load balancer has stopped
+        // sending new ones once readiness failed or the pod left the endpoints. The loops
+        // drain theirs at the same time.
+        let drained = async {
+            if tokio::time::timeout(plane.config.listen.drain, tracker.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("proxy connections still open after the drain period");
+            }
+        };
+        match loops {
+            Some(loops) => {
+                tokio::join!(drained, loops.stop());
+            }
+            None => drained.await,
         }
     }
-    tracker.close();
-    // In-flight connections may finish (`listen.drain`); a load balancer has stopped
-    // sending new ones once readiness failed or the pod left the endpoints.
-    if tokio::time::timeout(plane.config.listen.drain, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("proxy connections still open after the drain period");
+}
+
+/// The next connection on the TCP listener and the gauge it counts in; never, when the
+/// event loops take them.
+async fn accept_tcp(shared: Option<&(TcpListener, Gauge)>) -> std::io::Result<(TcpStream, &Gauge)> {
+    match shared {
+        Some((listener, open)) => listener.accept().await.map(|(stream, _)| (stream, open)),
+        None => std::future::pending().await,
     }
 }
 
@@ -73,12 +144,14 @@ async fn accept_unix(unix: Option<&UnixListener>) -> std::io::Result<tokio::net:
 }
 
 /// Out of descriptors and the like: back off instead of spinning.
-async fn backoff(e: std::io::Error) {
+pub(crate) async fn backoff(e: std::io::Error) {
     tracing::warn!(error = %e, "accept failed");
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
-async fn connection<IO>(plane: Arc<DataPlane>, stream: IO)
+/// Serve one agent connection: the wire guard, then hyper, each request routed. `alive`
+/// goes with a request that may outlive the connection's task (a CONNECT, an upgrade).
+async fn connection<IO>(plane: Arc<DataPlane>, stream: IO, alive: Alive)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -87,8 +160,10 @@ where
         StrictH1::new(stream, limits.max_header_bytes)
             .with_observer(audit_violations(plane.clone(), None)),
     );
-    let service = service_fn(move |req: Request<Incoming>| {
+    let lent = alive.clone();
+    let service = service_fn(move |mut req: Request<Incoming>| {
         let plane = plane.clone();
+        lend(&lent, &mut req);
         async move {
             // Boxed: hyper keeps room for one service future per connection, in flight or
             // not, and the pipeline's is tens of KiB (see connect.rs).
@@ -100,15 +175,31 @@ where
             Ok::<_, Infallible>(response)
         }
     });
-    let result = http1::Builder::new()
+    let connection = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
         .serve_connection(io, service)
-        .with_upgrades()
-        .await;
+        .with_upgrades();
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = alive.stopping() => {
+            // An idle keep-alive closes at once; a request in flight finishes first.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
     if let Err(e) = result {
         tracing::debug!(error = %e, "proxy connection ended with an error");
+    }
+}
+
+/// Lend `alive` to `req` if the request may take the connection over (a CONNECT, an
+/// `Upgrade`), so that whatever serves the rest of it is counted and drained too.
+pub(crate) fn lend<B>(alive: &Alive, req: &mut Request<B>) {
+    if req.method() == Method::CONNECT || req.headers().contains_key(http::header::UPGRADE) {
+        req.extensions_mut().insert(alive.clone());
     }
 }
 

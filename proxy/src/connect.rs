@@ -26,6 +26,7 @@ use crate::egress::EgressError;
 use crate::error::ProxyError;
 use crate::plane::DataPlane;
 use crate::session::Principal;
+use crate::shards::Alive;
 use crate::store::now_ms;
 use crate::wire_guard::StrictH1;
 use crate::{authenticate, evaluate, ids, pipeline, recognise, respond, tunnel};
@@ -46,6 +47,9 @@ pub async fn handle(plane: Arc<DataPlane>, mut req: Request<Incoming>) -> Respon
     match open(&plane, &req, &mut audit).await {
         Ok(plan) => {
             let on_upgrade = hyper::upgrade::on(&mut req);
+            // The tunnel outlives the agent connection's task: it keeps the connection
+            // counted on its event loop and waited for by the drain.
+            let alive = req.extensions_mut().remove::<Alive>();
             audit.allow(200);
             tokio::spawn(async move {
                 let upgraded = match on_upgrade.await {
@@ -56,10 +60,11 @@ pub async fn handle(plane: Arc<DataPlane>, mut req: Request<Incoming>) -> Respon
                     }
                 };
                 match plan {
-                    Plan::Intercept(tunnel) => intercept(plane, upgraded, tunnel).await,
+                    Plan::Intercept(tunnel) => intercept(plane, upgraded, tunnel, alive).await,
                     // Boxed: each connection's task is as large as the larger of the two,
                     // and intercepted connections are the many.
                     Plan::Relay { tunnel, addrs } => {
+                        let _alive = alive;
                         Box::pin(tunnel::relay(plane, upgraded, tunnel, addrs)).await
                     }
                 }
@@ -231,11 +236,20 @@ pub fn egress_refusal(e: EgressError) -> ProxyError {
     }
 }
 
+/// Once the proxy stops, when the connection came through a listener (`alive`); never else.
+async fn stopping(alive: Option<&Alive>) {
+    match alive {
+        Some(alive) => alive.stopping().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Terminate the agent's TLS with a leaf for the tunnel's host and serve the inner requests.
 async fn intercept(
     plane: Arc<DataPlane>,
     io: TokioIo<hyper::upgrade::Upgraded>,
     tunnel: Arc<Tunnel>,
+    alive: Option<Alive>,
 ) {
     // Tied to the session from the start: its end closes the connection, idle keep-alive
     // and h2 alike, not only its next request.
@@ -260,9 +274,13 @@ async fn intercept(
     let origin = Origin::Tunnel(tunnel);
     let cancellations = Arc::new(crate::reset_guard::Cancellations::default());
     let watched = cancellations.clone();
-    let service = service_fn(move |req: Request<Incoming>| {
+    let lent = alive.clone();
+    let service = service_fn(move |mut req: Request<Incoming>| {
         let plane = plane.clone();
         let origin = origin.clone();
+        if let Some(alive) = &lent {
+            crate::accept::lend(alive, &mut req);
+        }
         // Dropped before it answers: the client cancelled the request (see reset_guard).
         let watch = watched.watch();
         async move {
@@ -299,6 +317,11 @@ async fn intercept(
                     connection.as_mut().graceful_shutdown();
                     tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
                 }
+                () = stopping(alive.as_ref()) => {
+                    // The proxy stops: those in flight finish within the drain.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
                 () = cancellations.tripped() => {
                     // Late resets (cancelled after the proxy started on them) that
                     // `max_pending_accept_reset_streams` does not see: go away, let what is in
@@ -333,6 +356,10 @@ async fn intercept(
                 // An idle keep-alive closes at once; a request in flight finishes first.
                 connection.as_mut().graceful_shutdown();
                 tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+            }
+            () = stopping(alive.as_ref()) => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
             }
         }
     };

@@ -9,6 +9,11 @@
 //! A request carrying an mTLS credential goes through a client of its own, built for that
 //! one certificate and cached while the credential lives: pooled connections that present
 //! one session's certificate are never reused for another session's requests.
+//!
+//! Each event loop of the proxy listener ([`crate::shards`]) has pools of its own: an
+//! upstream connection is driven by a task on the loop that dialed it, and a request from
+//! another loop checking it out would wake that loop's thread twice (to write, and to hand
+//! back the answer).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,8 +39,8 @@ type Pool = Client<UpstreamConnector, ProxyBody>;
 pub struct Upstreams {
     guard: Arc<Guard>,
     roots: Arc<RootCertStore>,
-    general: Pool,
-    upgrade: Pool,
+    /// The general and HTTP/1.1-only pools, one pair per event loop.
+    loops: Box<[(Pool, Pool)]>,
     /// One client per mTLS credential (keyed by the broker's credential id).
     mtls: moka::sync::Cache<u64, (Pool, Pool)>,
     response_timeout: Duration,
@@ -92,18 +97,22 @@ fn pools(guard: &Arc<Guard>, tls: ClientConfig) -> (Pool, Pool) {
 }
 
 impl Upstreams {
-    /// Build the pools over `guard`, verifying upstream certificates against `roots`.
+    /// Build the pools over `guard` for `loops` event loops (at least one pair),
+    /// verifying upstream certificates against `roots`.
     pub fn new(
         guard: Arc<Guard>,
         roots: Arc<RootCertStore>,
         response_timeout: Duration,
+        loops: usize,
     ) -> Result<Self, UpstreamTlsError> {
-        let (general, upgrade) = pools(&guard, upstream::plain_config(roots.clone())?);
+        let tls = upstream::plain_config(roots.clone())?;
+        let loops = (0..loops.max(1))
+            .map(|_| pools(&guard, tls.clone()))
+            .collect();
         Ok(Self {
             guard,
             roots,
-            general,
-            upgrade,
+            loops,
             mtls: moka::sync::Cache::builder()
                 .max_capacity(10_000)
                 // A client outlives its credential by at most this much idle time; teardown
@@ -122,7 +131,10 @@ impl Upstreams {
     /// The pools to use for a request with the client identity `identity`, if any.
     fn pools_for(&self, identity: Option<&Held>) -> Result<(Pool, Pool), ProxyError> {
         let Some(held) = identity else {
-            return Ok((self.general.clone(), self.upgrade.clone()));
+            // Off the loops (an approved request executing, the sandbox's socket, or
+            // `listen.proxy_threads = 0`): the first pair.
+            let at = crate::shards::current().unwrap_or(0) % self.loops.len();
+            return Ok(self.loops[at].clone());
         };
         let Material::ClientCert(id) = &held.credential.material else {
             return Err(ProxyError::Internal {

@@ -60,6 +60,14 @@ pub struct RevocationLabels {
     pub outcome: String,
 }
 
+/// Labels of the proxy's open connections, by the event loop that serves them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoopLabels {
+    /// The event loop's number, from 0 (`listen.proxy_threads`); `shared` when the
+    /// connections share the runtime's workers.
+    pub thread: String,
+}
+
 /// All metrics of one proxy.
 #[derive(Debug)]
 pub struct Metrics {
@@ -71,6 +79,8 @@ pub struct Metrics {
     /// Decisions the shadow set compared, by outcome.
     pub shadow: Family<ShadowLabels, Counter>,
     pub policy_generation: Gauge,
+    /// Proxy connections open, by event loop ([`crate::shards`]).
+    pub proxy_connections: Family<LoopLabels, Gauge>,
     pub credentials: Family<CredentialLabels, Counter>,
     pub credential_fetch_seconds: Histogram,
     pub revocations: Family<RevocationLabels, Counter>,
@@ -209,6 +219,7 @@ impl Default for Metrics {
             policy_reloads,
             shadow: Family::default(),
             policy_generation: Gauge::default(),
+            proxy_connections: Family::default(),
             credentials: Family::default(),
             // 100 µs .. ~6.5 s: one Vault round trip.
             credential_fetch_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 17)),
@@ -272,6 +283,20 @@ impl Metrics {
             "Generation of the policy set in force (1 at start-up, +1 per successful reload)",
             self.policy_generation.clone(),
         );
+        registry.register(
+            "proxy_connections",
+            "Connections open on the proxy listener, by the event loop that serves them",
+            self.proxy_connections.clone(),
+        );
+    }
+
+    /// The open-connection gauge of event loop `thread` (shared with the family's).
+    pub fn proxy_connections(&self, thread: &str) -> Gauge {
+        self.proxy_connections
+            .get_or_create(&LoopLabels {
+                thread: thread.to_owned(),
+            })
+            .clone()
     }
 
     /// The broker: credentials, their leases, and placeholders sent where they may not go.

@@ -63,6 +63,10 @@ pub struct ProxySpec {
     pub redis: Option<(String, String)>,
     /// `state.keys_dir`: keys shared by replicas, made with `StateDir::init_keys`.
     pub keys_dir: Option<PathBuf>,
+    /// `listen.proxy_threads` (default: one per core).
+    pub proxy_threads: Option<usize>,
+    /// `listen.drain` (e.g. `"30s"`; default 5 s).
+    pub drain: Option<String>,
 }
 
 impl Default for ProxySpec {
@@ -83,6 +87,8 @@ impl Default for ProxySpec {
             proxy_unix: None,
             redis: None,
             keys_dir: None,
+            proxy_threads: None,
+            drain: None,
         }
     }
 }
@@ -157,6 +163,8 @@ impl TestProxy {
 proxy = "127.0.0.1:0"
 control = "127.0.0.1:0"
 {proxy_unix}
+{proxy_threads}
+{drain}
 
 [state]
 dir = "{state}"
@@ -198,6 +206,15 @@ tunnel = {tunnel}
                 .proxy_unix
                 .as_ref()
                 .map(|p| format!("proxy_unix = \"{}\"", p.display()))
+                .unwrap_or_default(),
+            proxy_threads = spec
+                .proxy_threads
+                .map(|n| format!("proxy_threads = {n}"))
+                .unwrap_or_default(),
+            drain = spec
+                .drain
+                .as_ref()
+                .map(|d| format!("drain = \"{d}\""))
                 .unwrap_or_default(),
             policy = policy_dir.display(),
             ports = toml_list(&ports, false),
@@ -262,6 +279,22 @@ tunnel = {tunnel}
     /// A control API client with the admin token.
     pub fn control(&self) -> ControlClient {
         ControlClient::new(format!("http://{}", self.control_addr), &self.admin_token)
+    }
+
+    /// The control API's `/metrics` text (with the admin token).
+    pub async fn metrics(&self) -> String {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("a client")
+            .get(format!("http://{}/metrics", self.control_addr))
+            .bearer_auth(&self.admin_token)
+            .send()
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .expect("/metrics text")
     }
 
     /// Create a session for `agent` in the default tenant.

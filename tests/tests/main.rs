@@ -37,6 +37,7 @@ mod credentials_scrub;
 mod credentials_vault;
 mod deploy;
 mod egress;
+mod event_loops;
 mod fleet;
 mod fleet_faults;
 mod grafana_dashboard;

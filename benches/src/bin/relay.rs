@@ -24,9 +24,10 @@ use ostiary::body::{self, paced, ProxyBody};
 use ostiary::egress::{Guard, SystemResolver, TcpDialer};
 use ostiary::forward::Upstreams;
 use ostiary::metrics::Metrics;
+use ostiary::shards::{Alive, Loops};
 use ostiary::tls::ca::LeafMinter;
 use ostiary::wire_guard::StrictH1;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::LazyConfigAcceptor;
 
 /// As `[proxy] max_header_bytes` defaults.
@@ -57,7 +58,13 @@ async fn main() -> Result<()> {
         Duration::from_secs(5),
     ));
     let roots = ostiary::tls::upstream::root_store(roots.as_ref())?;
-    let upstreams = Upstreams::new(guard, Arc::new(roots), Duration::from_secs(30))?;
+    // As Ostiary's listener: one event loop per core (`listen.proxy_threads`), or the
+    // runtime's shared workers with `RELAY_THREADS=0`.
+    let threads = match std::env::var("RELAY_THREADS") {
+        Ok(n) => n.parse().context("RELAY_THREADS")?,
+        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let upstreams = Upstreams::new(guard, Arc::new(roots), Duration::from_secs(30), threads)?;
     let relay = Arc::new(Relay {
         minter,
         upstreams,
@@ -65,25 +72,41 @@ async fn main() -> Result<()> {
     });
     let listener = TcpListener::bind(addr).await?;
     eprintln!("relay listening on {addr}");
+    if threads > 0 {
+        let serving = relay.clone();
+        let _loops = Loops::start(
+            listener,
+            threads,
+            &relay.metrics,
+            Duration::from_secs(1),
+            move |stream, alive| agent(serving.clone(), stream, Some(alive)),
+        )?;
+        std::future::pending::<()>().await;
+        return Ok(());
+    }
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| connect(relay.clone(), req));
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades()
-                .await;
-        });
+        tokio::spawn(agent(relay.clone(), stream, None));
     }
+}
+
+/// One agent connection: CONNECTs, each intercepted, counted on its event loop (`alive`)
+/// until the tunnel closes, as Ostiary's are.
+async fn agent(relay: Arc<Relay>, stream: TcpStream, alive: Option<Alive>) {
+    let service = service_fn(move |req| connect(relay.clone(), req, alive.clone()));
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await;
 }
 
 /// A CONNECT: 200, then the tunnel intercepted.
 async fn connect(
     relay: Arc<Relay>,
     req: Request<Incoming>,
+    alive: Option<Alive>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     // Copied, not cloned: hyper parses the URI as a slice of its read buffer, and a clone
     // kept for the tunnel's life would keep that whole 8 KiB buffer with it (massif, 1,000
@@ -96,6 +119,7 @@ async fn connect(
         _ => return Ok(status(StatusCode::METHOD_NOT_ALLOWED)),
     };
     tokio::spawn(async move {
+        let _alive = alive;
         if let Ok(upgraded) = hyper::upgrade::on(req).await {
             let _ = intercept(relay, TokioIo::new(upgraded), authority).await;
         }

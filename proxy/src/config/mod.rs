@@ -143,6 +143,10 @@ pub struct Listen {
     /// listeners stopped accepting; then they are cut and the audit trail is flushed.
     #[serde(deserialize_with = "duration")]
     pub drain: std::time::Duration,
+    /// How many threads serve the proxy's TCP listener, each an event loop of its own that
+    /// keeps the connections it took ([`crate::shards`]). Unset: one per core the process
+    /// may use. `0`: the connections share the runtime's work-stealing workers instead.
+    pub proxy_threads: Option<usize>,
 }
 
 impl Default for Listen {
@@ -153,7 +157,22 @@ impl Default for Listen {
             proxy_unix: None,
             triggers: None,
             drain: std::time::Duration::from_secs(5),
+            proxy_threads: None,
         }
+    }
+}
+
+/// More event loops than this would be threads that cannot all run: no machine this is
+/// deployed on has that many cores.
+const MAX_PROXY_THREADS: usize = 1024;
+
+impl Listen {
+    /// `proxy_threads`, or one per core the process may use (its CPU quota and affinity
+    /// included, as [`std::thread::available_parallelism`] counts them).
+    pub fn proxy_threads(&self) -> usize {
+        self.proxy_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
     }
 }
 
@@ -588,6 +607,15 @@ impl Config {
                 "sessions.max_cost must be a finite number ≥ 0".into(),
             ));
         }
+        if self
+            .listen
+            .proxy_threads
+            .is_some_and(|n| n > MAX_PROXY_THREADS)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "listen.proxy_threads must be at most {MAX_PROXY_THREADS} (0: the runtime's workers)"
+            )));
+        }
         if self.proxy.max_header_bytes < 1024 {
             return Err(ConfigError::Invalid(
                 "proxy.max_header_bytes must be at least 1024".into(),
@@ -719,5 +747,23 @@ mod tests {
         let e = Config::from_toml("[runs]\ncheckpoint_retention = \"0s\"\n", Path::new("t"))
             .unwrap_err();
         assert!(e.to_string().contains("checkpoint_retention"), "{e}");
+    }
+
+    #[test]
+    fn proxy_threads_default_to_the_cores_and_are_bounded() {
+        let c = Config::from_toml("", Path::new("t")).unwrap();
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(c.listen.proxy_threads(), cores);
+        let c = Config::from_toml("[listen]\nproxy_threads = 0\n", Path::new("t")).unwrap();
+        assert_eq!(c.listen.proxy_threads(), 0);
+        let c = Config::from_toml("[listen]\nproxy_threads = 1024\n", Path::new("t")).unwrap();
+        assert_eq!(c.listen.proxy_threads(), 1024);
+        let e = Config::from_toml("[listen]\nproxy_threads = 1025\n", Path::new("t")).unwrap_err();
+        assert!(e.to_string().contains("listen.proxy_threads"), "{e}");
+        for bad in ["-1", "\"two\"", "1.5"] {
+            let text = format!("[listen]\nproxy_threads = {bad}\n");
+            let e = Config::from_toml(&text, Path::new("t")).unwrap_err();
+            assert!(e.to_string().contains("proxy_threads"), "{bad}: {e}");
+        }
     }
 }

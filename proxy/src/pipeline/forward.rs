@@ -98,6 +98,7 @@ pub(super) async fn run(
                 &ctx.target,
                 agent,
                 hyper::upgrade::on(&mut response),
+                prepared.alive.take(),
             );
         }
     }

@@ -30,6 +30,9 @@ pub(crate) struct Prepared {
     /// A WebSocket handshake, and the agent's side of it once the upstream switched.
     pub upgrade: bool,
     pub agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// What keeps the agent's connection counted and drained, for the splice that
+    /// outlives it.
+    pub alive: Option<crate::shards::Alive>,
     /// The agent spoke HTTP/2: the upstream may too (ALPN decides). An HTTP/1.1 request
     /// goes upstream over HTTP/1.1, as it came — hyper's h2 client cost the proxy an
     /// eighth of its CPU per request that h1 does not (docs/benchmarks.md).
@@ -48,6 +51,7 @@ pub(super) async fn run(
     ctx.audit.mark(Phase::Inject);
     let upgrade = ctx.mode.is_live() && upgrade::is_websocket(&req);
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let alive = req.extensions_mut().remove::<crate::shards::Alive>();
     let multiplexed = req.version() == http::Version::HTTP_2;
     // Credentials go in after `prepare` pointed the request at its checked upstream URI, so
     // a query credential lands in the URI actually sent.
@@ -120,6 +124,7 @@ pub(super) async fn run(
         injected,
         upgrade,
         agent_upgrade,
+        alive,
         multiplexed,
         placeholder,
         dlp,

@@ -37,6 +37,7 @@ pub(super) fn splice(
     target: &Target,
     agent: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
+    alive: Option<crate::shards::Alive>,
 ) {
     let at = Tunnel {
         host: target.host.clone(),
@@ -49,6 +50,8 @@ pub(super) fn splice(
     };
     let plane = plane.clone();
     tokio::spawn(async move {
+        // Counted and drained with the agent's connection, whose task has ended.
+        let _alive = alive;
         let upgraded = tokio::select! {
             upgraded = async { tokio::try_join!(agent, upstream) } => upgraded,
             () = watch.ended() => {

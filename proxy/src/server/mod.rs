@@ -336,7 +336,12 @@ impl Opened {
             config.proxy.connect_timeout,
         ));
         let roots = Arc::new(tls::upstream::root_store(&config.egress.ca_file)?);
-        let upstreams = Upstreams::new(guard.clone(), roots, config.proxy.upstream_timeout)?;
+        let upstreams = Upstreams::new(
+            guard.clone(),
+            roots,
+            config.proxy.upstream_timeout,
+            config.listen.proxy_threads(),
+        )?;
         let journal = Arc::new(Journal::start(stores.leases.clone())?);
         let broker = broker(&config, &policies, journal, leftovers).await?;
         let credentials = Credentials::new(Arc::new(broker), &metrics);
@@ -599,12 +604,9 @@ impl Ostiary {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let proxy_task = tokio::spawn(accept::serve(
-            proxy,
-            unix,
-            data.clone(),
-            stopped(stop_rx.clone()),
-        ));
+        let proxy_task = tokio::spawn(
+            accept::Proxy::new(proxy, unix, data.clone())?.serve(stopped(stop_rx.clone())),
+        );
         let control_task = tokio::spawn(control::serve(
             control,
             plane.clone(),
