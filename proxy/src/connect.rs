@@ -236,6 +236,22 @@ pub fn egress_refusal(e: EgressError) -> ProxyError {
     }
 }
 
+/// The server side of an intercepted HTTP/2 connection, with its flood bounds.
+fn h2_builder(limits: &crate::config::ProxyLimits) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        // Rapid reset (CVE-2023-44487): streams reset by the client before the service saw
+        // them are bounded, and a connection that keeps provoking errors is closed.
+        .max_pending_accept_reset_streams(Some(64))
+        .max_local_error_reset_streams(Some(256))
+        // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
+        .max_header_list_size(limits.max_header_bytes as u32)
+        .keep_alive_interval(Some(std::time::Duration::from_secs(30)));
+    builder
+}
+
 /// Once the proxy stops, when the connection came through a listener (`alive`); never else.
 async fn stopping(alive: Option<&Alive>) {
     match alive {
@@ -298,17 +314,7 @@ async fn intercept(
         // and an HTTP/2 connection's state would otherwise sit, unused, in each HTTP/1
         // one's (2.7 KiB of the 9.2 KiB of this function's state).
         Box::pin(async {
-            let connection = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(256)
-                // Rapid reset (CVE-2023-44487): streams reset by the client before the service
-                // saw them are bounded, and a connection that keeps provoking errors is closed.
-                .max_pending_accept_reset_streams(Some(64))
-                .max_local_error_reset_streams(Some(256))
-                // Bounds a CONTINUATION flood: the header block of one request cannot exceed it.
-                .max_header_list_size(limits.max_header_bytes as u32)
-                .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
-                .serve_connection(TokioIo::new(tls), service);
+            let connection = h2_builder(&limits).serve_connection(TokioIo::new(tls), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => result,
