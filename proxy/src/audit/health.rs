@@ -263,6 +263,13 @@ impl Health {
         true
     }
 
+    /// Whether the record just admitted filled a batch: the writer, gathering asleep, is
+    /// woken for it rather than waiting out its linger.
+    pub(crate) fn fills_a_batch(&self) -> bool {
+        let batch = self.limits.batch.max(1);
+        self.queued.load(Ordering::Relaxed).is_multiple_of(batch)
+    }
+
     /// A record that was admitted will never reach the writer (it has stopped).
     pub(crate) fn unadmit(&self) {
         self.dequeued(1);

@@ -23,6 +23,9 @@ pub(super) enum Command {
 #[derive(Debug, Clone)]
 pub struct AuditSink {
     pub(super) tx: mpsc::Sender<Command>,
+    /// The writer's thread, woken for a flush or a close; a record never wakes it
+    /// ([`super::writer`] gathers them asleep).
+    pub(super) writer: Option<std::thread::Thread>,
     pub(super) health: Arc<Health>,
     /// Each record is also a span, when telemetry is on.
     pub(super) spans: Option<Arc<crate::telemetry::Spans>>,
@@ -107,6 +110,8 @@ impl AuditSink {
             if let Command::Record(r) = e.0 {
                 log_unwritten(&r, "the audit writer has stopped");
             }
+        } else if self.health.fills_a_batch() {
+            self.wake_writer();
         }
     }
 
@@ -117,6 +122,7 @@ impl AuditSink {
         if self.tx.send(Command::Flush(tx)).is_err() {
             return false;
         }
+        self.wake_writer();
         rx.await.unwrap_or(false)
     }
 
@@ -164,7 +170,16 @@ impl AuditSink {
         if self.tx.send(Command::Close(tx)).is_err() {
             return 0;
         }
+        self.wake_writer();
         rx.await.unwrap_or(0)
+    }
+
+    /// Someone waits on the writer, or a batch is full: cut its nap short. (A writer blocked on the channel
+    /// was woken by the send itself; an unpark then only makes its next nap end at once.)
+    fn wake_writer(&self) {
+        if let Some(writer) = &self.writer {
+            writer.unpark();
+        }
     }
 }
 
@@ -191,6 +206,7 @@ mod tests {
         (
             AuditSink {
                 tx,
+                writer: None,
                 health,
                 spans: None,
                 policies: None,

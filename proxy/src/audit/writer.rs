@@ -43,6 +43,12 @@ use crate::metrics::Metrics;
 use crate::store::audit::{yielding, AppendError, AuditRow, AuditStore};
 use crate::store::StoreError;
 
+/// How long after the last record the writer keeps gathering asleep, waking every linger
+/// to take what came, instead of blocking on the channel. Agents call in bursts with pauses
+/// between; a pause shorter than this costs ~50 wakeups a second of an otherwise idle
+/// thread, and no request pays for waking it.
+const KEEP_GATHERING: Duration = Duration::from_secs(10);
+
 /// The writer thread's handle; dropping every sink (or [`AuditSink::close`]) and joining
 /// drains the queue.
 #[derive(Debug)]
@@ -91,6 +97,7 @@ impl AuditWriter {
             head_dirty: true,
             last_checkpoint: None,
             oldest: None,
+            last_record: None,
             health: health.clone(),
             pending: VecDeque::new(),
             waiters: Vec::new(),
@@ -111,12 +118,14 @@ impl AuditWriter {
             .name("ostiary-audit".into())
             .spawn(move || writer.run(&rx))
             .map_err(|e| ChainError::Store(StoreError::Task(e.to_string())))?;
+        let woken = thread.thread().clone();
         Ok((
             Self {
                 thread: Some(thread),
             },
             AuditSink {
                 tx,
+                writer: Some(woken),
                 health,
                 spans: None,
                 policies: None,
@@ -223,6 +232,8 @@ struct Writer {
     last_checkpoint: Option<Instant>,
     /// When the oldest pending record arrived (group commit).
     oldest: Option<Instant>,
+    /// When the last record arrived: the writer gathers asleep for a while after it.
+    last_record: Option<Instant>,
     health: Arc<Health>,
     pending: VecDeque<AuditRecord>,
     /// Flushes and the count of records received before each.
@@ -294,9 +305,25 @@ impl Writer {
         }
     }
 
-    /// Take what is queued: block while idle, else wait at most until the next retry (or
-    /// the shutdown deadline). `false` once every sink is gone.
+    /// Take what is queued: asleep while records keep coming ([`Writer::nap`]), blocked on
+    /// the channel while idle, else waiting at most until the next retry (or the shutdown
+    /// deadline). `false` once every sink is gone.
     fn collect(&mut self, rx: &mpsc::Receiver<Command>, closing: &mut Option<Closing>) -> bool {
+        if let Some(nap) = self.nap(closing) {
+            // Asleep rather than waiting on the channel, so that no record wakes this
+            // thread: a waiting receiver costs each request that sends to it a futex call
+            // and this thread scheduled beside it, and a request that finds the proxy idle
+            // pays most. A flush or a close does wake it (`AuditSink::wake_writer`).
+            let napped = Instant::now();
+            thread::park_timeout(nap);
+            let gathering = self.oldest.is_some();
+            let open = self.drain(rx, closing);
+            if !gathering && self.oldest.is_some() {
+                // What arrived came after the nap began: committed within a linger of that.
+                self.oldest = Some(napped);
+            }
+            return open;
+        }
         let first = if !self.busy() && closing.is_none() {
             // Idle: until a command comes, or the next signed checkpoint is due (not before
             // the retry of a failed one).
@@ -316,14 +343,6 @@ impl Writer {
             let mut wait = self.retry.wait();
             if wait.is_zero() && closing.is_none() && self.waiters.is_empty() {
                 wait = self.until_due();
-                // Gathering a group: asleep rather than waiting on the channel, so that the
-                // records arriving meanwhile do not each wake this thread (a futex call and
-                // a context switch per request). A flush or shutdown sent meanwhile waits
-                // out the linger at most; a dirty head alone waits on the channel.
-                if !self.pending.is_empty() && !wait.is_zero() {
-                    thread::sleep(wait.min(self.health.limits.linger));
-                    return self.drain(rx, closing);
-                }
             }
             if let Some(c) = closing {
                 wait = wait.min(c.deadline.saturating_duration_since(Instant::now()));
@@ -356,7 +375,9 @@ impl Writer {
     fn take(&mut self, cmd: Command, closing: &mut Option<Closing>) {
         match cmd {
             Command::Record(r) => {
-                self.oldest.get_or_insert_with(Instant::now);
+                let now = Instant::now();
+                self.oldest.get_or_insert(now);
+                self.last_record = Some(now);
                 self.pending.push_back(*r);
                 self.received += 1;
             }
@@ -384,6 +405,40 @@ impl Writer {
         for (_, w) in done {
             let _ = w.send(true);
         }
+    }
+
+    /// How long to sleep before taking what is queued, if the writer gathers asleep: while
+    /// records are pending, until their group is due, and for [`KEEP_GATHERING`] after the
+    /// last one came, a linger at a time (so that a record that comes meanwhile is
+    /// committed within a linger of coming, as if it had woken the writer). Never when
+    /// something waits on the writer or a write is being retried, and never with a linger of
+    /// zero (`group_commit = "0s"`: each record is committed as it comes).
+    fn nap(&self, closing: &Option<Closing>) -> Option<Duration> {
+        let linger = self.health.limits.linger;
+        if linger.is_zero()
+            || closing.is_some()
+            || !self.waiters.is_empty()
+            || !self.retry.wait().is_zero()
+        {
+            return None;
+        }
+        let recent = self
+            .last_record
+            .is_some_and(|t| t.elapsed() < KEEP_GATHERING);
+        if self.pending.is_empty() && !recent {
+            return None;
+        }
+        let due = [
+            self.records_due_at(),
+            self.head_due_at(),
+            self.sign_due_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(linger, |at| at.saturating_duration_since(Instant::now()));
+        let nap = due.min(linger);
+        (!nap.is_zero()).then_some(nap)
     }
 
     /// When the pending records are due to be committed: once the oldest has waited the

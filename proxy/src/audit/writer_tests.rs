@@ -112,6 +112,10 @@ fn start(trail: Arc<Watched>, dir: &Path) -> (AuditWriter, AuditSink) {
         retry_max: Duration::from_millis(20),
         ..Default::default()
     };
+    start_with(trail, dir, limits)
+}
+
+fn start_with(trail: Arc<Watched>, dir: &Path, limits: Limits) -> (AuditWriter, AuditSink) {
     AuditWriter::start_with(
         trail,
         KEY.to_vec(),
@@ -159,6 +163,70 @@ async fn the_head_never_names_a_row_the_store_has_not_synced() {
     };
     assert_eq!(head.seq, 300, "every record written and named at shutdown");
     assert_eq!(*trail.synced.lock().unwrap(), 300);
+}
+
+/// A writer that gathers asleep (records never wake it) is woken by whoever waits on it: a
+/// flush while records are pending, a flush and a close while it naps between records.
+/// With a linger of a minute, each would otherwise wait out the nap.
+#[tokio::test]
+async fn a_flush_or_a_close_wakes_a_writer_gathering_asleep() {
+    let dir = tempfile::tempdir().unwrap();
+    let trail = Watched::new(dir.path());
+    let limits = Limits {
+        linger: Duration::from_secs(60),
+        checkpoint_every: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let (writer, sink) = start_with(trail.clone(), dir.path(), limits);
+    let bound = Duration::from_secs(20);
+    for round in 1..=2 {
+        sink.send(record(round));
+        // Taken by the writer before the flush is sent: the flush must find it asleep.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let flushed = tokio::time::timeout(bound, sink.flush()).await;
+        assert_eq!(
+            flushed,
+            Ok(true),
+            "round {round}: the flush woke the writer"
+        );
+        assert_eq!(trail.last().unwrap().map(|t| t.seq), Some(round as i64));
+    }
+    // Nothing pending, the last record a moment ago: napping, and the close wakes it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let closed = tokio::time::timeout(bound, stop(writer, sink)).await;
+    assert_eq!(
+        closed,
+        Ok(0),
+        "the close woke the writer and nothing was lost"
+    );
+}
+
+/// A full batch is committed at once, not after the linger: the record that fills it wakes
+/// the writer.
+#[tokio::test]
+async fn a_full_batch_wakes_a_writer_gathering_asleep() {
+    let dir = tempfile::tempdir().unwrap();
+    let trail = Watched::new(dir.path());
+    let limits = Limits {
+        linger: Duration::from_secs(60),
+        batch: 4,
+        ..Default::default()
+    };
+    let (writer, sink) = start_with(trail.clone(), dir.path(), limits);
+    sink.send(record(1));
+    // Taken by the writer, which now naps until the linger is out.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 2..=4 {
+        sink.send(record(i));
+    }
+    let committed = async {
+        while trail.last().unwrap().map(|t| t.seq) != Some(4) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let woken = tokio::time::timeout(Duration::from_secs(20), committed).await;
+    assert!(woken.is_ok(), "the fourth record woke the writer");
+    assert_eq!(stop(writer, sink).await, 0);
 }
 
 #[tokio::test]
