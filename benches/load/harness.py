@@ -266,9 +266,14 @@ def main():
                     time.sleep(2)  # let the idle connections close
                     r["streaming"] = streaming_memory(opts, s, up_port, 100)
                     m = r["streaming"]
+                    # A load that failed (its answers refused, say) streamed nothing: its
+                    # peak is no figure.
+                    peaks = [f"{m[f'rss_peak_kib_{size}'] / 1024:6.1f} MiB"
+                             if "error" not in m[f"load_{size}"]
+                             else f"failed ({m[f'load_{size}']['error']})"
+                             for size in ("1m", "16m")]
                     print(f"{s.name:<16} peak RSS, 100 clients streaming: 1 MiB bodies "
-                          f"{m['rss_peak_kib_1m'] / 1024:6.1f} MiB, 16 MiB bodies "
-                          f"{m['rss_peak_kib_16m'] / 1024:6.1f} MiB", flush=True)
+                          f"{peaks[0]}, 16 MiB bodies {peaks[1]}", flush=True)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return

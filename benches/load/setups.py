@@ -94,8 +94,8 @@ def start_nginx(work: Path, certs: dict[str, Path], port: int) -> subprocess.Pop
         (base / "1k").write_bytes(kib)
         (base / "1m").write_bytes(mib)
         (base / "events").write_bytes(events)
-    # 16 MiB: RSS while streaming must not grow with the body.
-    (root / "16m").write_bytes(mib * 16)
+        # 16 MiB: RSS while streaming must not grow with the body.
+        (base / "16m").write_bytes(mib * 16)
     conf = work / "nginx.conf"
     conf.write_text(f"""
 worker_processes 1;
@@ -180,7 +180,7 @@ tier  = "read"
 match = {{ host = "localhost", method = "GET", path = "/tool/{size}" }}
 args_schema = {{ type = "object", properties = {{ q = {{ type = "string" }} }} }}
 cost  = 0.0001
-""" for size in ("1k", "1m", "events"))
+""" for size in ("1k", "1m", "16m", "events"))
 
 # Rungs of Ostiary's ladder: each adds work to the one before.
 RUNGS = {
