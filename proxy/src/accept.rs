@@ -1,6 +1,6 @@
-//! The proxy listeners: accept connections — on TCP (`listen.proxy`, on the event loops of
-//! [`crate::shards`]), and on the Unix socket sandboxes reach the proxy through
-//! (`listen.proxy_unix`) — apply the strict HTTP/1 wire
+//! The proxy listeners: accept connections — on TCP (`listen.proxy`) and on the Unix socket
+//! sandboxes reach the proxy through (`listen.proxy_unix`), both on the event loops of
+//! [`crate::shards`] unless `listen.proxy_threads = 0` — apply the strict HTTP/1 wire
 //! guard and the header-read timeout, and route each request — `CONNECT` to
 //! [`crate::connect`], everything else to the [`crate::pipeline`]. Both listeners serve the
 //! same proxy: a request is authenticated by its session token, whichever way it came.
@@ -49,11 +49,11 @@ enum Tcp {
 
 impl Proxy {
     /// Take the TCP listener (and the Unix socket, when given) for `plane`, starting the
-    /// event loops `listen.proxy_threads` asks for. The Unix socket's connections — a
-    /// sandbox's few — are served on the runtime `serve` runs on.
+    /// event loops `listen.proxy_threads` asks for, which then serve both; with none, both
+    /// are served on the runtime `serve` runs on.
     pub fn new(
         listener: TcpListener,
-        unix: Option<UnixListener>,
+        mut unix: Option<UnixListener>,
         plane: Arc<DataPlane>,
     ) -> std::io::Result<Self> {
         let tcp = match plane.config.listen.proxy_threads() {
@@ -62,6 +62,7 @@ impl Proxy {
                 let serving = plane.clone();
                 Tcp::Loops(Loops::start(
                     listener,
+                    unix.take(),
                     threads,
                     &plane.metrics,
                     plane.config.listen.drain,
@@ -81,7 +82,9 @@ impl Proxy {
         };
         let tracker = TaskTracker::new();
         let stopping = CancellationToken::new();
-        let unix_open = plane.metrics.proxy_connections("unix");
+        // Only when this runtime serves the socket: on the loops, its connections are
+        // counted in their loop's gauge.
+        let unix = unix.map(|u| (u, plane.metrics.proxy_connections("unix")));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -95,8 +98,8 @@ impl Proxy {
                     Err(e) => backoff(e).await,
                 },
                 accepted = accept_unix(unix.as_ref()) => match accepted {
-                    Ok(stream) => {
-                        let alive = Alive::new(&unix_open, &tracker, &stopping);
+                    Ok((stream, open)) => {
+                        let alive = Alive::new(open, &tracker, &stopping);
                         tracker.spawn(connection(plane.clone(), stream, alive));
                     }
                     Err(e) => backoff(e).await,
@@ -135,10 +138,13 @@ async fn accept_tcp(shared: Option<&(TcpListener, Gauge)>) -> std::io::Result<(T
     }
 }
 
-/// The next connection on the Unix socket; never, when there is none.
-async fn accept_unix(unix: Option<&UnixListener>) -> std::io::Result<tokio::net::UnixStream> {
+/// The next connection on the Unix socket and the gauge it counts in; never, when there is
+/// none or the event loops take them.
+async fn accept_unix(
+    unix: Option<&(UnixListener, Gauge)>,
+) -> std::io::Result<(tokio::net::UnixStream, &Gauge)> {
     match unix {
-        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        Some((listener, open)) => listener.accept().await.map(|(stream, _)| (stream, open)),
         None => std::future::pending().await,
     }
 }

@@ -1,6 +1,7 @@
 //! The proxy listener's event loops (`listen.proxy_threads`): connections are spread evenly
-//! over the loops and each is served whole on its own; the loops drain what is in flight on
-//! shutdown and then close the listener; `0` serves on the runtime's shared workers.
+//! over the loops and each is served whole on its own, the sandbox's Unix socket's with the
+//! TCP listener's; the loops drain what is in flight on shutdown and then close the
+//! listener; `0` serves on the runtime's shared workers.
 
 use std::time::Duration;
 
@@ -10,9 +11,8 @@ use ostiary_e2e::raw::{h1, intercepted, request, send_h1, ReqBody};
 use ostiary_e2e::upstream::Upstream;
 use ostiary_sdk::Session;
 
-/// `ostiary_proxy_connections` by its `thread` label, as `/metrics` shows it, but for the
-/// sandbox's Unix socket (`unix`), which every test proxy also serves.
-async fn open_connections(proxy: &TestProxy) -> Vec<(String, i64)> {
+/// `ostiary_proxy_connections` by its `thread` label, as `/metrics` shows it.
+async fn gauges(proxy: &TestProxy) -> Vec<(String, i64)> {
     let text = proxy.metrics().await;
     let mut open: Vec<(String, i64)> = text
         .lines()
@@ -21,9 +21,15 @@ async fn open_connections(proxy: &TestProxy) -> Vec<(String, i64)> {
             let (thread, value) = rest.split_once("\"} ")?;
             Some((thread.to_owned(), value.trim().parse().ok()?))
         })
-        .filter(|(thread, _)| thread != "unix")
         .collect();
     open.sort();
+    open
+}
+
+/// [`gauges`], but for the sandbox's Unix socket when the shared runtime serves it (`unix`).
+async fn open_connections(proxy: &TestProxy) -> Vec<(String, i64)> {
+    let mut open = gauges(proxy).await;
+    open.retain(|(thread, _)| thread != "unix");
     open
 }
 
@@ -100,6 +106,71 @@ async fn connections_are_spread_evenly_over_the_loops_and_each_is_served() {
     drop(senders);
     let closed = wait_for_total(&proxy, 0).await;
     assert!(closed.iter().all(|(_, n)| *n == 0), "{closed:?}");
+}
+
+/// A plain request over the sandbox's Unix socket on a kept connection.
+async fn through_unix(
+    proxy: &TestProxy,
+    session: &Session,
+    upstream: &Upstream,
+) -> SendRequest<ReqBody> {
+    let socket = proxy.shared.config.proxy_unix_path();
+    let mut sender = h1(tokio::net::UnixStream::connect(&socket).await.unwrap()).await;
+    let mut req = request("GET", &upstream.url("/echo"), None);
+    let auth = format!("Bearer {}", session.token).parse().unwrap();
+    req.headers_mut().insert("proxy-authorization", auth);
+    let reply = send_h1(&mut sender, req)
+        .await
+        .expect("a request over the socket");
+    assert_eq!(reply.status, 200, "{reply}");
+    sender
+}
+
+/// The loops serve the Unix socket a sandbox reaches the proxy through too: its connections
+/// are spread with the TCP listener's and counted on the loops; with `0` the shared runtime
+/// serves both, the socket's counted apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unix_socket_is_served_and_counted_on_the_loops() {
+    let upstream = Upstream::builder().tls(false).start().await;
+    let on = |threads| {
+        TestProxy::start(ProxySpec {
+            ports: vec![upstream.port()],
+            proxy_threads: Some(threads),
+            ..Default::default()
+        })
+    };
+    let proxy = on(2).await;
+    let session = proxy.session("sandboxed").await;
+    let mut kept = vec![through_unix(&proxy, &session, &upstream).await];
+    wait_for_total(&proxy, 1).await;
+    kept.push(through_unix(&proxy, &session, &upstream).await);
+    let split = wait_for_total(&proxy, 2).await;
+    assert_eq!(
+        split,
+        [("0".into(), 1), ("1".into(), 1)],
+        "two socket connections over two loops, no gauge of their own"
+    );
+    assert!(!gauges(&proxy).await.iter().any(|(t, _)| t == "unix"));
+    drop(kept);
+    wait_for_total(&proxy, 0).await;
+
+    let proxy = on(0).await;
+    let session = proxy.session("sandboxed").await;
+    let _kept = through_unix(&proxy, &session, &upstream).await;
+    let mut counted = Vec::new();
+    for _ in 0..200 {
+        counted = gauges(&proxy).await;
+        if counted.contains(&("unix".into(), 1)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        counted,
+        [("shared".into(), 0), ("unix".into(), 1)],
+        "on the shared runtime the socket's connection is counted apart"
+    );
+    assert_eq!(upstream.count("/echo"), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,7 +27,7 @@ use ostiary::metrics::Metrics;
 use ostiary::shards::{Alive, Loops};
 use ostiary::tls::ca::LeafMinter;
 use ostiary::wire_guard::StrictH1;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_rustls::LazyConfigAcceptor;
 
 /// As `[proxy] max_header_bytes` defaults.
@@ -76,6 +76,7 @@ async fn main() -> Result<()> {
         let serving = relay.clone();
         let _loops = Loops::start(
             listener,
+            None,
             threads,
             &relay.metrics,
             Duration::from_secs(1),
@@ -93,7 +94,10 @@ async fn main() -> Result<()> {
 
 /// One agent connection: CONNECTs, each intercepted, counted on its event loop (`alive`)
 /// until the tunnel closes, as Ostiary's are.
-async fn agent(relay: Arc<Relay>, stream: TcpStream, alive: Option<Alive>) {
+async fn agent<IO>(relay: Arc<Relay>, stream: IO, alive: Option<Alive>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| connect(relay.clone(), req, alive.clone()));
     let _ = http1::Builder::new()
         .timer(TokioTimer::new())

@@ -13,7 +13,10 @@
 //!
 //! Every loop watches the listening socket, so the kernel wakes them all for a new
 //! connection and the first to call `accept` takes it; a loop that already has more open
-//! than the least busy one hands the connection to that one over a channel.
+//! than the least busy one hands the connection to that one over a channel. The Unix
+//! socket sandboxes reach the proxy through (`listen.proxy_unix`) is watched the same way,
+//! by the same loops: a sandboxed agent's connections are spread, counted and drained with
+//! the others ([`Conn`]).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -22,14 +25,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
+
+mod conn;
+
+pub use conn::Conn;
+use conn::Handed;
 
 thread_local! {
     /// The event loop this thread runs, if it runs one.
@@ -53,7 +62,7 @@ pub struct Loops {
 /// where to hand a connection to another loop.
 struct Shared {
     open: Box<[Gauge]>,
-    handoff: Box<[mpsc::UnboundedSender<std::net::TcpStream>]>,
+    handoff: Box<[mpsc::UnboundedSender<Handed>]>,
 }
 
 impl Shared {
@@ -124,18 +133,19 @@ impl Drop for Open {
 }
 
 impl Loops {
-    /// Start `threads` loops (at least one) over `listener`, each serving the connections
-    /// it keeps with `serve`. On stop, each loop stops accepting, tells its connections
-    /// ([`Alive::stopping`]) and gives them `drain` to finish.
+    /// Start `threads` loops (at least one) over `listener` and `unix` (when given), each
+    /// serving the connections it keeps with `serve`. On stop, each loop stops accepting,
+    /// tells its connections ([`Alive::stopping`]) and gives them `drain` to finish.
     pub fn start<S, F>(
         listener: TcpListener,
+        unix: Option<UnixListener>,
         threads: usize,
         metrics: &Metrics,
         drain: Duration,
         serve: S,
     ) -> io::Result<Self>
     where
-        S: Fn(TcpStream, Alive) -> F + Clone + Send + 'static,
+        S: Fn(Conn, Alive) -> F + Clone + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
         let threads = threads.max(1);
@@ -150,10 +160,17 @@ impl Loops {
             })
             .collect::<io::Result<Vec<_>>>()?;
         let listener = listener.into_std()?;
+        let unix = unix.map(UnixListener::into_std).transpose()?;
         let listeners = (0..threads)
-            .map(|_| listener.try_clone())
+            .map(|_| {
+                let unix = unix.as_ref().map(|u| u.try_clone()).transpose()?;
+                Ok(Listening {
+                    tcp: listener.try_clone()?,
+                    unix,
+                })
+            })
             .collect::<io::Result<Vec<_>>>()?;
-        drop(listener);
+        drop((listener, unix));
         let (handoff, handed): (Vec<_>, Vec<_>) =
             (0..threads).map(|_| mpsc::unbounded_channel()).unzip();
         let shared = Arc::new(Shared {
@@ -199,6 +216,20 @@ impl Drop for Loops {
     }
 }
 
+/// What one loop watches: its copies of the listening sockets.
+struct Listening {
+    tcp: std::net::TcpListener,
+    unix: Option<std::os::unix::net::UnixListener>,
+}
+
+/// The next connection on the Unix socket; never, when the loop watches none.
+async fn accept_unix(unix: Option<&UnixListener>) -> io::Result<UnixStream> {
+    match unix {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
 /// One loop, before its thread starts.
 struct Loop<S> {
     me: usize,
@@ -210,15 +241,15 @@ struct Loop<S> {
 
 impl<S, F> Loop<S>
 where
-    S: Fn(TcpStream, Alive) -> F + Clone + Send + 'static,
+    S: Fn(Conn, Alive) -> F + Clone + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     /// The loop's thread: accept and serve until stopped, drain, then say so on `done`.
     fn run(
         self,
         runtime: Runtime,
-        listener: std::net::TcpListener,
-        handed: mpsc::UnboundedReceiver<std::net::TcpStream>,
+        listener: Listening,
+        handed: mpsc::UnboundedReceiver<Handed>,
         done: oneshot::Sender<()>,
     ) {
         LOOP.with(|at| at.set(Some(self.me)));
@@ -229,30 +260,39 @@ where
         let _ = done.send(());
     }
 
-    async fn accept(
-        self,
-        listener: std::net::TcpListener,
-        mut handed: mpsc::UnboundedReceiver<std::net::TcpStream>,
-    ) {
+    async fn accept(self, listener: Listening, mut handed: mpsc::UnboundedReceiver<Handed>) {
         let tracker = TaskTracker::new();
-        let keep = |stream: TcpStream| {
+        let keep = |conn: Conn| {
             let alive = Alive::new(&self.shared.open[self.me], &tracker, &self.stop);
-            tracker.spawn((self.serve)(stream, alive));
+            tracker.spawn((self.serve)(conn, alive));
         };
-        let adopt = |stream: std::net::TcpStream| match TcpStream::from_std(stream) {
-            Ok(stream) => keep(stream),
+        let adopt = |handed: Handed| match conn::from_std(handed) {
+            Ok(conn) => keep(conn),
             Err(e) => tracing::warn!(error = %e, "taking over a proxy connection failed"),
         };
-        match TcpListener::from_std(listener) {
+        // A loop that cannot watch the Unix socket still serves TCP; the other loops take
+        // the socket's connections.
+        let unix = listener.unix.and_then(|u| {
+            UnixListener::from_std(u)
+                .inspect_err(|e| {
+                    tracing::error!(error = %e, loop = self.me, "proxy event loop cannot watch the Unix socket")
+                })
+                .ok()
+        });
+        match TcpListener::from_std(listener.tcp) {
             Ok(listener) => loop {
                 tokio::select! {
                     () = self.stop.cancelled() => break,
-                    Some(stream) = handed.recv() => adopt(stream),
+                    Some(handed) = handed.recv() => adopt(handed),
                     accepted = listener.accept() => match accepted {
                         Ok((stream, _peer)) => {
                             let _ = stream.set_nodelay(true);
-                            self.place(stream, &keep);
+                            self.place(Either::Left(stream), &keep);
                         }
+                        Err(e) => crate::accept::backoff(e).await,
+                    },
+                    accepted = accept_unix(unix.as_ref()) => match accepted {
+                        Ok(stream) => self.place(Either::Right(stream), &keep),
                         Err(e) => crate::accept::backoff(e).await,
                     },
                 }
@@ -275,16 +315,16 @@ where
         }
     }
 
-    /// Serve `stream` here, or hand it to the loop with the fewest open connections.
-    fn place(&self, stream: TcpStream, keep: &impl Fn(TcpStream)) {
+    /// Serve `conn` here, or hand it to the loop with the fewest open connections.
+    fn place(&self, conn: Conn, keep: &impl Fn(Conn)) {
         let to = self.shared.place(self.me);
         if to == self.me {
-            return keep(stream);
+            return keep(conn);
         }
-        match stream.into_std() {
+        match conn::into_std(conn) {
             // A loop that has stopped no longer takes connections: this one closes.
-            Ok(stream) => {
-                let _ = self.shared.handoff[to].send(stream);
+            Ok(handed) => {
+                let _ = self.shared.handoff[to].send(handed);
             }
             Err(e) => tracing::warn!(error = %e, "handing over a proxy connection failed"),
         }
