@@ -187,6 +187,7 @@ async fn a_stop_lets_a_response_in_flight_finish_closes_idle_ones_and_the_listen
     })
     .await;
     let addr = proxy.proxy_addr;
+    let socket = proxy.shared.config.proxy_unix_path();
     let session = proxy.session("drain").await;
     let mut busy = tunnel(&proxy, &session, &upstream).await;
     let mut idle = tunnel(&proxy, &session, &upstream).await;
@@ -194,13 +195,13 @@ async fn a_stop_lets_a_response_in_flight_finish_closes_idle_ones_and_the_listen
         .await
         .unwrap();
     assert_eq!(warm.status, 200, "{warm}");
-    // Ten chunks 100 ms apart: still streaming when the stop comes.
+    // Thirty chunks 100 ms apart: still streaming when the stop comes, and for seconds after.
     let streaming = tokio::spawn(async move {
         send_h1(
             &mut busy,
             request(
                 "GET",
-                "/stream?chunks=10&size=1000&delay_ms=100",
+                "/stream?chunks=30&size=1000&delay_ms=100",
                 Some("api.example.test"),
             ),
         )
@@ -210,15 +211,34 @@ async fn a_stop_lets_a_response_in_flight_finish_closes_idle_ones_and_the_listen
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let stopped = std::time::Instant::now();
-    proxy.stop().await;
-    let took = stopped.elapsed();
+    let stopping = tokio::spawn(async move {
+        let stopped = std::time::Instant::now();
+        proxy.stop().await;
+        stopped.elapsed()
+    });
+    // While the answer in flight drains, both listeners already refuse new connections.
+    let mut tries = 0;
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        tries += 1;
+        assert!(
+            tries < 500,
+            "the TCP listener still accepts after 5 s of stopping"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!streaming.is_finished(), "checked during the drain");
+    let sandboxed = tokio::net::UnixStream::connect(&socket).await;
+    assert!(
+        sandboxed.is_err(),
+        "the Unix socket is closed with the TCP listener, before the drain"
+    );
+    let took = stopping.await.unwrap();
     let reply = streaming
         .await
         .unwrap()
         .expect("the response in flight completes");
     assert_eq!(reply.status, 200, "{reply}");
-    assert_eq!(reply.body.len(), 10_000, "the whole body, not a cut one");
+    assert_eq!(reply.body.len(), 30_000, "the whole body, not a cut one");
     assert!(
         took < Duration::from_secs(30),
         "the stop waited for the idle connection ({took:?}), not only for the answer in flight"

@@ -301,6 +301,9 @@ where
                 tracing::error!(error = %e, loop = self.me, "proxy event loop cannot watch the listener")
             }
         }
+        // Closed before the drain, like the TCP listener above: a sandbox that connects now
+        // is refused at once rather than left waiting in the backlog.
+        drop(unix);
         // Connections another loop handed over before the stop are served, not dropped.
         handed.close();
         while let Ok(stream) = handed.try_recv() {
