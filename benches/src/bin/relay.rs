@@ -1,8 +1,8 @@
 //! The bottom rung of the load harness's Ostiary ladder, "interception only": Ostiary's own
 //! interception parts — the CONNECT listener, a leaf from [`LeafMinter`] for the tunnel's host,
 //! the wire guard ([`StrictH1`]) on the agent's HTTP/1.1, the upstream pools of
-//! [`Upstreams`] behind the egress [`Guard`], the paced answer — with no session, no policy,
-//! no audit, no injection. What the full pipeline costs is what the rungs above add to this.
+//! [`Upstreams`] behind the egress [`Guard`], hop-by-hop headers stripped each way, the paced
+//! answer — with no session, no policy, no audit, no injection. What the full pipeline costs is what the rungs above add to this.
 //!
 //! `relay ADDR CA_CERT_PEM CA_KEY_PEM UPSTREAM_ROOTS_PEM` (the same arguments as the
 //! hudsucker relay). Upstreams are dialed only on loopback: `localhost` resolves to
@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use ostiary::body::{self, paced, ProxyBody};
 use ostiary::egress::{Guard, SystemResolver, TcpDialer};
 use ostiary::forward::Upstreams;
+use ostiary::inject::strip_hop_by_hop;
 use ostiary::metrics::Metrics;
 use ostiary::shards::{Alive, Loops};
 use ostiary::tls::ca::LeafMinter;
@@ -148,7 +149,10 @@ async fn intercept(
     Ok(())
 }
 
-/// One intercepted request, sent on as it came.
+/// One intercepted request, sent on as it came but for its hop-by-hop headers, which belong
+/// to the agent's connection (as every proxy must; until 2026-12-06 the relay passed them on,
+/// and an agent's `Connection: close` closed the pooled upstream connection after each
+/// answer, so `new-1k` measured an upstream handshake per request on this rung alone).
 async fn forward(
     relay: Arc<Relay>,
     authority: http::uri::Authority,
@@ -169,10 +173,14 @@ async fn forward(
         Ok(uri) => uri,
         Err(_) => return Ok(status(StatusCode::BAD_REQUEST)),
     };
+    strip_hop_by_hop(&mut parts.headers, false);
     let req = Request::from_parts(parts, body::stream(incoming));
     Ok(
         match relay.upstreams.send(req, true, None, &relay.metrics).await {
-            Ok(response) => response.map(|b| body::stream(paced::Paced::new(b))),
+            Ok(mut response) => {
+                strip_hop_by_hop(response.headers_mut(), false);
+                response.map(|b| body::stream(paced::Paced::new(b)))
+            }
             Err(_) => status(StatusCode::BAD_GATEWAY),
         },
     )
