@@ -131,8 +131,8 @@ impl Upstreams {
     /// The pools to use for a request with the client identity `identity`, if any.
     fn pools_for(&self, identity: Option<&Held>) -> Result<(Pool, Pool), ProxyError> {
         let Some(held) = identity else {
-            // Off the loops (an approved request executing, the sandbox's socket, or
-            // `listen.proxy_threads = 0`): the first pair.
+            // Off the loops (an approved request executing, or `listen.proxy_threads = 0`):
+            // the first pair.
             let at = crate::shards::current().unwrap_or(0) % self.loops.len();
             return Ok(self.loops[at].clone());
         };

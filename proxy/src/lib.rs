@@ -7,7 +7,7 @@
 //! # Layout
 //! The request path, in the order a request meets it:
 //! - [`accept`] — the proxy listeners (TCP and the sandbox's Unix socket), header-read timeout.
-//! - [`shards`] — the TCP listener's event loops: a thread each, connections spread by load.
+//! - [`shards`] — the listeners' event loops: a thread each, connections spread by load.
 //! - [`wire_guard`] — strict HTTP/1 framing on the raw bytes, before hyper sees them.
 //! - [`reset_guard`] — HTTP/2 late-reset floods answered with GOAWAY.
 //! - [`connect`] — `CONNECT`: destination checks, then TLS interception or a relay.

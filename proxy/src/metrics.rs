@@ -63,8 +63,8 @@ pub struct RevocationLabels {
 /// Labels of the proxy's open connections, by the event loop that serves them.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoopLabels {
-    /// The event loop's number, from 0 (`listen.proxy_threads`); `shared` when the
-    /// connections share the runtime's workers.
+    /// The event loop's number, from 0 (`listen.proxy_threads`); `shared` (TCP) and `unix`
+    /// (the sandbox's socket) when the connections share the runtime's workers.
     pub thread: String,
 }
 

@@ -2,7 +2,8 @@
 //! interception parts — the CONNECT listener, a leaf from [`LeafMinter`] for the tunnel's host,
 //! the wire guard ([`StrictH1`]) on the agent's HTTP/1.1, the upstream pools of
 //! [`Upstreams`] behind the egress [`Guard`], hop-by-hop headers stripped each way, the paced
-//! answer — with no session, no policy, no audit, no injection. What the full pipeline costs is what the rungs above add to this.
+//! answer — with no session, no policy, no audit, no injection. What the full pipeline costs
+//! is what the rungs above add to this.
 //!
 //! `relay ADDR CA_CERT_PEM CA_KEY_PEM UPSTREAM_ROOTS_PEM` (the same arguments as the
 //! hudsucker relay). Upstreams are dialed only on loopback: `localhost` resolves to

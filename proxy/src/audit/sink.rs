@@ -174,8 +174,9 @@ impl AuditSink {
         rx.await.unwrap_or(0)
     }
 
-    /// Someone waits on the writer, or a batch is full: cut its nap short. (A writer blocked on the channel
-    /// was woken by the send itself; an unpark then only makes its next nap end at once.)
+    /// Someone waits on the writer, or a batch is full: cut its nap short. (A writer blocked
+    /// on the channel was woken by the send itself; an unpark then only makes its next nap
+    /// end at once.)
     fn wake_writer(&self) {
         if let Some(writer) = &self.writer {
             writer.unpark();

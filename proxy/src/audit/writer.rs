@@ -428,16 +428,9 @@ impl Writer {
         if self.pending.is_empty() && !recent {
             return None;
         }
-        let due = [
-            self.records_due_at(),
-            self.head_due_at(),
-            self.sign_due_at(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .map_or(linger, |at| at.saturating_duration_since(Instant::now()));
-        let nap = due.min(linger);
+        let nap = self.next_due().map_or(linger, |at| {
+            at.saturating_duration_since(Instant::now()).min(linger)
+        });
         (!nap.is_zero()).then_some(nap)
     }
 
@@ -464,19 +457,23 @@ impl Writer {
         })
     }
 
-    /// How long until the next group commit or checkpoint is due (zero: now).
-    fn until_due(&self) -> Duration {
-        let Some(next) = [
+    /// When the next group commit or checkpoint is due; none while nothing is.
+    fn next_due(&self) -> Option<Instant> {
+        [
             self.records_due_at(),
             self.head_due_at(),
             self.sign_due_at(),
         ]
         .into_iter()
         .flatten()
-        .min() else {
-            return Duration::ZERO;
-        };
-        next.saturating_duration_since(Instant::now())
+        .min()
+    }
+
+    /// How long until the next group commit or checkpoint is due (zero: now).
+    fn until_due(&self) -> Duration {
+        self.next_due().map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
+        })
     }
 
     /// What is due — a group commit, a signed checkpoint, a head checkpoint — or everything

@@ -143,8 +143,8 @@ pub struct Listen {
     /// listeners stopped accepting; then they are cut and the audit trail is flushed.
     #[serde(deserialize_with = "duration")]
     pub drain: std::time::Duration,
-    /// How many threads serve the proxy's TCP listener, each an event loop of its own that
-    /// keeps the connections it took ([`crate::shards`]). Unset: one per core the process
+    /// How many threads serve the proxy's listeners (TCP and the Unix socket), each an event
+    /// loop of its own that keeps the connections it took ([`crate::shards`]). Unset: one per core the process
     /// may use. `0`: the connections share the runtime's work-stealing workers instead.
     pub proxy_threads: Option<usize>,
 }

@@ -1,5 +1,5 @@
-//! The proxy listener's event loops: `listen.proxy_threads` threads, each running a
-//! single-threaded tokio runtime of its own over the one listening socket. A connection
+//! The proxy listeners' event loops: `listen.proxy_threads` threads, each running a
+//! single-threaded tokio runtime of its own over the same listening sockets. A connection
 //! stays on the loop that took it for its whole life, and so do the tasks it starts (the
 //! intercepted tunnel, the pipeline, the upstream connection it dials).
 //!
