@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use http::{Method, Request};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
@@ -162,7 +160,8 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let limits = plane.config.proxy.clone();
-    let io = TokioIo::new(
+    let resting = plane.metrics.proxy_connections_resting.clone();
+    let io = Box::new(
         StrictH1::new(stream, limits.max_header_bytes)
             .with_observer(audit_violations(plane.clone(), None)),
     );
@@ -181,21 +180,12 @@ where
             Ok::<_, Infallible>(response)
         }
     });
-    let connection = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
-        .serve_connection(io, service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        () = alive.stopping() => {
-            // An idle keep-alive closes at once; a request in flight finishes first.
-            connection.as_mut().graceful_shutdown();
-            connection.await
-        }
-    };
+    // An idle keep-alive closes at once; a request in flight finishes first.
+    let stop = Box::pin(async {
+        alive.stopping().await;
+        None
+    });
+    let result = crate::hibernate::serve(&limits, io, service, &resting, stop).await;
     if let Err(e) = result {
         tracing::debug!(error = %e, "proxy connection ended with an error");
     }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use ostiary_policies::{Action, PolicyEngine, SessionState};
@@ -277,6 +277,7 @@ async fn intercept(
         );
     };
     let limits = plane.config.proxy.clone();
+    let resting = plane.metrics.proxy_connections_resting.clone();
     // Boxed: the handshake's state (2.9 KiB) is needed for a few round trips, and an idle
     // connection's task would otherwise keep room for it as long as the connection lives.
     let Some(tls) = Box::pin(handshake(&plane, io, &tunnel)).await else {
@@ -343,31 +344,15 @@ async fn intercept(
         })
         .await
     } else {
-        let connection = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            // Vectored writes (hyper's default once the IO says it takes them, as the wire
-            // guard now does): the head and the body's pieces go to rustls in one call and
-            // leave as one run of records, with no copy into hyper's own buffer first.
-            .max_buf_size(crate::body::paced::h1_buffer(limits.max_header_bytes))
-            .serve_connection(
-                TokioIo::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer)),
-                service,
-            )
-            .with_upgrades();
-        tokio::pin!(connection);
-        tokio::select! {
-            result = connection.as_mut() => result,
-            () = watch.ended() => {
+        let io = Box::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer));
+        let stop = Box::pin(async {
+            tokio::select! {
                 // An idle keep-alive closes at once; a request in flight finishes first.
-                connection.as_mut().graceful_shutdown();
-                tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
+                () = watch.ended() => Some(wind_down),
+                () = stopping(alive.as_ref()) => None,
             }
-            () = stopping(alive.as_ref()) => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-        }
+        });
+        crate::hibernate::serve(&limits, io, service, &resting, stop).await
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");

@@ -81,6 +81,9 @@ pub struct Metrics {
     pub policy_generation: Gauge,
     /// Proxy connections open, by event loop ([`crate::shards`]).
     pub proxy_connections: Family<LoopLabels, Gauge>,
+    /// HTTP/1 connections at rest, holding no HTTP state until their next request
+    /// ([`crate::hibernate`]).
+    pub proxy_connections_resting: Gauge,
     pub credentials: Family<CredentialLabels, Counter>,
     pub credential_fetch_seconds: Histogram,
     pub revocations: Family<RevocationLabels, Counter>,
@@ -220,6 +223,7 @@ impl Default for Metrics {
             shadow: Family::default(),
             policy_generation: Gauge::default(),
             proxy_connections: Family::default(),
+            proxy_connections_resting: Gauge::default(),
             credentials: Family::default(),
             // 100 µs .. ~6.5 s: one Vault round trip.
             credential_fetch_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 17)),
@@ -287,6 +291,12 @@ impl Metrics {
             "proxy_connections",
             "Connections open on the proxy listener, by the event loop that serves them",
             self.proxy_connections.clone(),
+        );
+        registry.register(
+            "proxy_connections_resting",
+            "HTTP/1 connections (the agent's, and intercepted ones) idle between requests, \
+             holding no HTTP server state until their next request arrives",
+            self.proxy_connections_resting.clone(),
         );
     }
 

@@ -60,6 +60,7 @@ mod policy_versions;
 mod profiles;
 mod refusal_connections;
 mod reload;
+mod resting;
 mod runs_api;
 mod runs_fleet;
 mod runs_inside;

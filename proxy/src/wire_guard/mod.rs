@@ -147,6 +147,16 @@ impl<IO> StrictH1<IO> {
         &self.io
     }
 
+    /// Between requests: every head released has been answered (hyper has begun writing
+    /// its answer), the last body was passed on whole, and nothing of a next request is
+    /// held. The reader may be dropped and a new one started here without a byte lost.
+    pub fn at_rest(&self) -> bool {
+        matches!(self.state, State::Head(_))
+            && self.buf.is_empty()
+            && !self.awaiting_response
+            && self.violation.is_none()
+    }
+
     /// Checks buffered bytes; returns how many may now go to the reader (`None`: need more).
     fn inspect(&mut self) -> Result<Option<usize>, Violation> {
         let max = self.max_head_bytes;
@@ -259,6 +269,12 @@ impl<IO> StrictH1<IO> {
     }
 }
 impl<IO: AsyncRead + AsyncWrite + Unpin> StrictH1<IO> {
+    /// Wait for the client's next bytes while no reader is attached, keeping them for the
+    /// next reader to have checked like any others; `Ok(0)` at end of input.
+    pub fn poll_arrival(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.poll_fill(cx)
+    }
+
     /// Read once into `buf`. Through a chunk on the stack, so that `buf` holds only bytes
     /// read: a connection waiting for its next head (most of a keep-alive connection's
     /// life) holds no buffer here, where reading in place kept a 16 KiB one per connection
@@ -492,6 +508,49 @@ mod tests {
         let mut back = [0u8; 20];
         client.read_exact(&mut back).await.unwrap();
         assert_eq!(&back, reply);
+    }
+
+    /// At rest only between requests: not while part of a head is held, nor once a head is
+    /// released and unanswered, nor while its body is still to pass, nor after a CONNECT.
+    #[tokio::test]
+    async fn at_rest_only_between_requests() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut guard = StrictH1::new(server, DEFAULT_MAX_HEAD_BYTES);
+        assert!(guard.at_rest(), "a new connection");
+        client
+            .write_all(b"POST /p HTTP/1.1\r\nHost:")
+            .await
+            .unwrap();
+        assert!(read_is_pending(&mut guard).await);
+        assert!(!guard.at_rest(), "part of a head held");
+        client
+            .write_all(b" h\r\nContent-Length: 4\r\n\r\nab")
+            .await
+            .unwrap();
+        let mut got = vec![0u8; 64];
+        let n = guard.read(&mut got).await.unwrap();
+        assert!(got[..n].starts_with(b"POST /p"));
+        assert!(!guard.at_rest(), "a head released and not answered");
+        guard.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        assert!(!guard.at_rest(), "answered, but the body is still to pass");
+        client.write_all(b"cd").await.unwrap();
+        let mut body = Vec::new();
+        while body.len() < 4 {
+            let n = guard.read(&mut got).await.unwrap();
+            body.extend_from_slice(&got[..n]);
+        }
+        assert_eq!(body, b"abcd");
+        assert!(guard.at_rest(), "between requests");
+        client
+            .write_all(b"CONNECT h:443 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = guard.read(&mut got).await.unwrap();
+        guard.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        assert!(
+            !guard.at_rest(),
+            "after a CONNECT the stream is another protocol's"
+        );
     }
 
     #[tokio::test]
