@@ -10,8 +10,9 @@
 //! [`serve`] therefore runs hyper only while a connection is in use. Every [`REST_AFTER`]
 //! it asks the connection to rest. The next time hyper reads while the connection is
 //! *at rest* — no request being served or answered, no answer byte unflushed, and the wire
-//! guard holding no part of a next request and nothing released that is still unanswered
-//! ([`StrictH1::at_rest`]) — the IO takes the stream away and reports end of input. hyper,
+//! guard holding no part of a next request ([`StrictH1::at_rest`]) — the IO takes the stream
+//! away and reports end of input. (A pipelined request the guard released is in hyper's
+//! buffer, complete: hyper parses it and takes it in flight before it reads again.) hyper,
 //! idle, takes that for the agent closing: it ends without writing a byte and frees its
 //! state. The stream then waits on its own for the agent's next bytes, which the wire guard
 //! keeps, and a new hyper connection is built to read them. An upgrade (a WebSocket) is

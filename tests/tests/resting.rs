@@ -199,6 +199,33 @@ async fn an_answer_slower_than_the_rest_period_is_not_cut() {
         .contains("after=stream"));
 }
 
+/// Two pipelined requests, the first answered slower than the rest period (so the connection
+/// is asked to rest while both are held): both are answered, in order, before it rests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_before_the_connection_rests() {
+    let rig = Rig::start("").await;
+    let mut wire = rig.rested_tunnel().await;
+    let pipelined = [
+        rig.get("/stream?chunks=2&size=8&delay_ms=600"),
+        rig.get("/echo?second=1"),
+    ]
+    .concat();
+    wire.send(pipelined.as_bytes()).await.unwrap();
+    let first = wire.response().await.expect("the first answer");
+    assert_eq!(first.status, 200, "{first}");
+    assert_eq!(
+        String::from_utf8_lossy(&first.body),
+        "a".repeat(8) + &"b".repeat(8)
+    );
+    let second = wire.response().await.expect("the second answer");
+    assert_eq!(second.status, 200, "{second}");
+    assert!(String::from_utf8_lossy(&second.body).contains("/echo?second=1"));
+    wait_resting(&rig.proxy, 1).await;
+    assert!(exchange(&mut wire, &rig.get("/echo?third=1"))
+        .await
+        .contains("third=1"));
+}
+
 /// A WebSocket handshake on a connection that rested is upgraded as on a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_after_a_rest_is_upgraded() {

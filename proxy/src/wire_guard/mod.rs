@@ -147,9 +147,10 @@ impl<IO> StrictH1<IO> {
         &self.io
     }
 
-    /// Between requests: every head released has been answered (hyper has begun writing
-    /// its answer), the last body was passed on whole, and nothing of a next request is
-    /// held. The reader may be dropped and a new one started here without a byte lost.
+    /// Between requests: nothing of a next request is held, the last body was passed on
+    /// whole, and no head was released since the reader last wrote. Once the reader has also
+    /// parsed what it was given, it may be dropped here and a new one started without a
+    /// byte lost.
     pub fn at_rest(&self) -> bool {
         matches!(self.state, State::Head(_))
             && self.buf.is_empty()
