@@ -42,13 +42,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::config::ProxyLimits;
+use crate::shards::Open;
 use crate::wire_guard::StrictH1;
 
 /// How often a connection in use is asked to rest: it rests at the first moment after that
 /// it is at rest. Rebuilding hyper's connection costs a few microseconds, so a busy
 /// connection paying it once per period pays nothing measurable, and an agent that pauses
 /// for longer (a model's turn takes seconds) holds no buffers while it does.
-pub const REST_AFTER: Duration = Duration::from_millis(250);
+const REST_AFTER: Duration = Duration::from_millis(250);
 
 /// How long closing a connection at rest may take (TLS `close_notify`, then FIN).
 const CLOSE_BOUND: Duration = Duration::from_secs(1);
@@ -148,13 +149,14 @@ where
         let Some(mut resting_io) = take(&handoff) else {
             return Ok(());
         };
-        resting.inc();
+        // Counted by a guard: a task cut while it rests (after the drain) is counted out too.
+        let counted_at_rest = Open::new(resting);
         let woke = tokio::select! {
             woke = std::future::poll_fn(|cx| resting_io.poll_arrival(cx)) => woke,
             () = tokio::time::sleep(keep_idle) => Ok(0),
             _ = &mut stop => Ok(0),
         };
-        resting.dec();
+        drop(counted_at_rest);
         match woke {
             Ok(n) if n > 0 => io = resting_io,
             Ok(_) => {

@@ -161,28 +161,27 @@ async fn an_idle_plain_proxy_connection_rests_and_serves_its_next_request() {
 async fn a_head_in_pieces_is_served_whole_across_rests() {
     let rig = Rig::start("").await;
     let mut wire = rig.tunnel().await;
-    let head = rig.get("/echo?pieces=1");
-    let (first, rest) = head.split_at(9);
-    wire.send(first.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(resting(&rig.proxy).await, 0, "rested with half a head held");
-    wire.send(rest.as_bytes()).await.unwrap();
-    let reply = wire.response().await.expect("an answer");
-    assert_eq!(reply.status, 200, "{reply}");
-    assert!(String::from_utf8_lossy(&reply.body).contains("/echo?pieces=1"));
-
+    in_pieces(&rig, &mut wire, "/echo?pieces=1", false).await;
     wait_resting(&rig.proxy, 1).await;
-    let head = rig.get("/echo?pieces=2");
+    in_pieces(&rig, &mut wire, "/echo?pieces=2", true).await;
+    assert_eq!(rig.upstream.count("/echo"), 2);
+}
+
+/// GET `path` on `wire` in two pieces, 800 ms apart (the first waking the connection when
+/// `wakes`), and check it never rests while it holds the first.
+async fn in_pieces(rig: &Rig, wire: &mut Wire<TlsStream<TcpStream>>, path: &str, wakes: bool) {
+    let head = rig.get(path);
     let (first, rest) = head.split_at(9);
     wire.send(first.as_bytes()).await.unwrap();
-    wait_resting(&rig.proxy, 0).await;
+    if wakes {
+        wait_resting(&rig.proxy, 0).await;
+    }
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(resting(&rig.proxy).await, 0, "rested with half a head held");
     wire.send(rest.as_bytes()).await.unwrap();
     let reply = wire.response().await.expect("an answer");
     assert_eq!(reply.status, 200, "{reply}");
-    assert!(String::from_utf8_lossy(&reply.body).contains("/echo?pieces=2"));
-    assert_eq!(rig.upstream.count("/echo"), 2);
+    assert!(String::from_utf8_lossy(&reply.body).contains(path));
 }
 
 /// An answer whose body pauses for longer than the rest period is in flight, not idle: it

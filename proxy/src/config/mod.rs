@@ -144,8 +144,9 @@ pub struct Listen {
     #[serde(deserialize_with = "duration")]
     pub drain: std::time::Duration,
     /// How many threads serve the proxy's listeners (TCP and the Unix socket), each an event
-    /// loop of its own that keeps the connections it took ([`crate::shards`]). Unset: one per core the process
-    /// may use. `0`: the connections share the runtime's work-stealing workers instead.
+    /// loop of its own that keeps the connections it took ([`crate::shards`]). Unset: one
+    /// per core the process may use. `0`: the connections share the runtime's work-stealing
+    /// workers instead.
     pub proxy_threads: Option<usize>,
 }
 

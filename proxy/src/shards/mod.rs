@@ -115,12 +115,12 @@ impl Alive {
     }
 }
 
-/// A connection, counted while it is open.
+/// One count in a gauge, held while something lasts (a connection open, one at rest).
 #[derive(Debug)]
-struct Open(Gauge);
+pub(crate) struct Open(Gauge);
 
 impl Open {
-    fn new(gauge: &Gauge) -> Self {
+    pub(crate) fn new(gauge: &Gauge) -> Self {
         gauge.inc();
         Self(gauge.clone())
     }
