@@ -262,6 +262,9 @@ pub struct Tool {
     tier: Tier,
     matcher: ToolMatch,
     args_schema: Option<Value>,
+    /// `args_schema` as JSON text, written once at load: what a compiled validator is
+    /// found by, so that a call does not serialise the schema to look its validator up.
+    args_schema_text: Option<String>,
     pub(crate) args: RecordType,
     omitted: Vec<Omitted>,
     impact_records: Option<String>,
@@ -293,6 +296,11 @@ impl Tool {
     /// The JSON Schema of the arguments (read from its file if given as a path).
     pub fn args_schema(&self) -> Option<&Value> {
         self.args_schema.as_ref()
+    }
+
+    /// `args_schema` as JSON text (`Value`'s `Display`), the same for equal schemas.
+    pub fn args_schema_text(&self) -> Option<&str> {
+        self.args_schema_text.as_deref()
     }
 
     /// Schema locations left out of `context.args` because Cedar has no type for them.
@@ -676,6 +684,7 @@ fn check_tool(
         line,
         tier: raw.tier,
         matcher,
+        args_schema_text: args_schema.as_ref().map(Value::to_string),
         args_schema,
         args,
         omitted,

@@ -27,7 +27,7 @@ pub fn seal(key: &[u8], prev: &str, seq: i64, record_json: &str) -> String {
     mac.update(seq.to_string().as_bytes());
     mac.update(b"\n");
     mac.update(record_json.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
+    crate::state::hex_lower(&mac.finalize().into_bytes())
 }
 
 fn head_seal(key: &[u8], seq: i64, hash: &str) -> String {

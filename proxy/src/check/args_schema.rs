@@ -32,10 +32,10 @@ impl Schemas {
     /// Check `args` against `tool`'s schema. `Err` says where and which keyword failed,
     /// never the value (arguments may carry secrets).
     pub fn check(&self, tool: &Tool, args: &Value) -> Result<(), String> {
-        let Some(schema) = tool.args_schema() else {
+        let (Some(schema), Some(text)) = (tool.args_schema(), tool.args_schema_text()) else {
             return Ok(());
         };
-        let validator = self.validator(schema);
+        let validator = self.validator(schema, text);
         match validator.as_ref() {
             Ok(validator) => match validator.validate(args) {
                 Ok(()) => Ok(()),
@@ -53,10 +53,11 @@ impl Schemas {
         }
     }
 
-    fn validator(&self, schema: &Value) -> Arc<Result<jsonschema::Validator, String>> {
-        let key = schema.to_string();
+    /// The validator of `schema`, whose JSON text is `text` (made once, when the catalog
+    /// was loaded: serialising the schema on every call cost more than validating).
+    fn validator(&self, schema: &Value, text: &str) -> Arc<Result<jsonschema::Validator, String>> {
         if let Ok(compiled) = self.compiled.lock() {
-            if let Some(v) = compiled.get(&key) {
+            if let Some(v) = compiled.get(text) {
                 return v.clone();
             }
         }
@@ -66,7 +67,7 @@ impl Schemas {
             if compiled.len() >= MAX_COMPILED {
                 compiled.clear();
             }
-            compiled.insert(key, built.clone());
+            compiled.insert(text.to_owned(), built.clone());
         }
         built
     }
@@ -103,5 +104,30 @@ mod tests {
         let e = schemas.check(t, &json!({"extra": 1})).unwrap_err();
         assert!(e.contains("additionalProperties"), "{e}");
         assert_eq!(schemas.compiled.lock().unwrap().len(), 1, "compiled once");
+    }
+
+    /// The key is the text the catalog wrote at load: a reload that changes a tool's schema
+    /// is checked against the new one, never the validator compiled for the old, and one
+    /// that leaves it as it was reuses the compiled validator.
+    #[test]
+    fn a_reloaded_schema_is_found_by_its_own_text() {
+        const STRICT: &str =
+            r#"{ type = "object", properties = { n = { type = "integer", maximum = 10 } } }"#;
+        let schemas = Schemas::default();
+        let strict = tool(STRICT);
+        let loose =
+            tool(r#"{ type = "object", properties = { n = { type = "integer", maximum = 99 } } }"#);
+        let (strict, loose) = (strict.get("t").unwrap(), loose.get("t").unwrap());
+        assert!(schemas.check(strict, &json!({"n": 50})).is_err());
+        assert!(schemas.check(loose, &json!({"n": 50})).is_ok());
+        assert!(schemas.check(strict, &json!({"n": 50})).is_err());
+        assert_eq!(schemas.compiled.lock().unwrap().len(), 2);
+        // The same entry loaded again: another `Tool`, the same text.
+        let reloaded = tool(STRICT);
+        let reloaded = reloaded.get("t").unwrap();
+        assert_eq!(reloaded.args_schema_text(), strict.args_schema_text());
+        assert!(schemas.check(reloaded, &json!({"n": 50})).is_err());
+        assert!(schemas.check(reloaded, &json!({"n": 5})).is_ok());
+        assert_eq!(schemas.compiled.lock().unwrap().len(), 2, "reused");
     }
 }
