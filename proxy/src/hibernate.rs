@@ -68,7 +68,7 @@ pub type Stop<'a> = Pin<Box<dyn Future<Output = Option<Duration>> + Send + 'a>>;
 /// whole connection inline had taken 3.9 (massif, 2026-12-06).
 pub async fn serve<IO, S, B>(
     limits: &ProxyLimits,
-    io: Box<StrictH1<IO>>,
+    mut io: Box<StrictH1<IO>>,
     service: S,
     resting: &Gauge,
     mut stop: Stop<'_>,
@@ -101,7 +101,6 @@ where
             }
         })
     };
-    let mut io = io;
     loop {
         activity.wanted.store(false, Ordering::Relaxed);
         let shell = Shell {
@@ -146,27 +145,42 @@ where
         drop(connection);
         result?;
         // Ended without the stream taken away: the agent closed, or hyper upgraded it.
-        let Some(mut resting_io) = take(&handoff) else {
+        let Some(at_rest) = take(&handoff) else {
             return Ok(());
         };
-        // Counted by a guard: a task cut while it rests (after the drain) is counted out too.
-        let counted_at_rest = Open::new(resting);
-        let woke = tokio::select! {
-            woke = std::future::poll_fn(|cx| resting_io.poll_arrival(cx)) => woke,
-            () = tokio::time::sleep(keep_idle) => Ok(0),
-            _ = &mut stop => Ok(0),
-        };
-        drop(counted_at_rest);
-        match woke {
-            Ok(n) if n > 0 => io = resting_io,
-            Ok(_) => {
-                close(resting_io).await;
-                return Ok(());
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "a connection at rest failed");
-                return Ok(());
-            }
+        match rest(at_rest, keep_idle, resting, &mut stop).await {
+            Some(woken) => io = woken,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Hold a connection at rest until the agent's next bytes arrive (the stream back, for a
+/// new hyper connection to read them), or close it: idle for `keep_idle`, `stop`, or the
+/// agent gone (`None`).
+async fn rest<IO: AsyncRead + AsyncWrite + Unpin>(
+    mut io: Box<StrictH1<IO>>,
+    keep_idle: Duration,
+    resting: &Gauge,
+    stop: &mut Stop<'_>,
+) -> Option<Box<StrictH1<IO>>> {
+    // Counted by a guard: a task cut while it rests (after the drain) is counted out too.
+    let counted_at_rest = Open::new(resting);
+    let woke = tokio::select! {
+        woke = std::future::poll_fn(|cx| io.poll_arrival(cx)) => woke,
+        () = tokio::time::sleep(keep_idle) => Ok(0),
+        _ = stop => Ok(0),
+    };
+    drop(counted_at_rest);
+    match woke {
+        Ok(n) if n > 0 => Some(io),
+        Ok(_) => {
+            close(io).await;
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "a connection at rest failed");
+            None
         }
     }
 }
@@ -238,7 +252,7 @@ impl Drop for InFlight {
 
 /// An answer's body, counted in flight while hyper holds it.
 #[derive(Debug)]
-pub struct Counted<B> {
+struct Counted<B> {
     body: B,
     _in_flight: InFlight,
 }

@@ -16,15 +16,13 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::support::audit_trail::metric;
+
 const HOST: &str = "api.example.test";
 
 /// Connections at rest, as `/metrics` shows them.
 async fn resting(proxy: &TestProxy) -> i64 {
-    let text = proxy.metrics().await;
-    text.lines()
-        .find_map(|line| line.strip_prefix("ostiary_proxy_connections_resting "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no resting gauge on /metrics:\n{text}"))
+    metric(proxy, "ostiary_proxy_connections_resting").await as i64
 }
 
 /// Poll until `n` connections are at rest.
