@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 #
 # Ostiary in a container: built with the `dist` profile (one binary, linked against glibc
-# only, symbols stripped), run as an unprivileged user on a distroless base that holds no
-# shell and no package manager. README.md "Container image" says how to run it.
+# only, symbols stripped) and the committed execution profile (scripts/build-dist.sh), run
+# as an unprivileged user on a distroless base that holds no shell and no package manager.
+# README.md "Container image" says how to run it.
 #
 #   docker build -t ostiary .
 #   docker run -p 8080:8080 -p 127.0.0.1:8081:8081 -v ostiary-state:/var/lib/ostiary ostiary
@@ -12,7 +13,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --locked --profile dist -p ostiary-cli --bin ostiary \
+    bash scripts/build-dist.sh --profile dist -p ostiary-cli --bin ostiary \
  && install -D -m 0755 target/dist/ostiary /out/usr/local/bin/ostiary \
  && install -D -m 0644 deploy/docker/ostiary.toml /out/etc/ostiary/ostiary.toml \
  && install -d -m 0700 /out/var/lib/ostiary

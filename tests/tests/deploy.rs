@@ -211,15 +211,19 @@ fn the_container_image_builds_the_dist_profile_and_runs_unprivileged_on_its_conf
     );
     let run = steps
         .iter()
-        .find(|s| s.starts_with("RUN ") && s.contains("cargo build"))
-        .expect("a cargo build step");
-    for wanted in [
-        "--locked",
-        "--profile dist",
-        "-p ostiary-cli",
-        "target/dist/ostiary",
-    ] {
+        .find(|s| s.starts_with("RUN ") && s.contains("scripts/build-dist.sh"))
+        .expect("a build step through scripts/build-dist.sh");
+    for wanted in ["--profile dist", "-p ostiary-cli", "target/dist/ostiary"] {
         assert!(run.contains(wanted), "{wanted} in {run}");
+    }
+    // The script builds locked, with the committed execution profile.
+    let script = std::fs::read_to_string(root().join("scripts/build-dist.sh")).unwrap();
+    for wanted in [
+        "cargo build --locked \"$@\"",
+        "-Cprofile-use=$PROFDATA",
+        "deploy/pgo/ostiary.profdata.gz",
+    ] {
+        assert!(script.contains(wanted), "{wanted} in scripts/build-dist.sh");
     }
     // The profile the build names exists, and ships one stripped binary.
     let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
@@ -400,5 +404,66 @@ fn every_deployment_sets_the_same_tuning_environment() {
     assert!(
         documented.contains(&format!("| `{TUNING}` |")),
         "docs/deploy.md"
+    );
+}
+
+/// The execution profile `scripts/build-dist.sh` builds with is an LLVM indexed profile that
+/// this toolchain's rustc reads. rustc only warns about a profile it cannot read and builds
+/// without it, so the script checks first; a damaged profile must stop it, or the check
+/// proves nothing.
+#[test]
+fn the_committed_execution_profile_is_one_this_toolchain_reads() {
+    let packed = root().join("deploy/pgo/ostiary.profdata.gz");
+    let unpacked = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(&packed)
+        .output()
+        .expect("gzip");
+    assert!(unpacked.status.success(), "{}: not gzip", packed.display());
+    let profile = unpacked.stdout;
+    // `IndexedInstrProf::Magic`, little-endian: "\xfflprofi\x81".
+    assert_eq!(
+        profile.get(..8),
+        Some(&b"\xfflprofi\x81"[..]),
+        "not an LLVM indexed profile"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let check = |packed: &Path| {
+        std::process::Command::new("bash")
+            .arg(root().join("scripts/build-dist.sh"))
+            .arg("--check")
+            .env("OSTIARY_PGO_PROFILE", packed)
+            .env("CARGO_TARGET_DIR", dir.path())
+            .output()
+            .expect("bash")
+    };
+    let read = check(&packed);
+    assert!(
+        read.status.success(),
+        "the committed profile: {}{}",
+        String::from_utf8_lossy(&read.stdout),
+        String::from_utf8_lossy(&read.stderr)
+    );
+
+    let mut damaged = profile.clone();
+    damaged[8..16].copy_from_slice(&u64::MAX.to_le_bytes()); // the format's version
+    let damaged_path = dir.path().join("damaged.profdata");
+    std::fs::write(&damaged_path, &damaged).unwrap();
+    let zipped = std::process::Command::new("gzip")
+        .arg("-f")
+        .arg(&damaged_path)
+        .status()
+        .expect("gzip");
+    assert!(zipped.success());
+    let refused = check(&dir.path().join("damaged.profdata.gz"));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("cannot use the profile"),
+        "a damaged profile passed the check: {said}"
+    );
+    assert!(
+        said.contains("unsupported instrumentation profile format version"),
+        "rustc's own reason is passed on: {said}"
     );
 }

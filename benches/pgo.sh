@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Takes the execution profile the shipped build is optimised with (scripts/build-dist.sh,
+# docs/benchmarks.md "A profile-guided build"): builds Ostiary instrumented, runs the load
+# harness's two Ostiary rungs (plain interception and the full tool pipeline) once over
+# every kind of traffic it measures, and writes the merged profile, compressed, to
+# deploy/pgo/ostiary.profdata.gz. Run it when the request path has changed much, and
+# commit the file.
+#
+#   bash benches/pgo.sh          # ~25 minutes on two cores, most of it the instrumented build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOOLS=$ROOT/benches/.tools
+VENV=$ROOT/benches/.venv
+# shellcheck source=benches/tools.sh
+source "$ROOT/benches/tools.sh"
+
+# llvm-profdata of the toolchain's own LLVM: a profile is read by the LLVM that wrote it
+# or a newer one.
+SYSROOT=$(rustc --print sysroot)
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+PROFDATA_TOOL=$SYSROOT/lib/rustlib/$HOST/bin/llvm-profdata
+if [ ! -x "$PROFDATA_TOOL" ]; then
+    echo "installing llvm-tools (rustup)"
+    rustup component add llvm-tools-preview >/dev/null
+fi
+
+# Its own target directory: the instrumented build's flags would otherwise rebuild the
+# shipped one's crates.
+TRAIN_TARGET=$ROOT/target/pgo-train
+RAW=$TRAIN_TARGET/raw
+echo "building Ostiary instrumented (target/pgo-train)"
+RUSTFLAGS="-Cprofile-generate=$RAW" CARGO_TARGET_DIR=$TRAIN_TARGET \
+    cargo build --locked --profile profiling --quiet -p ostiary-cli --bin ostiary
+# Emptied after the build: the build scripts and proc macros it ran were instrumented too,
+# and wrote their own profiles there.
+rm -rf "$RAW"
+mkdir -p "$RAW"
+
+# Every scenario once, short: what the profile needs is which code runs and how often
+# relative to the rest, not timings. Each process the harness starts writes its own file.
+echo "running the load harness's Ostiary rungs on the instrumented build"
+LLVM_PROFILE_FILE="$RAW/ostiary-%p-%m.profraw" "$VENV/bin/python" benches/load/harness.py \
+    --ostiary "$TRAIN_TARGET/profiling/ostiary" --oha "$TOOLS/bin/oha" \
+    --only ostiary-http,ostiary-tool \
+    --scenarios ka-1k,rate-1k,flat-1k,flat-1m,new-1k,h2-1k,sse-live \
+    --rounds 1 --seconds 2 --requests 2000 --streams 200 --label pgo-training >/dev/null
+rm -f benches/results/pgo-training.json benches/results/pgo-training.png
+
+shopt -s nullglob
+raws=("$RAW"/ostiary-*.profraw)
+if ((${#raws[@]} == 0)); then
+    echo "pgo: the instrumented proxy wrote no profile" >&2
+    exit 1
+fi
+# `--sparse` leaves out functions that never ran: they build as without a profile rather
+# than as cold, so paths the harness does not drive (approvals, MCP, runs) are not made
+# slower for it.
+"$PROFDATA_TOOL" merge --sparse -o "$TRAIN_TARGET/ostiary.profdata" "${raws[@]}"
+mkdir -p deploy/pgo
+gzip -9nc "$TRAIN_TARGET/ostiary.profdata" >deploy/pgo/ostiary.profdata.gz
+"$PROFDATA_TOOL" show "$TRAIN_TARGET/ostiary.profdata" | tail -4
+echo "wrote deploy/pgo/ostiary.profdata.gz ($(stat -c %s deploy/pgo/ostiary.profdata.gz) bytes) from ${#raws[@]} processes"
