@@ -9,7 +9,7 @@
 //! turns it into a relay that refuses every connection with `421`, to test retries.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,8 @@ struct Shared {
     mails: Mutex<Vec<Mail>>,
     arrived: Notify,
     down: AtomicBool,
+    /// Milliseconds the `250` after a message's data is held back (`hold_acceptance`).
+    accept_delay_ms: AtomicU64,
     connections: AtomicUsize,
     refused: AtomicUsize,
 }
@@ -200,6 +202,14 @@ impl SmtpSink {
     /// for maintenance does. `false`: back to normal.
     pub fn set_down(&self, down: bool) {
         self.shared.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Hold the `250` that accepts a message's data back by `delay`, after the message is
+    /// kept (and seen by `wait_for`): the window in which the sender has handed a message
+    /// over but not yet heard that it was taken.
+    pub fn hold_acceptance(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.shared.accept_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// TCP connections accepted so far, refused ones included.
@@ -313,6 +323,10 @@ async fn session(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                     );
                     shared.mails().push(mail);
                     shared.arrived.notify_waiters();
+                    let delay = shared.accept_delay_ms.load(Ordering::SeqCst);
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
                     b"250 2.0.0 OK queued\r\n"
                 }
             }

@@ -565,6 +565,36 @@ async fn a_digest_collected_before_a_restart_is_sent_once_after_it() {
     assert_notice_then_digest(&sink, &ids).await;
 }
 
+/// A notice the mail server has kept but not yet acknowledged when the proxy is told to
+/// stop is marked sent before the proxy stops, not sent again by the next start. The sink
+/// holds its `250` back, so the stop falls inside that window every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_in_flight_when_the_proxy_stops_is_sent_once() {
+    let sink = SmtpSink::start().await;
+    sink.hold_acceptance(Duration::from_millis(700));
+    let mut rig = Bounds::start(&mail_rig_config(&sink, "8s")).await;
+    let (session, agent) = rig.agent(json!({"agent": "inflight"}), None).await;
+    let id = rig.hold(&agent, "ch_inflight").await;
+    // Both approvers' notices are with the server, the second not yet acknowledged ...
+    assert_eq!(sink.wait_for(2, WAIT).await.len(), 2);
+    // ... when the proxy restarts.
+    rig.proxy.restart().await;
+    sink.hold_acceptance(Duration::ZERO);
+    let _ = Agent::new(&rig.proxy, &session);
+    all_sent(&rig.proxy, std::slice::from_ref(&id)).await;
+    // Ten ticks of the new proxy's outbox: time enough to send again what was not marked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mails = sink.messages();
+    assert_eq!(mails.len(), 2, "one notice per approver: {mails:#?}");
+    for approver in [ALICE, BOB] {
+        assert_eq!(
+            sink.messages_to(approver).len(),
+            1,
+            "{approver}: {mails:#?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Slack
 // ---------------------------------------------------------------------------------------

@@ -112,22 +112,32 @@ pub async fn run(shared: Executor, shutdown: impl Future<Output = ()>) {
     let period = shared.queue.config.tick;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let deliveries = async {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                biased;
+                _ = stopping.wait_for(|s| *s) => return,
+                _ = tick.tick() => {}
+            }
+            // A pass, once begun, is not cut short by the shutdown: a message the server
+            // took is marked sent before the proxy stops, or the next start sends it again.
             notify::deliver_due(&shared.queue).await;
         }
     };
     tokio::pin!(deliveries);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
             _ = tick.tick() => sweep(&shared).await,
+            // Returns only once told to stop, below.
             () = &mut deliveries => {}
         }
     }
+    let _ = stop.send(true);
+    deliveries.await;
 }
 
 /// One pass.
