@@ -13,7 +13,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    bash scripts/build-dist.sh --profile dist -p ostiary-cli --bin ostiary \
+    bash scripts/build-dist.sh \
  && install -D -m 0755 target/dist/ostiary /out/usr/local/bin/ostiary \
  && install -D -m 0644 deploy/docker/ostiary.toml /out/etc/ostiary/ostiary.toml \
  && install -d -m 0700 /out/var/lib/ostiary
