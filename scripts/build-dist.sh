@@ -46,6 +46,7 @@ echo 'pub fn probe(a: u64) -> u64 { a.rotate_left(7) }' >"$probe/lib.rs"
 if ! said=$(rustc --crate-type lib -O --emit obj -o "$probe/lib.o" \
     "-Cprofile-use=$PROFDATA" -Cllvm-args=-no-pgo-warn-mismatch "$probe/lib.rs" 2>&1) \
     || [ -n "$said" ]; then
+    rm -rf "$probe"
     echo "build-dist: rustc cannot use the profile $PACKED:" >&2
     echo "$said" >&2
     exit 1
