@@ -13,6 +13,7 @@
 //! re-decidable instead of guessing.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -45,28 +46,63 @@ pub fn outcome(decision: &Decision) -> &'static str {
     }
 }
 
-/// A kept decision: its JSON text, written once on the request path and embedded as it is
-/// in the audit record. Building it as a `serde_json::Value` tree (an ordered map, a key
-/// string per field), then serialising and dropping that tree on the audit writer's thread,
-/// cost 8% of the proxy's CPU flat out (docs/benchmarks.md); the text costs a fraction.
+/// A kept decision, embedded as JSON text in the audit record. The text is written the first
+/// time it is asked for — for a live request by the audit writer's thread, as it writes the
+/// record — from an owned copy of what the decision read, so the request that made the
+/// decision pays for the copy (a few allocations), not for the JSON (~5,700 instructions
+/// of a plain request's ~117,000 on its event loop: docs/benchmarks.md, "A kept decision
+/// written by the writer"). Clones share the text, written at most once.
+///
+/// Building it as a `serde_json::Value` tree (an ordered map, a key string per field), then
+/// serialising and dropping that tree on the audit writer's thread, cost 8% of the proxy's
+/// CPU flat out (docs/benchmarks.md); the text costs a fraction.
 #[derive(Clone)]
-pub struct Kept(Box<RawValue>);
+pub struct Kept(Arc<Lazy>);
+
+struct Lazy {
+    text: OnceLock<Box<RawValue>>,
+    /// What the text is written from; none for a decision read back as text.
+    parts: Option<Parts>,
+}
+
+/// What a kept decision's text says, owned. A tool call's arguments (a trigger's payload)
+/// are in `args`, as kept: redacted when the decision was made, with the detectors of that
+/// moment; the action's own copy of them is left empty.
+struct Parts {
+    agent: String,
+    tenant: String,
+    host: String,
+    session: SessionState,
+    action: Action,
+    args: Option<Box<RawValue>>,
+    outcome: &'static str,
+    policies: Vec<String>,
+    reason: Option<String>,
+    partial: bool,
+}
 
 impl Kept {
-    /// The JSON text.
+    /// The JSON text (written now if it was not yet).
     pub fn as_str(&self) -> &str {
-        self.0.get()
+        self.0
+            .text
+            .get_or_init(|| self.0.parts.as_ref().map_or_else(null, Parts::write))
+            .get()
     }
 
     /// The decision as a JSON value ([`from_json`] reads it).
     pub fn to_value(&self) -> Value {
         // The text is always JSON: written by `serde_json` here or read back through `Value`.
-        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+        serde_json::from_str(self.as_str()).unwrap_or(Value::Null)
     }
 
     /// A kept decision from its JSON value (a record read back, a test's fixture).
     pub fn from_value(value: &Value) -> Self {
-        Self(RawValue::from_string(value.to_string()).unwrap_or_else(|_| null()))
+        let text = RawValue::from_string(value.to_string()).unwrap_or_else(|_| null());
+        Self(Arc::new(Lazy {
+            text: OnceLock::from(text),
+            parts: None,
+        }))
     }
 }
 
@@ -94,7 +130,10 @@ impl std::fmt::Display for Kept {
 
 impl Serialize for Kept {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+        self.0
+            .text
+            .get_or_init(|| self.0.parts.as_ref().map_or_else(null, Parts::write))
+            .serialize(s)
     }
 }
 
@@ -116,7 +155,7 @@ struct KeptFields<'a> {
     action: ActionFields<'a>,
     outcome: &'static str,
     policies: &'a [String],
-    reason: Option<String>,
+    reason: Option<&'a str>,
     partial: bool,
 }
 
@@ -155,12 +194,12 @@ enum ActionFields<'a> {
     Trigger {
         name: &'a str,
         kind: &'a str,
-        payload: Option<Box<RawValue>>,
+        payload: Option<&'a RawValue>,
         approval: &'a Option<String>,
     },
     Tool {
         name: &'a str,
-        args: Option<Box<RawValue>>,
+        args: Option<&'a RawValue>,
         impact_records: i64,
         cost_micros: i64,
         approval: &'a Option<String>,
@@ -204,41 +243,30 @@ fn any_secret(value: &Value, secret: &dyn Fn(&str) -> bool) -> bool {
 }
 
 /// The decision kept for `request` decided as `decision`. `secret` says whether a string
-/// value of the arguments looks like a credential.
+/// value of the arguments looks like a credential: they are redacted now, the rest is
+/// copied and written as JSON when the text is first asked for ([`Kept`]).
 pub fn to_json(
     request: &AccessRequest,
     decision: &Decision,
     secret: &dyn Fn(&str) -> bool,
 ) -> Kept {
     let mut partial = false;
-    let action = match &request.action {
-        Action::Http {
-            method,
-            scheme,
-            port,
-            path,
-            query,
-        } => ActionFields::Http {
-            method,
-            scheme,
-            port: *port,
-            path,
-            query,
-        },
-        Action::Connect { port, sni } => ActionFields::Connect { port: *port, sni },
-        Action::Mcp { method, server } => ActionFields::Mcp { method, server },
-        Action::Spawn { child } => ActionFields::Spawn { child },
+    // Everything but the arguments (kept as their redacted text) is cloned as it is.
+    let (action, args) = match &request.action {
         Action::Trigger {
             name,
             kind,
             payload,
             approval,
-        } => ActionFields::Trigger {
-            name,
-            kind,
-            payload: keep_args(payload, secret, &mut partial),
-            approval,
-        },
+        } => (
+            Action::Trigger {
+                name: name.clone(),
+                kind: kind.clone(),
+                payload: Value::Null,
+                approval: approval.clone(),
+            },
+            keep_args(payload, secret, &mut partial),
+        ),
         Action::Tool {
             name,
             args,
@@ -246,47 +274,116 @@ pub fn to_json(
             cost_micros,
             approval,
             undo,
-        } => ActionFields::Tool {
-            name,
-            args: keep_args(args, secret, &mut partial),
-            impact_records: *impact_records,
-            cost_micros: *cost_micros,
-            approval,
-            undo: *undo,
-        },
+        } => (
+            Action::Tool {
+                name: name.clone(),
+                args: Value::Null,
+                impact_records: *impact_records,
+                cost_micros: *cost_micros,
+                approval: approval.clone(),
+                undo: *undo,
+            },
+            keep_args(args, secret, &mut partial),
+        ),
+        other => (other.clone(), None),
     };
-    let s = &request.session;
-    let fields = KeptFields {
-        agent: &request.agent,
-        tenant: &request.tenant,
-        host: &request.host,
-        session: SessionFields {
-            calls: s.calls,
-            cost: s.cost_micros,
-            depth: s.depth,
-            parent_agent: &s.parent_agent,
-            profile: &s.profile,
-            labels: &s.labels,
-            recent: [
-                s.recent.tool_10m,
-                s.recent.tool_1h,
-                s.recent.tier_10m,
-                s.recent.tier_1h,
-            ],
-        },
+    let parts = Parts {
+        agent: request.agent.clone(),
+        tenant: request.tenant.clone(),
+        host: request.host.clone(),
+        session: request.session.clone(),
         action,
+        args,
         outcome: outcome(decision),
-        policies: decision.policies(),
+        policies: decision.policies().to_vec(),
         reason: match decision {
             Decision::Deny { reason, .. } => Some(reason.to_string()),
             _ => None,
         },
         partial,
     };
-    // Borrowed strings, integers and JSON text: writing them cannot fail.
-    serde_json::value::to_raw_value(&fields)
-        .map(Kept)
-        .unwrap_or_else(|_| Kept(null()))
+    Kept(Arc::new(Lazy {
+        text: OnceLock::new(),
+        parts: Some(parts),
+    }))
+}
+
+impl Parts {
+    /// The text: the fields in [`KeptFields`]' order (the hash of a record covers its text
+    /// as written, so the same parts always write the same text).
+    fn write(&self) -> Box<RawValue> {
+        let action = match &self.action {
+            Action::Http {
+                method,
+                scheme,
+                port,
+                path,
+                query,
+            } => ActionFields::Http {
+                method,
+                scheme,
+                port: *port,
+                path,
+                query,
+            },
+            Action::Connect { port, sni } => ActionFields::Connect { port: *port, sni },
+            Action::Mcp { method, server } => ActionFields::Mcp { method, server },
+            Action::Spawn { child } => ActionFields::Spawn { child },
+            Action::Trigger {
+                name,
+                kind,
+                approval,
+                ..
+            } => ActionFields::Trigger {
+                name,
+                kind,
+                payload: self.args.as_deref(),
+                approval,
+            },
+            Action::Tool {
+                name,
+                impact_records,
+                cost_micros,
+                approval,
+                undo,
+                ..
+            } => ActionFields::Tool {
+                name,
+                args: self.args.as_deref(),
+                impact_records: *impact_records,
+                cost_micros: *cost_micros,
+                approval,
+                undo: *undo,
+            },
+        };
+        let s = &self.session;
+        let fields = KeptFields {
+            agent: &self.agent,
+            tenant: &self.tenant,
+            host: &self.host,
+            session: SessionFields {
+                calls: s.calls,
+                cost: s.cost_micros,
+                depth: s.depth,
+                parent_agent: &s.parent_agent,
+                profile: &s.profile,
+                labels: &s.labels,
+                recent: [
+                    s.recent.tool_10m,
+                    s.recent.tool_1h,
+                    s.recent.tier_10m,
+                    s.recent.tier_1h,
+                ],
+            },
+            action,
+            outcome: self.outcome,
+            policies: &self.policies,
+            reason: self.reason.as_deref(),
+            partial: self.partial,
+        };
+        // Borrowed strings, integers and JSON text: writing them cannot fail.
+        serde_json::value::to_raw_value(&fields).unwrap_or_else(|_| null())
+    }
 }
 
 /// Strings that look like credentials replaced by `"***"`, and whether any was. Also what
@@ -526,6 +623,51 @@ mod tests {
         );
         let back = from_json(&kept.to_value()).unwrap();
         assert_eq!(back.request, http);
+    }
+
+    /// The text is written when it is first asked for, once, from what was kept: a clone
+    /// shares it, a record embeds it as it is, and the arguments were redacted when the
+    /// decision was kept (the test of what is secret is not asked again later).
+    #[test]
+    fn the_text_is_written_once_when_first_asked_for() {
+        #[derive(Serialize)]
+        struct Record {
+            decided: Kept,
+        }
+        let asked = std::cell::Cell::new(0);
+        let secret = |s: &str| {
+            asked.set(asked.get() + 1);
+            s == "hunter2"
+        };
+        let tool = request(Action::Tool {
+            name: "t".into(),
+            args: json!({"password": "hunter2", "n": 1}),
+            impact_records: 0,
+            cost_micros: 0,
+            approval: None,
+            undo: false,
+        });
+        let allow = Decision::Allow {
+            policies: vec!["p1".into()],
+        };
+        let kept = to_json(&tool, &allow, &secret);
+        let asked_when_kept = asked.get();
+        assert!(asked_when_kept > 0);
+        assert!(
+            kept.0.text.get().is_none(),
+            "written while the request is decided"
+        );
+        let clone = kept.clone();
+        let record = serde_json::to_string(&Record {
+            decided: clone.clone(),
+        })
+        .unwrap();
+        assert!(kept.0.text.get().is_some(), "a clone wrote its own text");
+        assert!(std::ptr::eq(kept.as_str(), clone.as_str()));
+        assert_eq!(record, format!(r#"{{"decided":{}}}"#, kept.as_str()));
+        assert!(kept.as_str().contains(r#""args":{"password":"***","n":1}"#));
+        assert_eq!(asked.get(), asked_when_kept);
+        assert!(from_json(&kept.to_value()).unwrap().partial);
     }
 
     #[test]

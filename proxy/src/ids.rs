@@ -1,5 +1,18 @@
 //! Identifiers Ostiary hands out: request ids (echoed in `Ostiary-Request-Id` and audit
-//! records, so an agent's error can be matched to its record) and session ids.
+//! records, so an agent's error can be matched to its record) and session ids; and the hasher
+//! of the maps they key.
+
+/// The hasher of maps keyed by ids the proxy mints itself (session ids): foldhash, seeded
+/// per process. Every request looks its session up in several such maps (the meter, the
+/// in-flight counts, the watchdog, the live registry), and SipHash — std's default, built
+/// to resist keys chosen to collide — cost ~150 instructions a lookup there, ~6,000 a tool
+/// call (docs/benchmarks.md, "Maps keyed by the proxy's own ids"). A session id is 12
+/// random bytes drawn by the proxy, so no agent chooses the keys these maps hold; a map
+/// keyed by anything an agent writes (a host, a path, a call's arguments) keeps std's.
+pub type IdHasher = foldhash::fast::RandomState;
+
+/// A map keyed by ids the proxy mints ([`IdHasher`]).
+pub type IdMap<K, V> = std::collections::HashMap<K, V, IdHasher>;
 
 /// A new request id: 16 random bytes, hex.
 pub fn request_id() -> String {

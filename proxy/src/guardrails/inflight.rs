@@ -11,12 +11,13 @@
 //! would never end by themselves — but ends them ([`InFlight::end_streams`]) as soon as the
 //! session is refused.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::ids::IdMap;
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -38,8 +39,8 @@ struct Streams {
 /// The in-flight count of every session with requests running, and its open streams.
 #[derive(Debug, Default)]
 pub struct InFlight {
-    sessions: Mutex<HashMap<String, Entry>>,
-    streams: Mutex<HashMap<String, Streams>>,
+    sessions: Mutex<IdMap<String, Entry>>,
+    streams: Mutex<IdMap<String, Streams>>,
     generations: std::sync::atomic::AtomicU64,
 }
 
@@ -106,12 +107,19 @@ impl InFlight {
     /// Count one request of `session` in.
     pub fn enter(self: &Arc<Self>, session: &str) -> Ticket {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = sessions.entry(session.to_owned()).or_default();
-        entry.count += 1;
+        let count_in = |entry: &mut Entry| {
+            entry.count += 1;
+            entry.cancel.clone()
+        };
+        // Only a session's first request in flight allocates its id as a key.
+        let cancelled = match sessions.get_mut(session) {
+            Some(entry) => count_in(entry),
+            None => count_in(sessions.entry(session.to_owned()).or_default()),
+        };
         Ticket {
             owner: self.clone(),
             session: session.to_owned(),
-            cancelled: entry.cancel.clone(),
+            cancelled,
         }
     }
 

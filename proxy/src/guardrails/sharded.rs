@@ -2,30 +2,30 @@
 //! different sessions on different cores do not all take (and bounce between caches) one
 //! process-wide lock: every request of every session reads these maps.
 
-use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::RwLock;
+
+use crate::ids::{IdHasher, IdMap};
 
 const SHARDS: usize = 32;
 
 #[derive(Debug)]
 pub struct Sharded<V> {
-    shards: Vec<RwLock<HashMap<String, V>>>,
-    hasher: RandomState,
+    shards: Vec<RwLock<IdMap<String, V>>>,
+    hasher: IdHasher,
 }
 
 impl<V> Default for Sharded<V> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| RwLock::new(IdMap::default())).collect(),
+            hasher: IdHasher::default(),
         }
     }
 }
 
 impl<V: Clone> Sharded<V> {
-    fn shard(&self, key: &str) -> &RwLock<HashMap<String, V>> {
+    fn shard(&self, key: &str) -> &RwLock<IdMap<String, V>> {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 

@@ -30,6 +30,7 @@ use ostiary_policies::{Recent, Tier};
 
 use crate::counters::Counters;
 use crate::error::ProxyError;
+use crate::ids::IdMap;
 use crate::store::sessions::SessionStore;
 use crate::store::{Call, StoreError};
 
@@ -69,7 +70,7 @@ pub struct RecentCounts {
 /// Every session's memory.
 pub struct SessionMemory {
     db: Arc<dyn SessionStore>,
-    local: Mutex<HashMap<String, Local>>,
+    local: Mutex<IdMap<String, Local>>,
 }
 
 impl std::fmt::Debug for SessionMemory {
@@ -98,13 +99,17 @@ impl SessionMemory {
     pub fn new(db: Arc<dyn SessionStore>) -> Self {
         Self {
             db,
-            local: Mutex::new(HashMap::new()),
+            local: Mutex::new(IdMap::default()),
         }
     }
 
     fn with_local<T>(&self, session: &str, f: impl FnOnce(&mut Local) -> T) -> T {
         let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        f(local.entry(session.to_owned()).or_default())
+        // Only a session's first call allocates its id as a key.
+        match local.get_mut(session) {
+            Some(l) => f(l),
+            None => f(local.entry(session.to_owned()).or_default()),
+        }
     }
 
     /// Read the store's labels of `session` in, once per replica (a restart, a session

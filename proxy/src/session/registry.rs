@@ -9,13 +9,13 @@
 //! made when its token first arrives: the store says whether it is live. A session ended
 //! here or elsewhere is remembered as ended ([`ENDED_FOR`]), so its token costs no lookup.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::token::{Claims, TokenError, TokenKeys, AUDIENCE, ISSUER};
+use crate::ids::IdMap;
 use crate::store::sessions::{NewSessionRow, SessionStore};
 use crate::store::{now_ms, Call, StoreError};
 
@@ -111,7 +111,7 @@ pub enum SessionError {
 pub struct SessionRegistry {
     keys: TokenKeys,
     db: Arc<dyn SessionStore>,
-    live: RwLock<HashMap<String, Arc<Principal>>>,
+    live: RwLock<IdMap<String, Arc<Principal>>>,
     /// Verified tokens, so that a request does not pay a signature check. Keyed by the token
     /// itself; an entry never outlives the token's own `exp` (checked on every hit).
     verified: moka::sync::Cache<String, Arc<Principal>>,
@@ -183,7 +183,7 @@ impl SessionRegistry {
                 let p = principal_of(row);
                 (p.session_id.clone(), Arc::new(p))
             })
-            .collect::<HashMap<_, _>>();
+            .collect::<IdMap<_, _>>();
         Ok(Self {
             keys,
             memory: super::memory::SessionMemory::new(db.clone()),

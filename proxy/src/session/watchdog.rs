@@ -12,12 +12,14 @@
 //! sharded maps so concurrent sessions rarely contend for a lock.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use crate::ids::{IdHasher, IdMap};
 
 /// Most recent calls one session keeps. It bounds memory per session, and also the repeat
 /// rule: a `repeat_max` above it is treated as this (a trail full of one call is a loop).
@@ -109,6 +111,8 @@ pub struct Watchdog {
     settings: WatchdogSettings,
     /// Keyed randomly per process so an agent cannot craft calls whose fingerprints collide.
     hasher: RandomState,
+    /// Which shard a session is in (session ids are the proxy's own: [`IdHasher`]).
+    sharding: IdHasher,
     shards: Box<[Mutex<Shard>]>,
     /// A shard drops idle sessions at most this often, so the sweep's cost is amortized.
     sweep_every: Duration,
@@ -133,6 +137,7 @@ impl Watchdog {
         Self {
             settings,
             hasher: RandomState::new(),
+            sharding: IdHasher::default(),
             shards,
             sweep_every,
         }
@@ -195,7 +200,7 @@ impl Watchdog {
     }
 
     fn shard(&self, session: &str) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one(session) as usize & (SHARDS - 1);
+        let index = self.sharding.hash_one(session) as usize & (SHARDS - 1);
         lock(&self.shards[index])
     }
 }
@@ -208,7 +213,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 #[derive(Debug, Default)]
 struct Shard {
-    trails: HashMap<String, Trail>,
+    trails: IdMap<String, Trail>,
     last_sweep: Option<Instant>,
 }
 
@@ -237,8 +242,9 @@ struct Distinct {
 #[derive(Debug)]
 struct Trail {
     ring: VecDeque<Call>,
-    /// The ring's distinct calls: one key allocation per new call, none per repeat.
-    distinct: HashMap<u64, Distinct>,
+    /// The ring's distinct calls: one key allocation per new call, none per repeat. Keyed
+    /// by fingerprints of the keyed `hasher` above, which no agent can aim.
+    distinct: IdMap<u64, Distinct>,
     denied_in_ring: u32,
     /// How many consecutive latest calls equal the call 2 (3) before them: a cycle of period p
     /// repeated k times is a run of (k - 1) * p, kept incrementally to stay O(1).
@@ -258,7 +264,7 @@ impl Trail {
     fn new(now: Instant, s: &WatchdogSettings) -> Self {
         Self {
             ring: VecDeque::new(),
-            distinct: HashMap::new(),
+            distinct: IdMap::default(),
             denied_in_ring: 0,
             run: [0; 2],
             denials: VecDeque::new(),
