@@ -431,6 +431,10 @@ if [ "$SETUP_ONLY" -eq 1 ]; then
   echo
   echo "setup done; to run tests by hand in this environment:"
   echo "  export PATH=\"$VENV/bin:\$PATH\" OSTIARY_TEST_PYTHON=\"$VENV/bin/python\" OSTIARY_CHROMIUM=\"$CHROMIUM\" OSTIARY_TEST_NODE_MODULES=\"$NODE_DIR/node_modules\""
+  # Without it, the first test that runs the CLI builds the whole workspace's tests itself
+  # (tests/tests/support/cli.rs), inside its own timeout.
+  echo "and before running a few of them, build every test binary and name the CLI:"
+  echo "  cargo test --no-run --workspace && export OSTIARY_BIN=\"\$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"target_directory\"])')/debug/ostiary\""
   exit 0
 fi
 
