@@ -385,12 +385,16 @@ check_toolchain() {
 # tests that run it (tests/tests/support/cli.rs): otherwise each of those test processes (one
 # per test under nextest) would ask cargo whether it is fresh, one at a time under cargo's
 # build lock, for the whole workspace.
+# Where cargo builds (CARGO_TARGET_DIR or the workspace's target/).
+target_dir() {
+  cargo metadata --no-deps --format-version 1 \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
 build_tests() {
   cargo test --no-run --workspace --quiet
   local target
-  target=$(cargo metadata --no-deps --format-version 1 \
-    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') \
-    || die "cargo metadata did not name the target directory"
+  target=$(target_dir) || die "cargo metadata did not name the target directory"
   [ -x "$target/debug/ostiary" ] || die "cargo test --no-run did not build $target/debug/ostiary"
   export OSTIARY_BIN="$target/debug/ostiary"
   echo "OSTIARY_BIN=$OSTIARY_BIN"
@@ -434,7 +438,7 @@ if [ "$SETUP_ONLY" -eq 1 ]; then
   # Without it, the first test that runs the CLI builds the whole workspace's tests itself
   # (tests/tests/support/cli.rs), inside its own timeout.
   echo "and before running a few of them, build every test binary and name the CLI:"
-  echo "  cargo test --no-run --workspace && export OSTIARY_BIN=\"\$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"target_directory\"])')/debug/ostiary\""
+  echo "  cargo test --no-run --workspace && export OSTIARY_BIN=\"$(target_dir)/debug/ostiary\""
   exit 0
 fi
 

@@ -4,9 +4,10 @@
 
 /// The hasher of maps keyed by ids the proxy mints itself (session ids): foldhash, seeded
 /// per process. Every request looks its session up in several such maps (the meter, the
-/// in-flight counts, the watchdog, the live registry), and SipHash — std's default, built
-/// to resist keys chosen to collide — cost ~150 instructions a lookup there, ~6,000 a tool
-/// call (docs/benchmarks.md, "Maps keyed by the proxy's own ids"). A session id is 12
+/// in-flight counts, the watchdog, the session memory, the live registry), and SipHash —
+/// std's default, built to resist keys chosen to collide — cost ~150 instructions a lookup
+/// there, ~4,000 of a tool call's 8,900 spent hashing (docs/benchmarks.md, "A kept decision
+/// written by the writer, and maps keyed by the proxy's own ids"). A session id is 12
 /// random bytes drawn by the proxy, so no agent chooses the keys these maps hold; a map
 /// keyed by anything an agent writes (a host, a path, a call's arguments) keeps std's.
 pub type IdHasher = foldhash::fast::RandomState;

@@ -243,7 +243,7 @@ struct Distinct {
 struct Trail {
     ring: VecDeque<Call>,
     /// The ring's distinct calls: one key allocation per new call, none per repeat. Keyed
-    /// by fingerprints of the keyed `hasher` above, which no agent can aim.
+    /// by fingerprints made with [`Watchdog`]'s keyed hasher, which no agent can aim.
     distinct: IdMap<u64, Distinct>,
     denied_in_ring: u32,
     /// How many consecutive latest calls equal the call 2 (3) before them: a cycle of period p
