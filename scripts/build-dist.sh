@@ -17,17 +17,21 @@
 # With arguments, they go to cargo build as they are.
 # A function changed since the profile was taken is built as it would be without one, so a
 # stale profile costs speed, never correctness. OSTIARY_PGO_PROFILE names another packed
-# profile (the tests' damaged copy).
+# profile (the tests' damaged copy), OSTIARY_PGO_ORDER another packed function order.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 PACKED=${OSTIARY_PGO_PROFILE:-$ROOT/deploy/pgo/ostiary.profdata.gz}
 PROFDATA=$TARGET/pgo/ostiary.profdata
+PACKED_ORDER=${OSTIARY_PGO_ORDER:-$ROOT/deploy/pgo/ostiary.order.gz}
+ORDER=$TARGET/pgo/ostiary.order
 
-if [ ! -f "$PACKED" ]; then
-    echo "build-dist: $PACKED is missing (bash benches/pgo.sh takes it)" >&2
-    exit 1
-fi
+for packed in "$PACKED" "$PACKED_ORDER"; do
+    if [ ! -f "$packed" ]; then
+        echo "build-dist: $packed is missing (bash benches/pgo.sh writes it)" >&2
+        exit 1
+    fi
+done
 mkdir -p "$TARGET/pgo"
 # Unpacked only when it changed: rustc lists the profile among a crate's inputs, and a new
 # file would rebuild every crate.
@@ -56,13 +60,29 @@ if [ "${1:-}" = "--check" ]; then
     echo "build-dist: rustc reads $PACKED"
     exit 0
 fi
+# The order is only the linker's input, which cargo does not track: the binary is linked
+# anew when it changes.
+gzip -dc "$PACKED_ORDER" >"$ORDER.new"
+if cmp -s "$ORDER.new" "$ORDER"; then
+    rm "$ORDER.new"
+else
+    mv "$ORDER.new" "$ORDER"
+    touch "$ROOT/cli/src/main.rs"
+fi
 
 # `-no-pgo-warn-mismatch`: a function changed since the profile was taken is built
 # without it; one warning per such function would bury the build's own.
 # `-z keep-text-section-prefix`: the linker keeps the code the profile found hot in one
 # range (`.text.hot`) and the code it never saw run apart (`.text.unlikely`), so the request
 # path spans fewer pages.
-export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-Cprofile-use=$PROFDATA -Cllvm-args=-no-pgo-warn-mismatch -Clink-arg=-Wl,-z,keep-text-section-prefix"
+# `--symbol-ordering-file`: within each, every function the proxy was seen to run comes
+# first (benches/order.py): start-up's code no longer sits among code that never runs, and
+# the kernel maps in half as much of it (docs/benchmarks.md, "Code laid out by what runs").
+# A name it does not find is skipped without a word.
+# `-z pack-relative-relocs`: the relocations start-up applies to a position-independent
+# binary packed (`DT_RELR`, glibc 2.36 and later; the binary says it needs it): 24 KiB
+# instead of 1.4 MiB read at every start.
+export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-Cprofile-use=$PROFDATA -Cllvm-args=-no-pgo-warn-mismatch -Clink-arg=-Wl,-z,keep-text-section-prefix -Clink-arg=-Wl,--symbol-ordering-file=$ORDER -Clink-arg=-Wl,--no-warn-symbol-ordering -Clink-arg=-Wl,-z,pack-relative-relocs"
 cd "$ROOT"
 if (($# > 0)); then
     exec cargo build --locked "$@"

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import (allocations, instructions, memory, profile, sse, streaming_memory,
-                     syscalls, under_valgrind)
+from measure import (allocations, default_functions, functions, instructions, memory, profile,
+                     sse, streaming_memory, syscalls, under_valgrind)
 from setups import (RESULTS, ROOT, RUNGS, Scenario, Setup, children, make_certs, free_port, oha_run,
                     rss_kib, scenarios, start_live_events, start_mitmdump, start_nginx,
                     start_ostiary, start_relay, start_squid)
@@ -147,6 +147,10 @@ def main():
                     help="instead of the table: instructions per request of each Ostiary rung "
                          "(the relay rung's too) "
                          "under callgrind (valgrind), --requests of one client")
+    ap.add_argument("--functions", default="", metavar="PATH",
+                    help="instead of the table: write to PATH the symbols of every function the "
+                         "Ostiary rungs ran under callgrind, start-up to --requests one-client "
+                         "requests (benches/order.py lays the shipped build out by them)")
     ap.add_argument("--massif", action="store_true",
                     help="with --memory: run each Ostiary rung (the relay's too) under "
                          "massif (valgrind) and "
@@ -185,6 +189,8 @@ def main():
                 relay = under_valgrind(work, relay, "ostiary-relay", "callgrind", always=True)
             setups.append(start_relay(work, certs, relay, "ostiary-relay"))
         def binary(path: str, name: str) -> Path:
+            if opts.functions:
+                return under_valgrind(work, Path(path), name, "callgrind", mangled=True)
             if opts.instructions:
                 return under_valgrind(work, Path(path), name, "callgrind")
             if opts.massif:
@@ -228,6 +234,19 @@ def main():
                           f"({r['requests']} requests, one client): {top}", flush=True)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
+            return
+        if opts.functions:
+            ran: set[str] = set()
+            for s in setups:
+                if s.name.startswith("ostiary-") and s.name != "ostiary-relay":
+                    found = functions(opts, s, up_port, work)
+                    print(f"{s.name:<16} ran {len(found)} functions", flush=True)
+                    ran |= found
+            found = default_functions(under_valgrind(work, Path(opts.ostiary), "ostiary-defaults",
+                                                     "callgrind", mangled=True), work)
+            print(f"{'ostiary-defaults':<16} ran {len(found)} functions", flush=True)
+            ran |= found
+            Path(opts.functions).write_text("".join(f"{n}\n" for n in sorted(ran)))
             return
         if opts.instructions or opts.allocations:
             # Counts, one Ostiary rung at a time: instructions under callgrind, or heap

@@ -6,13 +6,15 @@ first byte.
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from setups import HOST, RESULTS, Scenario, Setup, idle_us, oha_run, rss_kib, run, runq_wait_us
+from setups import (HOST, RESULTS, Scenario, Setup, free_port, idle_us, oha_run, rss_kib, run,
+                    runq_wait_us, wait_port)
 
 
 def profile(opts, setup: Setup, up_port: int, work: Path):
@@ -120,14 +122,17 @@ def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> d
     return {"requests": res["ok"], "per_request": sum(counts.values()), "by_function": counts}
 
 
-def under_valgrind(work: Path, binary: Path, name: str, tool: str, always: bool = False) -> Path:
+def under_valgrind(work: Path, binary: Path, name: str, tool: str, always: bool = False,
+                   mangled: bool = False) -> Path:
     """A wrapper that runs `ostiary serve` under valgrind's `tool` (callgrind or massif; any
     other subcommand, the session it mints, as it is; `always`: every invocation, for the
-    relay rung), its output next to the rung's files."""
+    relay rung), its output next to the rung's files; `mangled`: functions named by their
+    symbols, as the linker knows them."""
     wrapper = work / f"{name}.{tool}.sh"
+    demangle = " --demangle=no" if mangled else ""
     wrapper.write_text(f"""#!/bin/sh
 if [ "$1" = serve ] || [ {'1' if always else '0'} = 1 ]; then
-    exec valgrind -q --tool={tool} --{tool}-out-file={work / name}.{tool}.%p {binary} "$@"
+    exec valgrind -q{demangle} --tool={tool} --{tool}-out-file={work / name}.{tool}.%p {binary} "$@"
 fi
 exec {binary} "$@"
 """)
@@ -159,6 +164,75 @@ def instructions(opts, setup: Setup, up_port: int, work: Path) -> dict:
                     return {"requests": res["ok"], "per_request": total / res["ok"]}
         time.sleep(0.2)
     raise RuntimeError(f"{setup.name}: callgrind wrote no dump")
+
+
+def functions(opts, setup: Setup, up_port: int, work: Path) -> set[str]:
+    """The symbols of every function one Ostiary rung ran under callgrind (started with
+    `mangled`), from its start-up through the warm-up to `--requests` one-client requests:
+    what `scripts/build-dist.sh` lays out together (benches/order.py). The counters are
+    never zeroed, so the dump holds start-up too, which a profile-guided build's
+    instrumentation cannot see in the standard library and the C it links (SQLite, ring)."""
+    oha_run(opts.oha, setup, Scenario("functions", "", "/1k",
+                                      ["-n", str(opts.requests), "-c", "1"]), up_port)
+    time.sleep(1.0)  # the audit writer's last group
+    return dumped_functions(setup.name, setup.pid, work)
+
+
+def default_functions(wrapper: Path, work: Path) -> set[str]:
+    """The same for `ostiary serve` on the built-in defaults (only its listeners and state
+    directory moved), up to the moment it answers: a proxy started without a config runs
+    start-up code the rungs' configs do not (its own policies, no credential file), and each
+    function left out of the order costs the 64 KiB or more of code the kernel maps in
+    around it."""
+    d = work / "ostiary-defaults"
+    d.mkdir()
+    proxy_port, control_port = free_port(), free_port()
+    (d / "ostiary.toml").write_text(f"""[listen]
+proxy = "127.0.0.1:{proxy_port}"
+control = "127.0.0.1:{control_port}"
+[state]
+dir = "{d}/state"
+""")
+    log = open(d / "ostiary.log", "w")
+    proc = subprocess.Popen([str(wrapper), "serve", "--config", str(d / "ostiary.toml")],
+                            env=dict(os.environ, RUST_LOG="warn"), stdout=log, stderr=log)
+    try:
+        wait_port(control_port, "ostiary (defaults)", proc, timeout=120, log=d / "ostiary.log")
+        time.sleep(1.0)  # what start-up does after it listens
+        return dumped_functions("ostiary-defaults", proc.pid, work)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def dumped_functions(name: str, pid: int, work: Path) -> set[str]:
+    """Every function in the dump callgrind writes when asked (`callgrind_control -d`) for
+    the process `pid`, which runs with `--callgrind-out-file` under `work` named `name`."""
+    before = set(work.glob(f"{name}.callgrind.*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        new = set(work.glob(f"{name}.callgrind.*")) - before
+        if new:
+            time.sleep(0.5)
+            names: set[str] = set()
+            for dump in new:
+                # `fn=(id) name` or `cfn=(id) name` names a function the first time the dump
+                # mentions it, as one that ran or as a callee; `fn=(id)` alone repeats it.
+                # Every function that ran has a `fn=` line of its own.
+                known: dict[str, str] = {}
+                ran: set[str] = set()
+                for line in dump.read_text(errors="replace").splitlines():
+                    if line.startswith(("fn=(", "cfn=(")):
+                        id_, _, rest = line.split("=(", 1)[1].partition(")")
+                        if rest.strip():
+                            known[id_] = rest.strip()
+                        if line.startswith("fn="):
+                            ran.add(id_)
+                names |= {known[i] for i in ran if i in known}
+            return names
+        time.sleep(0.2)
+    raise RuntimeError(f"{name}: callgrind wrote no dump")
 
 
 def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,

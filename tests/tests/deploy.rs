@@ -407,6 +407,17 @@ fn every_deployment_sets_the_same_tuning_environment() {
     );
 }
 
+/// A committed `.gz` file's bytes.
+fn gunzip(packed: &Path) -> Vec<u8> {
+    let unpacked = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(packed)
+        .output()
+        .expect("gzip");
+    assert!(unpacked.status.success(), "{}: not gzip", packed.display());
+    unpacked.stdout
+}
+
 /// The execution profile `scripts/build-dist.sh` builds with is an LLVM indexed profile that
 /// this toolchain's rustc reads. rustc only warns about a profile it cannot read and builds
 /// without it, so the script checks first; a damaged profile must stop it, or the check
@@ -414,13 +425,7 @@ fn every_deployment_sets_the_same_tuning_environment() {
 #[test]
 fn the_committed_execution_profile_is_one_this_toolchain_reads() {
     let packed = root().join("deploy/pgo/ostiary.profdata.gz");
-    let unpacked = std::process::Command::new("gzip")
-        .arg("-dc")
-        .arg(&packed)
-        .output()
-        .expect("gzip");
-    assert!(unpacked.status.success(), "{}: not gzip", packed.display());
-    let profile = unpacked.stdout;
+    let profile = gunzip(&packed);
     // `IndexedInstrProf::Magic`, little-endian: "\xfflprofi\x81".
     assert_eq!(
         profile.get(..8),
@@ -466,4 +471,121 @@ fn the_committed_execution_profile_is_one_this_toolchain_reads() {
         said.contains("unsupported instrumentation profile format version"),
         "rustc's own reason is passed on: {said}"
     );
+}
+
+/// The shipped build lays out first every function the proxy was seen to run
+/// (`deploy/pgo/ostiary.order.gz`, benches/order.py) and packs its relocations: the code and
+/// tables start-up maps in are half what they were (docs/benchmarks.md, "Code laid out by
+/// what runs"). The order is the linker's symbols, the profile's hottest among the first;
+/// without it the build stops rather than ship the old layout unsaid.
+#[test]
+fn the_shipped_build_lays_out_what_runs_together() {
+    let script = std::fs::read_to_string(root().join("scripts/build-dist.sh")).unwrap();
+    for wanted in [
+        "deploy/pgo/ostiary.order.gz",
+        "-Wl,--symbol-ordering-file=$ORDER",
+        "-Wl,-z,pack-relative-relocs",
+    ] {
+        assert!(script.contains(wanted), "{wanted} in scripts/build-dist.sh");
+    }
+
+    let order = String::from_utf8(gunzip(&root().join("deploy/pgo/ostiary.order.gz")))
+        .expect("an order is text");
+    let names: Vec<&str> = order.lines().collect();
+    assert!(names.len() > 5_000, "{} functions", names.len());
+    let unique: BTreeSet<&str> = names.iter().copied().collect();
+    assert_eq!(unique.len(), names.len(), "a function named twice");
+    // One symbol per line, as the linker spells it: mangled Rust, or a C identifier
+    // (SQLite's, with the compiler's `.constprop.0` suffixes).
+    for name in &names {
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_$.".contains(c)),
+            "not a symbol: {name:?}"
+        );
+    }
+    // The profile's most-run functions first; the start-up code callgrind saw (SQLite's,
+    // which the profile cannot count) is in too.
+    let first = &names[..200];
+    assert!(
+        first
+            .iter()
+            .any(|n| n.contains("pipeline") || n.contains("hyper")),
+        "the hot path leads: {:?}",
+        &first[..10]
+    );
+    assert!(names.contains(&"sqlite3_open_v2"), "SQLite's start-up");
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = std::process::Command::new("bash")
+        .arg(root().join("scripts/build-dist.sh"))
+        .arg("--check")
+        .env("OSTIARY_PGO_ORDER", dir.path().join("absent.order.gz"))
+        .env("CARGO_TARGET_DIR", dir.path())
+        .output()
+        .expect("bash");
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success() && said.contains("absent.order.gz is missing"),
+        "a build without its order went on: {said}"
+    );
+}
+
+/// benches/order.py: the profile's functions by how often they ran, then what callgrind
+/// saw that the profile lacks, each once; a function that never ran is left where the
+/// compiler put it, and an empty input or a missing argument is an error, not an empty order.
+#[test]
+fn the_order_puts_the_most_run_first_and_adds_what_the_profile_cannot_see() {
+    let dir = tempfile::tempdir().unwrap();
+    let listing = "Counters:\n  \
+        crate.abc-cgu.0;_ZN4warm17hE:\n    Hash: 0x1\n    Counters: 2\n    Block counts: [5, 40]\n  \
+        _ZN3hot17hE:\n    Hash: 0x2\n    Counters: 1\n    Block counts: [900]\n  \
+        _ZN5never17hE:\n    Hash: 0x3\n    Counters: 1\n    Block counts: [0]\n\
+        Instrumentation level: IR\n";
+    let ran = dir.path().join("ran.txt");
+    // callgrind's own spellings: a recursive activation, a glibc symbol, `(below main)`.
+    std::fs::write(
+        &ran,
+        "sqlite3_open_v2\n_ZN3hot17hE\nyy_reduce.constprop.0\nsqlite3_open_v2'2\n\
+         _IO_file_close_it@@GLIBC_2.2.5\n(below main)\n",
+    )
+    .unwrap();
+    let order = |args: &[&Path], input: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new("python3")
+            .arg(root().join("benches/order.py"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = order(&[&ran], listing);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "_ZN3hot17hE\n_ZN4warm17hE\nsqlite3_open_v2\nyy_reduce.constprop.0\n"
+    );
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let nothing = order(&[&empty], "");
+    assert_eq!(nothing.status.code(), Some(1), "an empty order");
+    assert!(String::from_utf8_lossy(&nothing.stderr).contains("no function"));
+    let usage = order(&[], listing);
+    assert_eq!(usage.status.code(), Some(2), "no list of what ran");
 }
