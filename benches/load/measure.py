@@ -150,20 +150,28 @@ def instructions(opts, setup: Setup, up_port: int, work: Path) -> dict:
     res = oha_run(opts.oha, setup, Scenario("instructions", "", "/1k",
                                             ["-n", str(opts.requests), "-c", "1"]), up_port)
     time.sleep(1.0)  # the audit writer's last group
-    dumps = set(work.glob(f"{setup.name}.callgrind.*"))
-    subprocess.run(["callgrind_control", "-d", str(setup.pid)], check=True, capture_output=True)
-    deadline = time.time() + 30
+    new = callgrind_dump(setup.name, setup.pid, work)
+    text = max(new, key=lambda f: f.stat().st_mtime).read_text(errors="replace")
+    for line in text.splitlines():
+        if line.startswith(("summary:", "totals:")):
+            total = int(line.split()[1])
+            return {"requests": res["ok"], "per_request": total / res["ok"]}
+    raise RuntimeError(f"{setup.name}: callgrind's dump has no total")
+
+
+def callgrind_dump(name: str, pid: int, work: Path) -> set[Path]:
+    """The files of the dump callgrind writes when asked (`callgrind_control -d`) for the
+    process `pid`, which runs with `--callgrind-out-file` under `work` named `name`."""
+    before = set(work.glob(f"{name}.callgrind.*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    deadline = time.time() + 60
     while time.time() < deadline:
-        new = set(work.glob(f"{setup.name}.callgrind.*")) - dumps
+        new = set(work.glob(f"{name}.callgrind.*")) - before
         if new:
-            time.sleep(0.5)
-            text = max(new, key=lambda f: f.stat().st_mtime).read_text(errors="replace")
-            for line in text.splitlines():
-                if line.startswith(("summary:", "totals:")):
-                    total = int(line.split()[1])
-                    return {"requests": res["ok"], "per_request": total / res["ok"]}
+            time.sleep(0.5)  # written, not only created
+            return new
         time.sleep(0.2)
-    raise RuntimeError(f"{setup.name}: callgrind wrote no dump")
+    raise RuntimeError(f"{name}: callgrind wrote no dump")
 
 
 def functions(opts, setup: Setup, up_port: int, work: Path) -> set[str]:
@@ -206,33 +214,23 @@ dir = "{d}/state"
 
 
 def dumped_functions(name: str, pid: int, work: Path) -> set[str]:
-    """Every function in the dump callgrind writes when asked (`callgrind_control -d`) for
-    the process `pid`, which runs with `--callgrind-out-file` under `work` named `name`."""
-    before = set(work.glob(f"{name}.callgrind.*"))
-    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        new = set(work.glob(f"{name}.callgrind.*")) - before
-        if new:
-            time.sleep(0.5)
-            names: set[str] = set()
-            for dump in new:
-                # `fn=(id) name` or `cfn=(id) name` names a function the first time the dump
-                # mentions it, as one that ran or as a callee; `fn=(id)` alone repeats it.
-                # Every function that ran has a `fn=` line of its own.
-                known: dict[str, str] = {}
-                ran: set[str] = set()
-                for line in dump.read_text(errors="replace").splitlines():
-                    if line.startswith(("fn=(", "cfn=(")):
-                        id_, _, rest = line.split("=(", 1)[1].partition(")")
-                        if rest.strip():
-                            known[id_] = rest.strip()
-                        if line.startswith("fn="):
-                            ran.add(id_)
-                names |= {known[i] for i in ran if i in known}
-            return names
-        time.sleep(0.2)
-    raise RuntimeError(f"{name}: callgrind wrote no dump")
+    """Every function in the dump callgrind writes now for `pid` ([`callgrind_dump`])."""
+    names: set[str] = set()
+    for dump in callgrind_dump(name, pid, work):
+        # `fn=(id) name` or `cfn=(id) name` names a function the first time the dump
+        # mentions it, as one that ran or as a callee; `fn=(id)` alone repeats it. Every
+        # function that ran has a `fn=` line of its own.
+        known: dict[str, str] = {}
+        ran: set[str] = set()
+        for line in dump.read_text(errors="replace").splitlines():
+            if line.startswith(("fn=(", "cfn=(")):
+                id_, _, rest = line.split("=(", 1)[1].partition(")")
+                if rest.strip():
+                    known[id_] = rest.strip()
+                if line.startswith("fn="):
+                    ran.add(id_)
+        names |= {known[i] for i in ran if i in known}
+    return names
 
 
 def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
