@@ -134,6 +134,13 @@ def main():
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="instead of the table: RSS of each proxy with N idle intercepted "
                          "keep-alive connections")
+    ap.add_argument("--memory-alpn", default="http/1.1", choices=["http/1.1", "h2"],
+                    help="with --memory: what the idle connections speak inside the tunnel")
+    ap.add_argument("--memory-batch", type=int, default=50, metavar="N",
+                    help="with --memory: open the idle connections N at a time")
+    ap.add_argument("--memory-linger", type=float, default=0, metavar="SECONDS",
+                    help="with --memory: read RSS again this long after, and count the idle "
+                         "connections the proxy closed by then")
     ap.add_argument("--keep-work", action="store_true",
                     help="keep the run's working directory (callgrind dumps for "
                          "callgrind_annotate, the proxies' logs and configs)")
@@ -278,7 +285,9 @@ def main():
                     snapshot = RESULTS / f"{opts.label}.{s.name}.massif" if massif else None
                     if snapshot:
                         RESULTS.mkdir(parents=True, exist_ok=True)
-                    rows[s.name] = memory(s, up_port, token, opts.memory, snapshot)
+                    rows[s.name] = memory(s, up_port, token, opts.memory, snapshot,
+                                          opts.memory_alpn, opts.memory_linger,
+                                          opts.memory_batch)
                     r = rows[s.name]
                     if snapshot:
                         print(f"{s.name:<16} heap snapshot with {opts.memory} idle connections: "
@@ -287,7 +296,12 @@ def main():
                     print(f"{s.name:<16} RSS {r['rss_before_kib'] / 1024:6.1f} MiB -> "
                           f"{r['rss_idle_kib'] / 1024:6.1f} MiB with {r['idle_connections']} idle "
                           f"intercepted connections (allocated: {r['anon_before_kib'] / 1024:.1f} -> "
-                          f"{r['anon_idle_kib'] / 1024:.1f} MiB)", flush=True)
+                          f"{r['anon_idle_kib'] / 1024:.1f} MiB, {r['alpn']})", flush=True)
+                    if "rss_later_kib" in r:
+                        print(f"{s.name:<16} {r['linger_s']:.0f} s later: RSS "
+                              f"{r['rss_later_kib'] / 1024:6.1f} MiB (allocated "
+                              f"{r['anon_later_kib'] / 1024:.1f} MiB), {r['closed_by_proxy']} of "
+                              f"the {r['idle_connections']} closed by the proxy", flush=True)
                     time.sleep(2)  # let the idle connections close
                     r["streaming"] = streaming_memory(opts, s, up_port, 100)
                     m = r["streaming"]

@@ -234,17 +234,21 @@ def dumped_functions(name: str, pid: int, work: Path) -> set[str]:
 
 
 def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
-           heap_snapshot: Path | None = None) -> dict:
+           heap_snapshot: Path | None = None, alpn: str = "http/1.1",
+           linger: float = 0, batch: int = 50) -> dict:
     """RSS of the proxy before, and with `idle` intercepted keep-alive connections open, each
-    having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k); under massif,
-    the heap's snapshot at that moment written to `heap_snapshot`."""
+    having carried one request (CONNECT, TLS with the proxy's leaf, GET /1k) over `alpn`
+    (HTTP/1.1 or h2); under massif, the heap's snapshot at that moment written to
+    `heap_snapshot`. With `linger`, RSS again that many seconds later, and how many of the
+    connections the proxy had closed by then (an idle one is closed after the proxy's
+    `header_read_timeout`). The connections are opened `batch` at a time."""
     import asyncio
     import ssl
 
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols([alpn])
     port = int(setup.proxy.rsplit(":", 1)[1])
     auth = f"{token_header}\r\n" if token_header else ""
 
@@ -256,6 +260,11 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"CONNECT refused: {head[:80]!r}")
         await writer.start_tls(ctx, server_hostname=HOST)
+        if writer.get_extra_info("ssl_object").selected_alpn_protocol() != alpn:
+            raise RuntimeError(f"the proxy did not take {alpn}")
+        if alpn == "h2":
+            await h2_get(reader, writer)
+            return reader, writer
         writer.write(f"GET /1k HTTP/1.1\r\nHost: {HOST}:{up_port}\r\n\r\n".encode())
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
@@ -265,13 +274,52 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
             await reader.readexactly(lengths[0])
         else:  # chunked (Ostiary streams what it scrubs)
             await reader.readuntil(b"\r\n0\r\n\r\n")
-        return writer
+        return reader, writer
+
+    async def h2_get(reader, writer):
+        import h2.connection
+        import h2.events
+
+        conn = h2.connection.H2Connection()
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "GET"), (":scheme", "https"),
+                              (":authority", f"{HOST}:{up_port}"), (":path", "/1k")],
+                          end_stream=True)
+        writer.write(conn.data_to_send())
+        await writer.drain()
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                raise RuntimeError("the proxy closed the h2 connection mid-answer")
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.StreamReset):
+                    raise RuntimeError(f"the proxy reset the request: {ev.error_code}")
+                if isinstance(ev, h2.events.DataReceived):
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                if isinstance(ev, h2.events.StreamEnded):
+                    writer.write(conn.data_to_send())
+                    await writer.drain()
+                    return
+            writer.write(conn.data_to_send())
+            await writer.drain()
+
+    async def closed(reader) -> bool:
+        """Whether the proxy has closed the connection (what it sent before, such as h2's
+        GOAWAY, read and dropped)."""
+        try:
+            while data := await asyncio.wait_for(reader.read(65536), 0.05):
+                pass
+            return True
+        except asyncio.TimeoutError:
+            return False
+        except (ConnectionError, ssl.SSLError):
+            return True
 
     async def run():
         before, before_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
-        writers = []
-        for i in range(0, idle, 50):
-            writers += await asyncio.gather(*(one() for _ in range(min(50, idle - i))))
+        conns = []
+        for i in range(0, idle, batch):
+            conns += await asyncio.gather(*(one() for _ in range(min(batch, idle - i))))
         await asyncio.sleep(1)
         held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
         if heap_snapshot:
@@ -279,10 +327,17 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
             # taken through its gdbserver, for `ms_print`.
             subprocess.run(["vgdb", f"--pid={setup.pid}", "detailed_snapshot",
                             str(heap_snapshot)], check=True, capture_output=True, timeout=120)
-        for w in writers:
+        row = {"alpn": alpn, "batch": batch, "idle_connections": len(conns), "rss_before_kib": before,
+               "rss_idle_kib": held, "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
+        if linger:
+            await asyncio.sleep(linger)
+            row["linger_s"] = linger
+            row["rss_later_kib"] = rss_kib(setup.pid)
+            row["anon_later_kib"] = rss_kib(setup.pid, "RssAnon")
+            row["closed_by_proxy"] = sum(await asyncio.gather(*(closed(r) for r, _ in conns)))
+        for _, w in conns:
             w.close()
-        return {"idle_connections": len(writers), "rss_before_kib": before, "rss_idle_kib": held,
-                "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
+        return row
 
     return asyncio.run(run())
 

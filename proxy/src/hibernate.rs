@@ -33,7 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service};
@@ -41,6 +41,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::body::Holding;
 use crate::config::ProxyLimits;
 use crate::shards::Open;
 use crate::wire_guard::StrictH1;
@@ -94,10 +95,7 @@ where
             let answer = service.call(req);
             async move {
                 let response = answer.await?;
-                Ok::<_, S::Error>(response.map(|body| Counted {
-                    body,
-                    _in_flight: in_flight,
-                }))
+                Ok::<_, S::Error>(response.map(|body| Holding::new(body, in_flight)))
             }
         })
     };
@@ -247,33 +245,6 @@ impl Drop for InFlight {
         // The answer's last bytes are hyper's to flush yet: not quiet until they are.
         self.0.unflushed.store(true, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// An answer's body, counted in flight while hyper holds it.
-#[derive(Debug)]
-struct Counted<B> {
-    body: B,
-    _in_flight: InFlight,
-}
-
-impl<B: Body + Unpin> Body for Counted<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

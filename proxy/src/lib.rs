@@ -70,6 +70,7 @@ pub mod escalate;
 pub mod evaluate;
 pub mod forward;
 pub mod guardrails;
+pub mod h2_idle;
 pub mod hibernate;
 pub mod ids;
 pub mod inject;

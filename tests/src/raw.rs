@@ -468,12 +468,25 @@ pub async fn h2<S>(io: S) -> hyper::client::conn::http2::SendRequest<ReqBody>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    h2_watched(io).await.0
+}
+
+/// An HTTP/2 client connection over `io`, with the task that ends when the connection does
+/// (`Ok` when the server sent GOAWAY and closed, `Err` when it was cut).
+pub async fn h2_watched<S>(
+    io: S,
+) -> (
+    hyper::client::conn::http2::SendRequest<ReqBody>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
             .await
             .expect("h2 handshake");
-    tokio::spawn(conn);
-    sender
+    (sender, tokio::spawn(conn))
 }
 
 /// A bodiless request; `host` becomes the `Host` header (h1 needs one, h2 takes the URI).

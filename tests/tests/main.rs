@@ -46,6 +46,7 @@ mod guardrails_clients;
 mod guardrails_watchdog;
 mod guides;
 mod h2_floods;
+mod h2_idle;
 mod hardening_headers;
 mod harness;
 mod harness_clients;
