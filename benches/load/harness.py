@@ -296,7 +296,8 @@ def main():
                     print(f"{s.name:<16} RSS {r['rss_before_kib'] / 1024:6.1f} MiB -> "
                           f"{r['rss_idle_kib'] / 1024:6.1f} MiB with {r['idle_connections']} idle "
                           f"intercepted connections (allocated: {r['anon_before_kib'] / 1024:.1f} -> "
-                          f"{r['anon_idle_kib'] / 1024:.1f} MiB, {r['alpn']})", flush=True)
+                          f"{r['anon_idle_kib'] / 1024:.1f} MiB, {r['alpn']}; {r['sockets']} sockets open)",
+                          flush=True)
                     if "rss_later_kib" in r:
                         print(f"{s.name:<16} {r['linger_s']:.0f} s later: RSS "
                               f"{r['rss_later_kib'] / 1024:6.1f} MiB (allocated "

@@ -322,12 +322,15 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
             conns += await asyncio.gather(*(one() for _ in range(min(batch, idle - i))))
         await asyncio.sleep(1)
         held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
+        # Sockets beyond the agents' own: mostly the upstream connections the pools keep.
+        sockets = sum(1 for fd in os.listdir(f"/proc/{setup.pid}/fd")
+                      if os.readlink(f"/proc/{setup.pid}/fd/{fd}").startswith("socket:"))
         if heap_snapshot:
             # Where the heap is while the connections are idle: massif's detailed snapshot,
             # taken through its gdbserver, for `ms_print`.
             subprocess.run(["vgdb", f"--pid={setup.pid}", "detailed_snapshot",
                             str(heap_snapshot)], check=True, capture_output=True, timeout=120)
-        row = {"alpn": alpn, "batch": batch, "idle_connections": len(conns), "rss_before_kib": before,
+        row = {"alpn": alpn, "batch": batch, "idle_connections": len(conns), "sockets": sockets, "rss_before_kib": before,
                "rss_idle_kib": held, "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
         if linger:
             await asyncio.sleep(linger)
