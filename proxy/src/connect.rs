@@ -317,24 +317,19 @@ async fn intercept(
         Box::pin(async {
             let quiet = Arc::new(crate::h2_idle::Quiet::default());
             let service = crate::h2_idle::counted(quiet.clone(), service);
-            let connection = h2_builder(&limits).serve_connection(TokioIo::new(tls), service);
-            tokio::pin!(connection);
+            let (lent, lease) = crate::h2_idle::Lent::new(tls);
+            // Boxed, so that it can be dropped while idle and the stream taken back.
+            let mut connection =
+                Box::pin(h2_builder(&limits).serve_connection(TokioIo::new(lent), service));
             tokio::select! {
                 result = connection.as_mut() => result,
                 () = quiet.elapsed(limits.header_read_timeout) => {
-                    // Idle as long as an HTTP/1 keep-alive may be (h2_idle): GOAWAY. A peer
-                    // that reads answers its ping within a round trip and the connection
-                    // ends; one that does not (an idle client reads nothing) is cut after
-                    // `SETTLE`, unless a request crossed the GOAWAY: that one finishes
-                    // within the grace.
-                    connection.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(crate::h2_idle::SETTLE, connection.as_mut()).await {
-                        Ok(result) => result,
-                        Err(_) if quiet.busy() => {
-                            tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
-                        }
-                        Err(_) => Ok(()),
-                    }
+                    // Idle as long as an HTTP/1 keep-alive may be: hyper goes, and the
+                    // stream gets a GOAWAY naming the last stream hyper took, then closes
+                    // (h2_idle says why not hyper's graceful shutdown).
+                    drop(connection);
+                    crate::h2_idle::go_away(&lease).await;
+                    Ok(())
                 }
                 () = watch.ended() => {
                     // GOAWAY: no new streams; those in flight finish within the grace.

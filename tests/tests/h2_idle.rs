@@ -1,11 +1,13 @@
 //! An intercepted HTTP/2 connection with no request in flight for `header_read_timeout` is
 //! closed with GOAWAY (`proxy/src/h2_idle.rs`), the bound an idle HTTP/1 keep-alive has:
-//! idle after a request, idle from the start, and with a peer that never answers GOAWAY's
-//! ping. A connection in use, or carrying an answer longer than the bound, is kept.
+//! idle after a request, and with a peer that reads nothing; httpx, which reads nothing
+//! while idle, sends its next request on a new connection. A connection in use, or
+//! carrying an answer longer than the bound, is kept.
 
 use std::time::Duration;
 
 use hyper::client::conn::http2::SendRequest;
+use ostiary_e2e::clients::{self, client_script};
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::raw::{self, intercepted, request, ReqBody, Wire};
 use ostiary_e2e::upstream::Upstream;
@@ -31,8 +33,7 @@ impl Rig {
         let proxy = TestProxy::start(ProxySpec {
             ports: vec![upstream.port()],
             upstream_ca_pem: Some(upstream.ca_pem()),
-            // A long grace: a peer deaf to GOAWAY's ping with nothing in flight must not
-            // be waited for as long as a request in flight would be.
+            // A long grace: an idle connection is closed without waiting for it.
             extra_toml: format!(
                 "[proxy]\nheader_read_timeout = \"{}ms\"\n[sessions]\ngrace = \"30s\"\n",
                 BOUND.as_millis()
@@ -148,8 +149,8 @@ async fn an_answer_longer_than_the_bound_is_not_cut() {
 }
 
 /// A peer that opens h2 and then neither sends a request nor reads what the proxy sends
-/// (so never acknowledges GOAWAY's ping) is still closed, soon after the bound: the grace
-/// (30 s here) is for requests in flight, and it has none.
+/// (it acknowledges nothing) is closed soon after the bound: the grace (30 s here) is for
+/// requests in flight, and it has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deaf_peer_is_closed_soon_after_the_bound() {
     let rig = Rig::start().await;
@@ -169,4 +170,37 @@ async fn a_deaf_peer_is_closed_soon_after_the_bound() {
     );
     let lived = started.elapsed();
     assert!(lived >= BOUND, "{lived:?}");
+}
+
+/// A real agent's client (httpx with h2) that keeps its client across a pause longer than the
+/// bound: its next request goes out on a new connection, with no error to the agent; the
+/// stream ids say which connection carried it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close() {
+    let rig = Rig::start().await;
+    let mut env = rig.proxy.client_env(&rig.session);
+    env.push(("OSTIARY_HTTP2".into(), "1".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // Well past the bound.
+    let pause = (BOUND + Duration::from_secs(2)).as_secs_f64().to_string();
+    let run = clients::python(
+        client_script("py_httpx_idle.py"),
+        &[&rig.url("/echo"), &pause],
+        &env,
+    )
+    .await;
+    assert!(run.success(), "{run}");
+    let v = run.json();
+    assert_eq!(v["statuses"], serde_json::json!([200, 200]), "{run}");
+    assert_eq!(
+        v["http_versions"],
+        serde_json::json!(["HTTP/2", "HTTP/2"]),
+        "{run}"
+    );
+    assert_eq!(
+        v["stream_ids"],
+        serde_json::json!([1, 1]),
+        "the second request went out on the first connection: it was not closed ({run})"
+    );
+    assert_eq!(rig.upstream.count("/echo"), 2);
 }
