@@ -63,6 +63,26 @@ def ca_bundle():
     return None
 
 
+def httpx_client(url, timeout, **options):
+    """An `httpx.Client` as an agent would build it for `url`: the proxy and CA above, h2
+    offered with OSTIARY_HTTP2=1 (needs `httpx[http2]`), and nothing else from the
+    environment (`trust_env=False`), so what a test set is what the client used. The CA goes
+    in as an SSLContext: httpx 0.28 deprecated `verify=<path>`."""
+    import ssl
+
+    import httpx
+
+    bundle = ca_bundle()
+    return httpx.Client(
+        proxy=proxy_for(url),
+        verify=ssl.create_default_context(cafile=bundle) if bundle else True,
+        http2=os.environ.get("OSTIARY_HTTP2") == "1",
+        trust_env=False,
+        timeout=timeout,
+        **options,
+    )
+
+
 def lower_headers(items):
     """Lowercased header names; repeated headers joined with ", " as HTTP allows."""
     out = {}

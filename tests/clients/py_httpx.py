@@ -11,30 +11,17 @@ OSTIARY_HTTP2=1 the client offers h2 (needs `httpx[http2]`). Prints {"status", "
 {"error": "<class>: <message>"} and exits 3.
 """
 
-import os
-import ssl
 import sys
 
-from _common import ca_bundle, emit, fail, headers_from, lower_headers, parse_args, proxy_for
+from _common import emit, fail, headers_from, httpx_client, lower_headers, parse_args
 
 
 def main():
     args = parse_args(__doc__)
     import httpx
 
-    bundle = ca_bundle()
-    verify = ssl.create_default_context(cafile=bundle) if bundle else True
     try:
-        # trust_env=False: the proxy and CA above are the whole configuration, so what
-        # the test set is what the client used.
-        with httpx.Client(
-            proxy=proxy_for(args.url),
-            verify=verify,
-            http2=os.environ.get("OSTIARY_HTTP2") == "1",
-            trust_env=False,
-            timeout=args.timeout,
-            follow_redirects=False,
-        ) as client:
+        with httpx_client(args.url, args.timeout, follow_redirects=False) as client:
             response = client.request(
                 args.method.upper(),
                 args.url,

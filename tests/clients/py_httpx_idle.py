@@ -12,12 +12,10 @@ connection has 1 again, on the same one 3); a failed request prints
 """
 
 import argparse
-import os
-import ssl
 import sys
 import time
 
-from _common import ca_bundle, emit, fail, proxy_for
+from _common import emit, fail, httpx_client
 
 
 def main():
@@ -27,17 +25,9 @@ def main():
     args = ap.parse_args()
     import httpx
 
-    bundle = ca_bundle()
-    verify = ssl.create_default_context(cafile=bundle) if bundle else True
     statuses, versions, streams = [], [], []
     try:
-        with httpx.Client(
-            proxy=proxy_for(args.url),
-            verify=verify,
-            http2=os.environ.get("OSTIARY_HTTP2") == "1",
-            trust_env=False,
-            timeout=30,
-        ) as client:
+        with httpx_client(args.url, 30) as client:
             for i in range(2):
                 if i:
                     time.sleep(args.pause)
