@@ -331,12 +331,26 @@ async fn intercept(
                     crate::h2_idle::go_away(&lease).await;
                     Ok(())
                 }
+                // The session ends or the proxy stops. With nothing in flight, the same close
+                // as an idle one: a client's next request is known unprocessed, and retried
+                // elsewhere (another replica; or refused, with the reason, for an ended
+                // session) rather than failed by hyper's shutdown's PING (h2_idle).
                 () = watch.ended() => {
+                    if !quiet.busy() {
+                        drop(connection);
+                        crate::h2_idle::go_away(&lease).await;
+                        return Ok(());
+                    }
                     // GOAWAY: no new streams; those in flight finish within the grace.
                     connection.as_mut().graceful_shutdown();
                     tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
                 }
                 () = stopping(alive.as_ref()) => {
+                    if !quiet.busy() {
+                        drop(connection);
+                        crate::h2_idle::go_away(&lease).await;
+                        return Ok(());
+                    }
                     // The proxy stops: those in flight finish within the drain.
                     connection.as_mut().graceful_shutdown();
                     connection.await

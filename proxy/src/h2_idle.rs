@@ -75,6 +75,11 @@ impl Quiet {
         }
     }
 
+    /// Whether a request is in flight.
+    pub fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
     fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.touch();

@@ -204,3 +204,38 @@ async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close()
     );
     assert_eq!(rig.upstream.count("/echo"), 2);
 }
+
+/// An ended session's idle h2 connection is closed the same way: httpx's next request goes
+/// to a new connection and meets the proxy's refusal of the ended session, not a protocol
+/// error from the old connection (hyper's shutdown, with its PING, gave httpx
+/// `LocalProtocolError`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn httpx_meets_the_refusal_after_its_sessions_idle_connection_is_closed() {
+    let rig = Rig::start().await;
+    let mut env = rig.proxy.client_env(&rig.session);
+    env.push(("OSTIARY_HTTP2".into(), "1".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let url = rig.url("/echo");
+    let args = [url.as_str(), "3"];
+    let agent = clients::python(client_script("py_httpx_idle.py"), &args, &env);
+    let teardown = async {
+        // Once the first request is answered, while the agent pauses.
+        while rig.upstream.count("/echo") < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        rig.proxy
+            .control()
+            .delete_session(&rig.session.session_id)
+            .await
+            .expect("session deleted");
+    };
+    let (run, ()) = tokio::join!(agent, teardown);
+    assert!(!run.success(), "the second request went through: {run}");
+    let error = run.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        !error.contains("ProtocolError"),
+        "the old connection failed the request: {run}"
+    );
+    assert!(error.contains("ProxyError"), "{run}");
+    assert_eq!(rig.upstream.count("/echo"), 1);
+}
