@@ -66,6 +66,13 @@ impl Rig {
         .await
     }
 
+    /// The environment of an agent that runs httpx with h2 through the proxy.
+    fn httpx_h2_env(&self) -> Vec<(String, String)> {
+        let mut env = self.proxy.client_env(&self.session);
+        env.push(("OSTIARY_HTTP2".into(), "1".into()));
+        env
+    }
+
     fn url(&self, path: &str) -> String {
         format!("https://{HOST}:{}{path}", self.upstream.port())
     }
@@ -178,8 +185,7 @@ async fn a_deaf_peer_is_closed_soon_after_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close() {
     let rig = Rig::start().await;
-    let mut env = rig.proxy.client_env(&rig.session);
-    env.push(("OSTIARY_HTTP2".into(), "1".into()));
+    let env = rig.httpx_h2_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     // Well past the bound.
     let pause = (BOUND + Duration::from_secs(2)).as_secs_f64().to_string();
@@ -212,8 +218,7 @@ async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn httpx_meets_the_refusal_after_its_sessions_idle_connection_is_closed() {
     let rig = Rig::start().await;
-    let mut env = rig.proxy.client_env(&rig.session);
-    env.push(("OSTIARY_HTTP2".into(), "1".into()));
+    let env = rig.httpx_h2_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let url = rig.url("/echo");
     let args = [url.as_str(), "3"];
