@@ -307,7 +307,7 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
         """Whether the proxy has closed the connection (what it sent before, such as h2's
         GOAWAY, read and dropped)."""
         try:
-            while data := await asyncio.wait_for(reader.read(65536), 0.05):
+            while await asyncio.wait_for(reader.read(65536), 0.05):
                 pass
             return True
         except asyncio.TimeoutError:

@@ -310,78 +310,97 @@ async fn intercept(
             Ok::<_, Infallible>(response)
         }
     });
+    // The connection winds down when the session ends (requests in flight get the grace) or
+    // the proxy stops (they get the drain).
+    let stop: crate::hibernate::Stop<'_> = Box::pin(async {
+        tokio::select! {
+            () = watch.ended() => Some(wind_down),
+            () = stopping(alive.as_ref()) => None,
+        }
+    });
     let result = if h2 {
         // Boxed: the task of every intercepted connection is as large as its largest state,
         // and an HTTP/2 connection's state would otherwise sit, unused, in each HTTP/1
         // one's (2.7 KiB of the 9.2 KiB of this function's state).
-        Box::pin(async {
-            let quiet = Arc::new(crate::h2_idle::Quiet::default());
-            let service = crate::h2_idle::counted(quiet.clone(), service);
-            let (lent, lease) = crate::h2_idle::Lent::new(tls);
-            // Boxed, so that it can be dropped while idle and the stream taken back.
-            let mut connection =
-                Box::pin(h2_builder(&limits).serve_connection(TokioIo::new(lent), service));
-            tokio::select! {
-                result = connection.as_mut() => result,
-                () = quiet.elapsed(limits.header_read_timeout) => {
-                    // Idle as long as an HTTP/1 keep-alive may be: hyper goes, and the
-                    // stream gets a GOAWAY naming the last stream hyper took, then closes
-                    // (h2_idle says why not hyper's graceful shutdown).
-                    drop(connection);
-                    crate::h2_idle::go_away(&lease).await;
-                    Ok(())
-                }
-                // The session ends or the proxy stops. With nothing in flight, the same close
-                // as an idle one: a client's next request is known unprocessed, and retried
-                // elsewhere (another replica; or refused, with the reason, for an ended
-                // session) rather than failed by hyper's shutdown's PING (h2_idle).
-                () = watch.ended() => {
-                    if !quiet.busy() {
-                        drop(connection);
-                        crate::h2_idle::go_away(&lease).await;
-                        return Ok(());
-                    }
-                    // GOAWAY: no new streams; those in flight finish within the grace.
-                    connection.as_mut().graceful_shutdown();
-                    tokio::time::timeout(wind_down, connection).await.unwrap_or(Ok(()))
-                }
-                () = stopping(alive.as_ref()) => {
-                    if !quiet.busy() {
-                        drop(connection);
-                        crate::h2_idle::go_away(&lease).await;
-                        return Ok(());
-                    }
-                    // The proxy stops: those in flight finish within the drain.
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-                () = cancellations.tripped() => {
-                    // Late resets (cancelled after the proxy started on them) that
-                    // `max_pending_accept_reset_streams` does not see: go away, let what is in
-                    // flight finish.
-                    tracing::warn!(
-                        cancelled = cancellations.cancelled(),
-                        "closing an h2 connection that cancels more requests than it completes"
-                    );
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            }
-        })
-        .await
+        Box::pin(serve_h2(&limits, tls, service, stop, &cancellations)).await
     } else {
         let io = Box::new(StrictH1::new(tls, limits.max_header_bytes).with_observer(observer));
-        let stop = Box::pin(async {
-            tokio::select! {
-                // An idle keep-alive closes at once; a request in flight finishes first.
-                () = watch.ended() => Some(wind_down),
-                () = stopping(alive.as_ref()) => None,
-            }
-        });
+        // An idle keep-alive closes at once; a request in flight finishes first.
         crate::hibernate::serve(&limits, io, service, &resting, stop).await
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// How an intercepted HTTP/2 connection ends, when it does not end by itself.
+enum H2Ending {
+    /// Nothing in flight: the close `h2_idle` writes.
+    Quiet,
+    /// GOAWAY by hyper, and those in flight finish within the bound (`None`: unbounded).
+    WindDown(Option<std::time::Duration>),
+}
+
+/// Serve an intercepted HTTP/2 connection until the agent closes it, it idles for
+/// `header_read_timeout`, `stop` resolves, or it cancels more requests than it completes.
+async fn serve_h2<S>(
+    limits: &crate::config::ProxyLimits,
+    tls: tokio_rustls::server::TlsStream<TokioIo<hyper::upgrade::Upgraded>>,
+    service: S,
+    mut stop: crate::hibernate::Stop<'_>,
+    cancellations: &crate::reset_guard::Cancellations,
+) -> hyper::Result<()>
+where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = hyper::Response<crate::body::ProxyBody>,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let quiet = Arc::new(crate::h2_idle::Quiet::default());
+    let service = crate::h2_idle::counted(quiet.clone(), service);
+    let (lent, lease) = crate::h2_idle::Lent::new(tls);
+    // Boxed, so that it can be dropped and the stream taken back for the quiet close.
+    let mut connection = Box::pin(h2_builder(limits).serve_connection(TokioIo::new(lent), service));
+    let ending = tokio::select! {
+        result = connection.as_mut() => return result,
+        // Idle as long as an HTTP/1 keep-alive may be.
+        () = quiet.elapsed(limits.header_read_timeout) => H2Ending::Quiet,
+        // The session ends or the proxy stops. With nothing in flight, the same close as an
+        // idle one: a client's next request is known unprocessed, and retried elsewhere
+        // (another replica; or refused, with the reason, for an ended session) rather than
+        // failed by the PING of hyper's shutdown (h2_idle).
+        bound = &mut stop => if quiet.busy() { H2Ending::WindDown(bound) } else { H2Ending::Quiet },
+        () = cancellations.tripped() => {
+            // Late resets (cancelled after the proxy started on them) that
+            // `max_pending_accept_reset_streams` does not see: go away, let what is in
+            // flight finish.
+            tracing::warn!(
+                cancelled = cancellations.cancelled(),
+                "closing an h2 connection that cancels more requests than it completes"
+            );
+            H2Ending::WindDown(None)
+        }
+    };
+    match ending {
+        H2Ending::Quiet => {
+            // hyper goes; the stream gets a GOAWAY naming the last stream hyper took.
+            drop(connection);
+            crate::h2_idle::go_away(&lease).await;
+            Ok(())
+        }
+        H2Ending::WindDown(bound) => {
+            connection.as_mut().graceful_shutdown();
+            match bound {
+                Some(bound) => tokio::time::timeout(bound, connection)
+                    .await
+                    .unwrap_or(Ok(())),
+                None => connection.await,
+            }
+        }
     }
 }
 
