@@ -564,13 +564,20 @@ impl Writer {
     fn append_adopting(&mut self, records: &[AuditRecord]) -> Result<Vec<AuditRow>, WriteError> {
         // The core offered while serialising, around the append and between the rows it
         // inserts: requests woken onto it wait otherwise ([`yielding`]).
-        let texts = yielding(records)
-            .map(record_text)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Some(seal_rows(records, texts(records)?));
         thread::yield_now();
-        let rows = self.append_sealing(&mut |_, _| Ok(seal_rows(records, &texts)));
+        let written = self.append_sealing(&mut |_, _| match rows.take() {
+            Some(rows) => Ok(rows),
+            // The rows move into the first attempt that builds them rather than each
+            // attempt copying every record's text; a store that builds again (a retried
+            // transaction) has them serialised anew.
+            None => Ok(seal_rows(
+                records,
+                texts(records).map_err(|e| e.to_string())?,
+            )),
+        });
         thread::yield_now();
-        rows
+        written
     }
 
     /// Sign the rows since the last signed checkpoint: a checkpoint record, appended like
@@ -587,7 +594,7 @@ impl Writer {
         let rows = self.append_sealing(&mut |signing, tip| {
             let record = signing.ok_or("no signing key")?.checkpoint(tip)?;
             let text = record_text(&record).map_err(|e| e.to_string())?;
-            let rows = seal_rows(std::slice::from_ref(&record), &[text]);
+            let rows = seal_rows(std::slice::from_ref(&record), vec![text]);
             signed = record.checkpoint;
             Ok(rows)
         })?;
@@ -746,8 +753,13 @@ impl Writer {
 /// the signing state fed up to it; why not, when they cannot be made.
 type Build<'a> = dyn FnMut(Option<&Signing>, &Tip) -> Result<Vec<AuditRow>, String> + 'a;
 
+/// `records` serialised, the core offered as they are ([`yielding`]).
+fn texts(records: &[AuditRecord]) -> Result<Vec<String>, serde_json::Error> {
+    yielding(records).map(record_text).collect()
+}
+
 /// `records` (serialised as `texts`) as rows, to be numbered and sealed by [`seal_after`].
-fn seal_rows(records: &[AuditRecord], texts: &[String]) -> Vec<AuditRow> {
+fn seal_rows(records: &[AuditRecord], texts: Vec<String>) -> Vec<AuditRow> {
     records
         .iter()
         .zip(texts)
@@ -756,7 +768,7 @@ fn seal_rows(records: &[AuditRecord], texts: &[String]) -> Vec<AuditRow> {
             ts_ms: record.ts_ms,
             session: record.session.clone(),
             decision: record.decision.clone(),
-            record: text.clone(),
+            record: text,
             prev: String::new(),
             hash: String::new(),
         })
