@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use hyper::client::conn::http2::SendRequest;
-use ostiary_e2e::clients::{self, client_script};
+use ostiary_e2e::clients::{self, client_script, CmdOutput};
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::raw::{self, intercepted, request, ReqBody, Wire};
 use ostiary_e2e::upstream::Upstream;
@@ -66,11 +66,14 @@ impl Rig {
         .await
     }
 
-    /// The environment of an agent that runs httpx with h2 through the proxy.
-    fn httpx_h2_env(&self) -> Vec<(String, String)> {
+    /// An agent running httpx with h2 through the proxy: two GETs of `/echo` on one client,
+    /// `pause` seconds apart (`py_httpx_idle.py`).
+    async fn httpx_idle(&self, pause: &str) -> CmdOutput {
         let mut env = self.proxy.client_env(&self.session);
         env.push(("OSTIARY_HTTP2".into(), "1".into()));
-        env
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let url = self.url("/echo");
+        clients::python(client_script("py_httpx_idle.py"), &[&url, pause], &env).await
     }
 
     fn url(&self, path: &str) -> String {
@@ -185,16 +188,9 @@ async fn a_deaf_peer_is_closed_soon_after_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close() {
     let rig = Rig::start().await;
-    let env = rig.httpx_h2_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     // Well past the bound.
     let pause = (BOUND + Duration::from_secs(2)).as_secs_f64().to_string();
-    let run = clients::python(
-        client_script("py_httpx_idle.py"),
-        &[&rig.url("/echo"), &pause],
-        &env,
-    )
-    .await;
+    let run = rig.httpx_idle(&pause).await;
     assert!(run.success(), "{run}");
     let v = run.json();
     assert_eq!(v["statuses"], serde_json::json!([200, 200]), "{run}");
@@ -218,11 +214,7 @@ async fn httpx_sends_its_next_request_on_a_new_connection_after_the_idle_close()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn httpx_meets_the_refusal_after_its_sessions_idle_connection_is_closed() {
     let rig = Rig::start().await;
-    let env = rig.httpx_h2_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let url = rig.url("/echo");
-    let args = [url.as_str(), "3"];
-    let agent = clients::python(client_script("py_httpx_idle.py"), &args, &env);
+    let agent = rig.httpx_idle("3");
     let teardown = async {
         // Once the first request is answered, while the agent pauses.
         while rig.upstream.count("/echo") < 1 {

@@ -6,6 +6,7 @@
 //! - [`sink`] — the request path's handle: queue a record, flush, and the writability check.
 //! - [`writer`] — a dedicated thread appending records to SQLite in batches, sealing each one
 //!   into an HMAC chain, retrying (never dropping) what it could not write.
+//! - [`rows`] — records as the trail's rows: serialised, numbered, linked and sealed.
 //! - [`health`] — whether records can be written: the request path's check, `/readyz`, and
 //!   the `ostiary_audit_*` metrics.
 //! - [`chain`] — seals, the sealed head checkpoint, and the start-up check that refuses a
@@ -24,6 +25,7 @@ pub mod export;
 pub mod health;
 pub mod ocsf;
 pub mod record;
+mod rows;
 mod signing;
 mod sink;
 pub mod stream;

@@ -37,10 +37,11 @@ use super::chain::{self, ChainError, Tip};
 pub use super::chain::{seal, GENESIS};
 use super::health::{Health, Limits};
 use super::record::AuditRecord;
+use super::rows::{record_text, seal_after, seal_rows, texts};
 use super::signing::Signing;
 use super::sink::{log_unwritten, AuditSink, Command, AUDIT_UNAVAILABLE};
 use crate::metrics::Metrics;
-use crate::store::audit::{yielding, AppendError, AuditRow, AuditStore};
+use crate::store::audit::{AppendError, AuditRow, AuditStore};
 use crate::store::StoreError;
 
 /// How long after the last record the writer keeps gathering asleep, waking every linger
@@ -563,7 +564,7 @@ impl Writer {
     /// never loses a race to the others however busy they are); the rows written.
     fn append_adopting(&mut self, records: &[AuditRecord]) -> Result<Vec<AuditRow>, WriteError> {
         // The core offered while serialising, around the append and between the rows it
-        // inserts: requests woken onto it wait otherwise ([`yielding`]).
+        // inserts: requests woken onto it wait otherwise ([`crate::store::audit::yielding`]).
         let mut rows = Some(seal_rows(records, texts(records)?));
         thread::yield_now();
         let written = self.append_sealing(&mut |_, _| match rows.take() {
@@ -752,49 +753,6 @@ impl Writer {
 /// What [`Writer::append_sealing`] appends: the rows to seal after the tip it is given, with
 /// the signing state fed up to it; why not, when they cannot be made.
 type Build<'a> = dyn FnMut(Option<&Signing>, &Tip) -> Result<Vec<AuditRow>, String> + 'a;
-
-/// `records` serialised, the core offered as they are ([`yielding`]).
-fn texts(records: &[AuditRecord]) -> Result<Vec<String>, serde_json::Error> {
-    yielding(records).map(record_text).collect()
-}
-
-/// `records` (serialised as `texts`) as rows, to be numbered and sealed by [`seal_after`].
-fn seal_rows(records: &[AuditRecord], texts: Vec<String>) -> Vec<AuditRow> {
-    records
-        .iter()
-        .zip(texts)
-        .map(|(record, text)| AuditRow {
-            seq: 0,
-            ts_ms: record.ts_ms,
-            session: record.session.clone(),
-            decision: record.decision.clone(),
-            record: text,
-            prev: String::new(),
-            hash: String::new(),
-        })
-        .collect()
-}
-
-/// `rows` numbered on from `tip`, each linking to the one before and sealed.
-fn seal_after(key: &[u8], tip: &Tip, mut rows: Vec<AuditRow>) -> Vec<AuditRow> {
-    let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
-    for row in &mut rows {
-        seq += 1;
-        row.seq = seq;
-        row.hash = seal(key, &prev, seq, &row.record);
-        row.prev = std::mem::replace(&mut prev, row.hash.clone());
-    }
-    rows
-}
-
-/// A record as the JSON text its row keeps. Written into room for a typical record (most are
-/// under 1 KiB) rather than into `serde_json::to_string`'s 128 bytes, which would be grown
-/// three times for each.
-fn record_text(record: &AuditRecord) -> Result<String, serde_json::Error> {
-    let mut text = Vec::with_capacity(1024);
-    serde_json::to_writer(&mut text, record)?;
-    String::from_utf8(text).map_err(|e| serde::ser::Error::custom(e.to_string()))
-}
 
 #[cfg(test)]
 #[path = "writer_tests.rs"]
