@@ -24,8 +24,8 @@ if [ ! -x "$TOOLS/bin/oha" ] || ! "$TOOLS/bin/oha" --version | grep -q "$OHA_VER
     cargo install oha --version "$OHA_VERSION" --locked --root "$TOOLS" --quiet
 fi
 # `--profile` records with perf and folds the stacks with inferno; `--allocations` counts
-# uprobes with perf.
-if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* ]]; then
+# uprobes with perf; `--sched` records the scheduler's switches with perf.
+if [[ " $* " == *" --profile "* || " $* " == *" --allocations "* || " $* " == *" --sched "* ]]; then
     command -v perf >/dev/null || {
         echo "installing linux-perf (Debian)"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import (allocations, default_functions, functions, instructions, memory, profile,
-                     sse, streaming_memory, syscalls, under_valgrind)
+from measure import (LATE_MS, allocations, default_functions, functions, instructions, memory,
+                     profile, sched, sse, streaming_memory, syscalls, under_valgrind)
 from setups import (RESULTS, ROOT, RUNGS, Scenario, Setup, children, make_certs, free_port, oha_run,
                     rss_kib, scenarios, start_live_events, start_mitmdump, start_nginx,
                     start_ostiary, start_relay, start_squid)
@@ -150,6 +150,11 @@ def main():
     ap.add_argument("--syscalls", action="store_true",
                     help="instead of the table: system calls per request of every proxy, by "
                          "name (strace -c), --requests of one client")
+    ap.add_argument("--sched", action="store_true",
+                    help="instead of the table: where each proxy's one-client tail waits "
+                         "(perf sched; needs root): its threads' wake-ups later than 100 us "
+                         "and what had the CPU before each, --requests of one client, "
+                         "--rounds times")
     ap.add_argument("--instructions", action="store_true",
                     help="instead of the table: instructions per request of each Ostiary rung "
                          "(the relay rung's too) "
@@ -239,6 +244,33 @@ def main():
                                     if n >= 0.05)
                     print(f"{s.name:<16} {r['per_request']:6.2f} system calls per request "
                           f"({r['requests']} requests, one client): {top}", flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
+            return
+        if opts.sched:
+            rows = {}
+            for r in range(opts.rounds):
+                for s in setups:
+                    if s.proxy and s.pid:
+                        row = sched(opts, s, up_port, work)
+                        rows.setdefault(s.name, []).append(row)
+                        top = ", ".join(f"{k} {n}" for k, n in list(row["after"].items())[:6])
+                        print(f"round {r + 1} {s.name:<16} p50 {row['p50_us']:5.0f}µs p99 "
+                              f"{row['p99_us']:5.0f}µs  {row['late']} of {row['switch_ins']} "
+                              f"wake-ups later than {LATE_MS * 1000:.0f}µs "
+                              f"({row['late_per_1000_requests']:.1f} per 1,000 requests), "
+                              f"after: {top}", flush=True)
+            for name, runs in rows.items():
+                causes: dict[str, int] = {}
+                for row in runs:
+                    for k, n in row["after"].items():
+                        causes[k] = causes.get(k, 0) + n
+                top = ", ".join(f"{k} {n}" for k, n in sorted(causes.items(),
+                                                              key=lambda kv: -kv[1])[:6])
+                print(f"{name:<16} median of {len(runs)} rounds: p99 "
+                      f"{statistics.median(r['p99_us'] for r in runs):5.0f}µs, "
+                      f"{statistics.median(r['late_per_1000_requests'] for r in runs):.1f} late "
+                      f"wake-ups per 1,000 requests; after, in all: {top}", flush=True)
             RESULTS.mkdir(parents=True, exist_ok=True)
             (RESULTS / f"{opts.label}.json").write_text(json.dumps(rows, indent=1) + "\n")
             return

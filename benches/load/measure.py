@@ -90,6 +90,55 @@ def syscalls(opts, setup: Setup, up_port: int, work: Path) -> dict:
             "by_name": dict(sorted(by_name.items(), key=lambda kv: -kv[1])), "errors": errors}
 
 
+# A wake-up this late is one a one-client p99 sees: it is the size of the whole gap between
+# the proxies' tails (docs/benchmarks.md, "Where the one-client tail waits").
+LATE_MS = 0.1
+
+
+def sched(opts, setup: Setup, up_port: int, work: Path) -> dict:
+    """Where one proxy's one-client tail waits: `perf sched record` of the whole machine over
+    `--requests` one-client requests, then, of every switch-in of one of the proxy's threads
+    (`perf sched timehist`: the delay from its wake-up to running), those later than
+    `LATE_MS` and what had the CPU before each: another thread of the proxy (its audit
+    writer), the upstream or the client, another program on the machine, or nothing (a CPU
+    woken from idle, which on a virtual machine takes the host's time)."""
+    data = work / f"{setup.name}.sched"
+    res = watched(opts, setup, up_port, "sched",
+                  ["perf", "sched", "record", "-a", "-o", str(data)],
+                  attach=1.0, stderr=subprocess.DEVNULL)
+    threads = {t.name: (t / "comm").read_text().strip()
+               for t in Path(f"/proc/{setup.pid}/task").iterdir()}
+    hist = subprocess.run(["perf", "sched", "timehist", "-i", str(data)], check=True,
+                          capture_output=True, text=True).stdout.splitlines()
+    before: dict[str, str] = {}  # CPU -> the task that ran on it last
+    after: dict[str, int] = {}
+    switch_ins = late = 0
+    for line in hist[3:]:
+        # time, [cpu], task[tid/pid], wait, sch delay, run time (ms)
+        fields = line.split()
+        if len(fields) < 6 or not fields[1].startswith("["):
+            continue
+        cpu, task = fields[1], " ".join(fields[2:-3])
+        try:
+            delay = float(fields[-2])
+        except ValueError:
+            continue
+        tid = task.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
+        if tid in threads:
+            switch_ins += 1
+            if delay > LATE_MS:
+                late += 1
+                prev = before.get(cpu, "?")
+                ptid = prev.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
+                name = f"{threads[ptid]} (own)" if ptid in threads else prev.rsplit("[", 1)[0]
+                after[name] = after.get(name, 0) + 1
+        before[cpu] = task
+    return {"requests": res["ok"], "p50_us": res["p50_us"], "p99_us": res["p99_us"],
+            "switch_ins": switch_ins, "late": late, "late_per_1000_requests":
+            1000 * late / max(res["ok"], 1),
+            "after": dict(sorted(after.items(), key=lambda kv: -kv[1]))}
+
+
 def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> dict:
     """Exact heap allocations per request of one Ostiary rung: perf counts uprobes on
     mimalloc's entry points (every thread, the audit writer's included) over `--requests`
