@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from measure import (LATE_MS, allocations, default_functions, functions, instructions, memory,
@@ -261,12 +262,8 @@ def main():
                               f"({row['late_per_1000_requests']:.1f} per 1,000 requests), "
                               f"after: {top}", flush=True)
             for name, runs in rows.items():
-                causes: dict[str, int] = {}
-                for row in runs:
-                    for k, n in row["after"].items():
-                        causes[k] = causes.get(k, 0) + n
-                top = ", ".join(f"{k} {n}" for k, n in sorted(causes.items(),
-                                                              key=lambda kv: -kv[1])[:6])
+                causes = sum((Counter(row["after"]) for row in runs), Counter())
+                top = ", ".join(f"{k} {n}" for k, n in causes.most_common(6))
                 print(f"{name:<16} median of {len(runs)} rounds: p99 "
                       f"{statistics.median(r['p99_us'] for r in runs):5.0f}µs, "
                       f"{statistics.median(r['late_per_1000_requests'] for r in runs):.1f} late "

@@ -11,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 from setups import (HOST, RESULTS, Scenario, Setup, free_port, idle_us, oha_run, rss_kib, run,
@@ -110,11 +111,15 @@ def sched(opts, setup: Setup, up_port: int, work: Path) -> dict:
                for t in Path(f"/proc/{setup.pid}/task").iterdir()}
     hist = subprocess.run(["perf", "sched", "timehist", "-i", str(data)], check=True,
                           capture_output=True, text=True).stdout.splitlines()
+    def tid(task: str) -> str:  # `name[tid]` or `name[tid/pid]`
+        return task.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
+
     before: dict[str, str] = {}  # CPU -> the task that ran on it last
-    after: dict[str, int] = {}
+    after: Counter[str] = Counter()
     switch_ins = late = 0
-    for line in hist[3:]:
-        # time, [cpu], task[tid/pid], wait, sch delay, run time (ms)
+    for line in hist:
+        # time, [cpu], task[tid/pid], wait, sch delay, run time (ms); the header's lines
+        # have no `[cpu]`
         fields = line.split()
         if len(fields) < 6 or not fields[1].startswith("["):
             continue
@@ -123,20 +128,17 @@ def sched(opts, setup: Setup, up_port: int, work: Path) -> dict:
             delay = float(fields[-2])
         except ValueError:
             continue
-        tid = task.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
-        if tid in threads:
+        if tid(task) in threads:
             switch_ins += 1
             if delay > LATE_MS:
                 late += 1
                 prev = before.get(cpu, "?")
-                ptid = prev.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
-                name = f"{threads[ptid]} (own)" if ptid in threads else prev.rsplit("[", 1)[0]
-                after[name] = after.get(name, 0) + 1
+                own = threads.get(tid(prev))
+                after[f"{own} (own)" if own else prev.rsplit("[", 1)[0]] += 1
         before[cpu] = task
     return {"requests": res["ok"], "p50_us": res["p50_us"], "p99_us": res["p99_us"],
             "switch_ins": switch_ins, "late": late, "late_per_1000_requests":
-            1000 * late / max(res["ok"], 1),
-            "after": dict(sorted(after.items(), key=lambda kv: -kv[1]))}
+            1000 * late / max(res["ok"], 1), "after": dict(after.most_common())}
 
 
 def allocations(opts, setup: Setup, binary: Path, up_port: int, work: Path) -> dict:
