@@ -56,6 +56,7 @@ use ostiary::state::{files, SecretString, StateDir};
 use ostiary::store::sqlite;
 use ostiary::tls::ca::LeafMinter;
 use ostiary::{authenticate, config, mcp, recognise};
+use ostiary_benches::fill_tool_call_record;
 use ostiary_policies::Catalog;
 use rustls::SignatureScheme;
 use rustls_pki_types::pem::PemObject;
@@ -467,7 +468,7 @@ impl Audit {
             &ostiary::ids::request_id(),
             "http",
         );
-        audit.update(fill);
+        audit.update(fill_tool_call_record);
         audit.allow(200);
     }
 
@@ -483,21 +484,6 @@ impl Audit {
     }
 }
 
-fn fill(r: &mut AuditRecord) {
-    r.session = Some("ses_0123456789abcdef0123456789abcdef".into());
-    r.agent = Some("bench".into());
-    r.tenant = Some("default".into());
-    r.method = Some("GET".into());
-    r.scheme = Some("https".into());
-    r.host = Some("api.github.com".into());
-    r.port = Some(443);
-    r.path = Some("/repos/acme/widgets/issues".into());
-    r.policies = vec!["read-github-issues".into()];
-    r.upstream = Some("140.82.112.6:443".into());
-    r.tool = Some("github.list_issues".into());
-    r.tier = Some("read".into());
-}
-
 fn audit(c: &mut Criterion) {
     let a = Audit::new();
     let mut record = AuditRecord {
@@ -509,7 +495,7 @@ fn audit(c: &mut Criterion) {
         duration_us: 1234,
         ..AuditRecord::default()
     };
-    fill(&mut record);
+    fill_tool_call_record(&mut record);
     let prev = writer::seal(&a.key, writer::GENESIS, 1, "{}");
     let mut file = std::fs::File::create(a.state.0.path().join("fsync.bin")).unwrap();
     let page = vec![0x5a_u8; 1024];

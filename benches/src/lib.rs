@@ -9,6 +9,7 @@
 //! - [`load`] — the load harness's client; `src/bin/load.rs` — direct against through
 //!   Ostiary; `src/bin/fleet.rs` — one replica on SQLite against PostgreSQL + Redis and three.
 //! - `src/bin/approvals.rs` — what the approval queue costs against a plain forwarded call.
+//! - `src/bin/audit_writer.rs` — the audit writer's CPU per record, off the request path.
 //!
 //! Results and how to run them: `docs/benchmarks.md`.
 #![forbid(unsafe_code)]
@@ -179,4 +180,20 @@ pub fn request(i: usize) -> AccessRequest {
             query: String::new(),
         },
     }
+}
+
+/// One allowed tool call's audit record, as the pipeline's phases fill it in.
+pub fn fill_tool_call_record(r: &mut ostiary::audit::AuditRecord) {
+    r.session = Some("ses_0123456789abcdef0123456789abcdef".into());
+    r.agent = Some("bench".into());
+    r.tenant = Some("default".into());
+    r.method = Some("GET".into());
+    r.scheme = Some("https".into());
+    r.host = Some("api.github.com".into());
+    r.port = Some(443);
+    r.path = Some("/repos/acme/widgets/issues".into());
+    r.policies = vec!["read-github-issues".into()];
+    r.upstream = Some("140.82.112.6:443".into());
+    r.tool = Some("github.list_issues".into());
+    r.tier = Some("read".into());
 }

@@ -33,13 +33,18 @@ impl Tip {
 /// context switch, so a batch yields about as often whatever its size (docs/benchmarks.md,
 /// "The audit writer gives way").
 pub fn yielding<T>(items: &[T]) -> impl Iterator<Item = &T> {
-    let every = (items.len() / 8).max(8);
+    let every = yield_every(items.len());
     items.iter().enumerate().map(move |(i, item)| {
         if i % every == every - 1 {
             std::thread::yield_now();
         }
         item
     })
+}
+
+/// How many of a batch's `len` items [`yielding`] walks between two offers of the core.
+pub fn yield_every(len: usize) -> usize {
+    (len / 8).max(8)
 }
 
 /// One record as stored: its sequence number, the columns queries filter on, the record

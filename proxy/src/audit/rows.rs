@@ -1,8 +1,8 @@
 //! Records as the rows the trail keeps: serialised, numbered on from the chain's tip, each
-//! linked to the one before and sealed ([`super::chain::seal`]). The writer builds every
+//! linked to the one before and sealed ([`super::chain::Sealer`]). The writer builds every
 //! batch, and every signed checkpoint, through these.
 
-use super::chain::{seal, Tip};
+use super::chain::{Sealer, Tip};
 use super::record::AuditRecord;
 use crate::store::audit::{yielding, AuditRow};
 
@@ -29,12 +29,12 @@ pub(super) fn seal_rows(records: &[AuditRecord], texts: Vec<String>) -> Vec<Audi
 }
 
 /// `rows` numbered on from `tip`, each linking to the one before and sealed.
-pub(super) fn seal_after(key: &[u8], tip: &Tip, mut rows: Vec<AuditRow>) -> Vec<AuditRow> {
+pub(super) fn seal_after(sealer: &Sealer, tip: &Tip, mut rows: Vec<AuditRow>) -> Vec<AuditRow> {
     let (mut seq, mut prev) = (tip.seq, tip.hash.clone());
     for row in &mut rows {
         seq += 1;
         row.seq = seq;
-        row.hash = seal(key, &prev, seq, &row.record);
+        row.hash = sealer.seal(&prev, seq, &row.record);
         row.prev = std::mem::replace(&mut prev, row.hash.clone());
     }
     rows

@@ -4,9 +4,9 @@ use std::path::Path;
 
 use subtle::ConstantTimeEq;
 
+use super::chain::Sealer;
 use super::chain::{self, Head, GENESIS};
 use super::record::AuditRecord;
-use super::writer::seal;
 pub use crate::store::audit::AuditQuery as Query;
 use crate::store::audit::{AuditRow, AuditStore};
 use crate::store::StoreError;
@@ -36,7 +36,7 @@ pub fn verify(
     head_path: &Path,
 ) -> Result<VerifyReport, StoreError> {
     let mut walk = Walk {
-        key,
+        sealer: Sealer::new(key),
         problems: Vec::new(),
         notes: Vec::new(),
         expected_seq: 1,
@@ -67,8 +67,8 @@ pub fn verify(
 }
 
 /// The walk along the chain: what each record must be, given the one before it.
-struct Walk<'a> {
-    key: &'a [u8],
+struct Walk {
+    sealer: Sealer,
     problems: Vec<String>,
     notes: Vec<String>,
     expected_seq: i64,
@@ -76,7 +76,7 @@ struct Walk<'a> {
     records: i64,
 }
 
-impl Walk<'_> {
+impl Walk {
     fn check(&mut self, row: AuditRow) {
         let AuditRow {
             seq,
@@ -91,7 +91,8 @@ impl Walk<'_> {
             (&mut self.problems, &mut self.notes, self.expected_seq);
         self.records += 1;
         let sealed = bool::from(
-            seal(self.key, &stored_prev, seq, &json)
+            self.sealer
+                .seal(&stored_prev, seq, &json)
                 .as_bytes()
                 .ct_eq(hash.as_bytes()),
         );

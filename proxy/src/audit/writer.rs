@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::attest::Signer;
-use super::chain::{self, ChainError, Tip};
+use super::chain::{self, ChainError, Sealer, Tip};
 pub use super::chain::{seal, GENESIS};
 use super::health::{Health, Limits};
 use super::record::AuditRecord;
@@ -92,6 +92,7 @@ impl AuditWriter {
         let health = Arc::new(Health::new(limits, tip.seq, metrics));
         let mut writer = Writer {
             trail,
+            sealer: Sealer::new(&key),
             key,
             head_path,
             tip,
@@ -223,7 +224,10 @@ struct Outage {
 
 struct Writer {
     trail: Arc<dyn AuditStore>,
+    /// For the head's checkpoint and a check of the tail.
     key: Vec<u8>,
+    /// Seals this writer's records and checks other writers' ([`Sealer`]).
+    sealer: Sealer,
     head_path: PathBuf,
     /// The last committed record.
     tip: Tip,
@@ -612,15 +616,15 @@ impl Writer {
         let started = Instant::now();
         loop {
             let after = self.tip.clone();
-            let (key, tip, signing) = (&self.key, &mut self.tip, &mut self.signing);
+            let (sealer, tip, signing) = (&self.sealer, &mut self.tip, &mut self.signing);
             let written = self.trail.append_after(&after, &mut |foreign| {
                 // Committed by the others whatever becomes of this transaction.
-                *tip = chain::check_rows(key, tip, foreign)?;
+                *tip = chain::check_rows(sealer, tip, foreign)?;
                 if let Some(signing) = signing.as_mut() {
                     signing.adopted(foreign);
                 }
                 let rows = build(signing.as_ref(), tip)?;
-                Ok(seal_after(key, tip, rows))
+                Ok(seal_after(sealer, tip, rows))
             });
             match written {
                 Ok(rows) => {

@@ -233,3 +233,45 @@ pub fn audit_a_long_chain_scans_whole_and_in_order(b: &dyn Backend) {
     .unwrap();
     assert_eq!(from_middle, 501);
 }
+
+/// Batches of every size around a backend's statement of several rows (SQLite inserts 16 at
+/// a time, the rest one by one) come back whole: every column of every row where it was put,
+/// in order.
+pub fn audit_appends_of_every_size_keep_each_rows_columns(b: &dyn Backend) {
+    let s = b.open().audit;
+    let mut tip = Tip::genesis();
+    let mut appended = Vec::new();
+    for size in [1, 15, 16, 17, 31, 32, 33, 48] {
+        let rows: Vec<AuditRow> = (1..=size)
+            .map(|i| {
+                let seq = tip.seq + i;
+                let prev = appended
+                    .last()
+                    .map_or(tip.hash.clone(), |r: &AuditRow| r.hash.clone());
+                let session = (seq % 3 != 0).then(|| format!("ses_{seq}"));
+                let decision = ["allow", "deny", "error"][usize::try_from(seq % 3).unwrap()];
+                let row = AuditRow {
+                    ts_ms: 1_000_000 + seq * 7,
+                    record: format!("{{\"seq\":{seq},\"size\":{size}}}"),
+                    ..audit_row(seq, &prev, session.as_deref(), decision)
+                };
+                appended.push(row.clone());
+                row
+            })
+            .collect();
+        s.append(&tip, &rows).unwrap();
+        let last = rows.last().unwrap();
+        tip = Tip {
+            seq: last.seq,
+            hash: last.hash.clone(),
+        };
+    }
+    let mut read = Vec::new();
+    s.scan(0, &mut |row| {
+        read.push(row);
+        true
+    })
+    .unwrap();
+    assert_eq!(read.len(), 193);
+    assert_eq!(read, appended);
+}

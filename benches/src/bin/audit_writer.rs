@@ -1,0 +1,120 @@
+//! What the audit writer's thread spends per record, measured off the request path: the
+//! writer on SQLite in a fresh state directory, fed bursts of one allowed tool call's record
+//! the way one client's requests feed it (a group of records, then a pause longer than the
+//! group commit's linger, so that each burst is committed as one group and the head is
+//! checkpointed on its own schedule), and the thread's CPU time read from the kernel's
+//! per-thread accounting.
+//!
+//! `cargo run --profile profiling -p ostiary-benches --bin audit_writer -- [bursts] [records]`
+//! (defaults 100 bursts of 160 records, ~one client's 20 ms group). Under
+//! `valgrind --tool=callgrind --separate-threads=yes` the writer's own file (thread 2,
+//! named `ostiary-audit`) counts its instructions, repeatably from run to run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ostiary::audit::{AuditGuard, AuditWriter, Limits};
+use ostiary::metrics::Metrics;
+use ostiary::state::{files, SecretString, StateDir};
+use ostiary::store::sqlite;
+use ostiary_benches::fill_tool_call_record;
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let bursts: u32 = args.next().map_or(Ok(100), |a| a.parse())?;
+    let records: u32 = args.next().map_or(Ok(160), |a| a.parse())?;
+    let dir = tempfile::tempdir()?;
+    let state = StateDir::open_with(dir.path(), Some(SecretString::new("bench".into())))?;
+    let stores = sqlite::open(&state.path(files::DATABASE))?;
+    let metrics = Arc::new(Metrics::default());
+    let mut limits = Limits::default();
+    if let Ok(ms) = std::env::var("AUDIT_BENCH_CHECKPOINT_MS") {
+        limits.checkpoint_every = Duration::from_millis(ms.parse()?);
+    }
+    let (writer, sink) = AuditWriter::start_with(
+        stores.audit,
+        state.audit_key.expose().as_bytes().to_vec(),
+        state.path(files::AUDIT_HEAD),
+        &metrics,
+        limits,
+        None,
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let writer_cpu = || thread_cpu("ostiary-audit");
+    // The thread names itself once it runs, a moment after it is spawned.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let before = loop {
+        match writer_cpu() {
+            Ok(cpu) => break cpu,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => return Err(e),
+        }
+    };
+    let started = Instant::now();
+    for _ in 0..bursts {
+        for _ in 0..records {
+            let mut audit = AuditGuard::start(&sink, &metrics, &ostiary::ids::request_id(), "http");
+            audit.update(fill_tool_call_record);
+            audit.allow(200);
+        }
+        // Past the group commit's linger (20 ms): the burst is one group.
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    if !rt.block_on(sink.flush()) {
+        bail!("the trail was not writable");
+    }
+    let spent = writer_cpu()? - before;
+    let (user, system) = thread_times("ostiary-audit")?;
+    let n = f64::from(bursts * records);
+    println!(
+        "audit writer: {bursts} groups of {records} records in {:.1} s; the writer's CPU {:.1} ms, \
+         {:.2} µs per record (user {user} and system {system} ticks of 10 ms since its start)",
+        started.elapsed().as_secs_f64(),
+        spent.as_secs_f64() * 1e3,
+        spent.as_secs_f64() * 1e6 / n
+    );
+    if rt.block_on(sink.close()) != 0 {
+        bail!("records were left unwritten at close");
+    }
+    writer.join();
+    Ok(())
+}
+
+/// The CPU time so far of this process's thread named `name` (its `schedstat`).
+fn thread_cpu(name: &str) -> Result<Duration> {
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let task = task?.path();
+        if std::fs::read_to_string(task.join("comm"))?.trim() == name {
+            let stat = std::fs::read_to_string(task.join("schedstat"))?;
+            let ns: u64 = stat
+                .split_whitespace()
+                .next()
+                .context("an empty schedstat")?
+                .parse()?;
+            return Ok(Duration::from_nanos(ns));
+        }
+    }
+    bail!("no thread named {name}")
+}
+
+/// The user and system CPU time of this process's thread named `name`, in clock ticks
+/// (`stat` fields 14 and 15).
+fn thread_times(name: &str) -> Result<(u64, u64)> {
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let task = task?.path();
+        if std::fs::read_to_string(task.join("comm"))?.trim() == name {
+            let stat = std::fs::read_to_string(task.join("stat"))?;
+            // After the command's closing parenthesis: the state is field 3.
+            let rest = stat
+                .rsplit_once(')')
+                .context("a stat line without a command")?
+                .1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            return Ok((fields[11].parse()?, fields[12].parse()?));
+        }
+    }
+    bail!("no thread named {name}")
+}
