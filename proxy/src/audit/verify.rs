@@ -4,8 +4,7 @@ use std::path::Path;
 
 use subtle::ConstantTimeEq;
 
-use super::chain::Sealer;
-use super::chain::{self, Head, GENESIS};
+use super::chain::{self, Head, Sealer, GENESIS};
 use super::record::AuditRecord;
 pub use crate::store::audit::AuditQuery as Query;
 use crate::store::audit::{AuditRow, AuditStore};
