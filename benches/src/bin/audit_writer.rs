@@ -10,6 +10,7 @@
 //! `valgrind --tool=callgrind --separate-threads=yes` the writer's own file (thread 2,
 //! named `ostiary-audit`) counts its instructions, repeatably from run to run.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,7 @@ fn main() -> Result<()> {
     if let Ok(ms) = std::env::var("AUDIT_BENCH_CHECKPOINT_MS") {
         limits.checkpoint_every = Duration::from_millis(ms.parse()?);
     }
-    let (writer, sink) = AuditWriter::start_with(
+    let (writer_thread, sink) = AuditWriter::start_with(
         stores.audit,
         state.audit_key.expose().as_bytes().to_vec(),
         state.path(files::AUDIT_HEAD),
@@ -43,16 +44,16 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let writer_cpu = || thread_cpu("ostiary-audit");
     // The thread names itself once it runs, a moment after it is spawned.
     let deadline = Instant::now() + Duration::from_secs(2);
-    let before = loop {
-        match writer_cpu() {
-            Ok(cpu) => break cpu,
+    let writer = loop {
+        match task_named("ostiary-audit") {
+            Ok(task) => break task,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             Err(e) => return Err(e),
         }
     };
+    let before = cpu_time(&writer)?;
     let started = Instant::now();
     for _ in 0..bursts {
         for _ in 0..records {
@@ -66,8 +67,8 @@ fn main() -> Result<()> {
     if !rt.block_on(sink.flush()) {
         bail!("the trail was not writable");
     }
-    let spent = writer_cpu()? - before;
-    let (user, system) = thread_times("ostiary-audit")?;
+    let spent = cpu_time(&writer)? - before;
+    let (user, system) = user_and_system(&writer)?;
     let n = f64::from(bursts * records);
     println!(
         "audit writer: {bursts} groups of {records} records in {:.1} s; the writer's CPU {:.1} ms, \
@@ -79,42 +80,40 @@ fn main() -> Result<()> {
     if rt.block_on(sink.close()) != 0 {
         bail!("records were left unwritten at close");
     }
-    writer.join();
+    writer_thread.join();
     Ok(())
 }
 
-/// The CPU time so far of this process's thread named `name` (its `schedstat`).
-fn thread_cpu(name: &str) -> Result<Duration> {
+/// This process's thread named `name`: its directory under `/proc/self/task`.
+fn task_named(name: &str) -> Result<PathBuf> {
     for task in std::fs::read_dir("/proc/self/task")? {
         let task = task?.path();
         if std::fs::read_to_string(task.join("comm"))?.trim() == name {
-            let stat = std::fs::read_to_string(task.join("schedstat"))?;
-            let ns: u64 = stat
-                .split_whitespace()
-                .next()
-                .context("an empty schedstat")?
-                .parse()?;
-            return Ok(Duration::from_nanos(ns));
+            return Ok(task);
         }
     }
     bail!("no thread named {name}")
 }
 
-/// The user and system CPU time of this process's thread named `name`, in clock ticks
-/// (`stat` fields 14 and 15).
-fn thread_times(name: &str) -> Result<(u64, u64)> {
-    for task in std::fs::read_dir("/proc/self/task")? {
-        let task = task?.path();
-        if std::fs::read_to_string(task.join("comm"))?.trim() == name {
-            let stat = std::fs::read_to_string(task.join("stat"))?;
-            // After the command's closing parenthesis: the state is field 3.
-            let rest = stat
-                .rsplit_once(')')
-                .context("a stat line without a command")?
-                .1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            return Ok((fields[11].parse()?, fields[12].parse()?));
-        }
-    }
-    bail!("no thread named {name}")
+/// The thread's CPU time so far (its `schedstat`, in nanoseconds).
+fn cpu_time(task: &Path) -> Result<Duration> {
+    let stat = std::fs::read_to_string(task.join("schedstat"))?;
+    let ns: u64 = stat
+        .split_whitespace()
+        .next()
+        .context("an empty schedstat")?
+        .parse()?;
+    Ok(Duration::from_nanos(ns))
+}
+
+/// The thread's user and system CPU time in clock ticks (`stat` fields 14 and 15).
+fn user_and_system(task: &Path) -> Result<(u64, u64)> {
+    let stat = std::fs::read_to_string(task.join("stat"))?;
+    // After the command's closing parenthesis: the state is field 3.
+    let rest = stat
+        .rsplit_once(')')
+        .context("a stat line without a command")?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Ok((fields[11].parse()?, fields[12].parse()?))
 }

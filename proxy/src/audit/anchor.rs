@@ -104,7 +104,8 @@ pub fn reanchor(
     })?;
     // Durable before the checkpoint names it, as the writer's own rows (`writer.rs`).
     trail.sync()?;
-    chain::write_head(key, head_path, &Tip { seq, hash }).map_err(ReanchorError::Checkpoint)?;
+    chain::write_head(&chain::Sealer::new(key), head_path, &Tip { seq, hash })
+        .map_err(ReanchorError::Checkpoint)?;
     Ok(Reanchored {
         seq,
         chain_seq: last.seq,

@@ -54,9 +54,9 @@ impl std::fmt::Debug for Sealer {
     }
 }
 
-fn head_seal(key: &[u8], seq: i64, hash: &str) -> String {
+fn head_seal(sealer: &Sealer, seq: i64, hash: &str) -> String {
     // A domain of its own, so a head's seal can never be taken for a record's.
-    seal(key, "ostiary audit head", seq, hash)
+    sealer.seal("ostiary audit head", seq, hash)
 }
 
 /// What the checkpoint file holds.
@@ -95,7 +95,7 @@ pub fn read_head(key: &[u8], path: &Path) -> Result<Head, std::io::Error> {
     let Ok(seq) = seq.parse::<i64>() else {
         return Ok(Head::Unsealed("the sequence number does not parse".into()));
     };
-    let expected = head_seal(key, seq, hash);
+    let expected = head_seal(&Sealer::new(key), seq, hash);
     if !bool::from(expected.as_bytes().ct_eq(mac.as_bytes())) {
         return Ok(Head::Unsealed("its seal does not verify".into()));
     }
@@ -106,7 +106,7 @@ pub fn read_head(key: &[u8], path: &Path) -> Result<Head, std::io::Error> {
 }
 
 /// Write the checkpoint atomically: a temporary file, synced, renamed over the old one.
-pub fn write_head(key: &[u8], path: &Path, tip: &Tip) -> Result<(), std::io::Error> {
+pub fn write_head(sealer: &Sealer, path: &Path, tip: &Tip) -> Result<(), std::io::Error> {
     // A name of this write's own: writers sharing the state directory (replicas on one
     // store) each rename their own file over the head, never one another's half-written one.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -116,7 +116,7 @@ pub fn write_head(key: &[u8], path: &Path, tip: &Tip) -> Result<(), std::io::Err
         "{} {} {}\n",
         tip.seq,
         tip.hash,
-        head_seal(key, tip.seq, &tip.hash)
+        head_seal(sealer, tip.seq, &tip.hash)
     );
     let written = std::fs::File::create(&tmp).and_then(|mut file| {
         file.write_all(line.as_bytes())?;
@@ -297,7 +297,7 @@ pub fn check_tip(trail: &dyn AuditStore, key: &[u8], head_path: &Path) -> Result
             });
         }
     }
-    check_tail(trail, key, &checkpoint)?;
+    check_tail(trail, &Sealer::new(key), &checkpoint)?;
     Ok(last.unwrap_or_else(Tip::genesis))
 }
 
@@ -346,14 +346,13 @@ pub(crate) fn check_rows(sealer: &Sealer, tip: &Tip, rows: &[AuditRow]) -> Resul
 /// the last of them (or `checkpoint` when there are none).
 pub(crate) fn check_tail(
     trail: &dyn AuditStore,
-    key: &[u8],
+    sealer: &Sealer,
     checkpoint: &Tip,
 ) -> Result<Tip, ChainError> {
-    let sealer = Sealer::new(key);
     let mut tip = checkpoint.clone();
     let mut problem = None;
     trail.scan(checkpoint.seq, &mut |row| {
-        problem = problem_after(&sealer, &tip, &row);
+        problem = problem_after(sealer, &tip, &row);
         tip = Tip {
             seq: row.seq,
             hash: row.hash,
@@ -409,7 +408,7 @@ mod tests {
             seq: 7,
             hash: "ab".repeat(32),
         };
-        write_head(key, &path, &tip).unwrap();
+        write_head(&Sealer::new(key), &path, &tip).unwrap();
         assert_eq!(read_head(key, &path).unwrap(), Head::Sealed(tip.clone()));
         assert!(matches!(
             read_head(b"other key", &path).unwrap(),

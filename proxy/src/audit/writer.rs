@@ -93,7 +93,6 @@ impl AuditWriter {
         let mut writer = Writer {
             trail,
             sealer: Sealer::new(&key),
-            key,
             head_path,
             tip,
             head_dirty: true,
@@ -224,9 +223,8 @@ struct Outage {
 
 struct Writer {
     trail: Arc<dyn AuditStore>,
-    /// For the head's checkpoint and a check of the tail.
-    key: Vec<u8>,
-    /// Seals this writer's records and checks other writers' ([`Sealer`]).
+    /// Seals this writer's records and its head checkpoints, and checks other writers'
+    /// records ([`Sealer`]): the audit key, held as HMAC's keyed state and nowhere else.
     sealer: Sealer,
     head_path: PathBuf,
     /// The last committed record.
@@ -642,7 +640,7 @@ impl Writer {
                 }
                 // So far behind that the others' rows are checked outside the lock.
                 Err(AppendError::Behind { .. }) if started.elapsed() < ADOPT_FOR => {
-                    self.tip = chain::check_tail(&*self.trail, &self.key, &self.tip)
+                    self.tip = chain::check_tail(&*self.trail, &self.sealer, &self.tip)
                         .map_err(|e| WriteError::Foreign(e.problem()))?;
                     if let Some(signing) = &mut self.signing {
                         signing.skipped();
@@ -657,7 +655,8 @@ impl Writer {
         // The rows it names must outlive a power cut first: appends are committed without
         // a sync of their own, and a head naming a lost row reads as a truncation.
         self.trail.sync()?;
-        chain::write_head(&self.key, &self.head_path, &self.tip).map_err(WriteError::Checkpoint)?;
+        chain::write_head(&self.sealer, &self.head_path, &self.tip)
+            .map_err(WriteError::Checkpoint)?;
         self.head_dirty = false;
         self.last_checkpoint = Some(Instant::now());
         self.checkpointed = self.written;
