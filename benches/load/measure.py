@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from setups import (HOST, RESULTS, Scenario, Setup, free_port, idle_us, oha_run, rss_kib, run,
+from setups import (HOST, RESULTS, Scenario, Setup, free_port, idle_us, oha_run, resident_by_mapping, rss_kib, run,
                     runq_wait_us, wait_port)
 
 
@@ -373,6 +373,7 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
             conns += await asyncio.gather(*(one() for _ in range(min(batch, idle - i))))
         await asyncio.sleep(1)
         held, held_anon = rss_kib(setup.pid), rss_kib(setup.pid, "RssAnon")
+        where = resident_by_mapping(setup.pid)
         # Sockets beyond the agents' own: mostly the upstream connections the pools keep.
         sockets = sum(1 for fd in os.listdir(f"/proc/{setup.pid}/fd")
                       if os.readlink(f"/proc/{setup.pid}/fd/{fd}").startswith("socket:"))
@@ -382,7 +383,8 @@ def memory(setup: Setup, up_port: int, token_header: str | None, idle: int,
             subprocess.run(["vgdb", f"--pid={setup.pid}", "detailed_snapshot",
                             str(heap_snapshot)], check=True, capture_output=True, timeout=120)
         row = {"alpn": alpn, "batch": batch, "idle_connections": len(conns), "sockets": sockets, "rss_before_kib": before,
-               "rss_idle_kib": held, "anon_before_kib": before_anon, "anon_idle_kib": held_anon}
+               "rss_idle_kib": held, "anon_before_kib": before_anon, "anon_idle_kib": held_anon,
+               "resident_idle_kib": where}
         if linger:
             await asyncio.sleep(linger)
             row["linger_s"] = linger

@@ -455,3 +455,52 @@ def rss_kib(pid: int | None, field: str = "VmRSS") -> int | None:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return None
+
+
+def resident_by_mapping(pid: int | None) -> dict | None:
+    """Where the resident set is, from `/proc/<pid>/smaps`, in KiB: the binary's own pages
+    (code, read-only data, data written at start-up), other files (shared libraries), glibc's
+    main heap (`[heap]`: SQLite and the C libraries allocate there), the main thread's stack,
+    and anonymous mappings by what holds them: mimalloc's arenas (reservations of at least
+    32 MiB), glibc's heaps of threads other than the main one (SQLite's allocations), and the
+    rest (threads' stacks, large single allocations, the binary's `.bss`)."""
+    if pid is None:
+        return None
+    exe = os.readlink(f"/proc/{pid}/exe")
+    out: dict[str, int] = {}
+    largest: list[tuple[int, int]] = []
+    name, size = "", 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            size = end - start
+            path = fields[5] if len(fields) > 5 else ""
+            perms = fields[1]
+            if path == exe:
+                name = "binary " + {"r-x": "code", "r--": "read-only", "rw-": "data"}.get(perms[:3], perms)
+            elif path == "[heap]":
+                name = "glibc main heap"
+            elif path == "[stack]":
+                name = "main stack"
+            elif path.startswith("/"):
+                name = "other files"
+            elif path:
+                name = path
+            elif size >= 32 << 20:
+                name = "anonymous: mimalloc's arenas"
+            elif start % (64 << 20) == 0:
+                # glibc's heaps for threads other than the main one: 64 MiB reserved at an
+                # aligned address, the part in use mapped read-write (SQLite allocates here).
+                name = "anonymous: glibc's thread heaps"
+            else:
+                name = "anonymous: stacks, large blocks"
+        elif fields[0] == "Rss:":
+            out[name] = out.get(name, 0) + int(fields[1])
+            if name.startswith("anonymous"):
+                largest.append((int(fields[1]), size >> 10, name.split(": ")[1]))
+    where: dict = {k: v for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v}
+    # The anonymous mappings holding most, as [resident KiB, mapped KiB, what].
+    where["largest anonymous"] = sorted(largest, reverse=True)[:24]
+    where["threads"] = len(os.listdir(f"/proc/{pid}/task"))
+    return where

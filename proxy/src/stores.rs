@@ -77,7 +77,7 @@ impl<'a> Backend<'a> {
                         path.display()
                     )));
                 }
-                Ok(sqlite::open_read_only(path)?.audit)
+                sqlite::open_audit_reader(path)
             }
             Backend::Postgres(url) => {
                 let options = postgres::Options {

@@ -1,5 +1,6 @@
 //! The store test suite on the SQLite backend: each test on a fresh database file.
 
+use ostiary_store::audit::{AuditRow, Tip};
 use ostiary_store::suite::Backend;
 use ostiary_store::{sqlite, Stores};
 
@@ -45,16 +46,9 @@ fn an_unopenable_database_says_where() {
     );
 }
 
-/// The audit connection's commits are synced on request ([`AuditStore::sync`], before a
-/// head checkpoint names them); a write-ahead log removed behind the store's back fails
-/// the sync, naming the file, rather than passing as synced.
-#[test]
-fn the_audit_log_is_synced_on_request_and_a_missing_log_fails_it() {
-    use ostiary_store::audit::{AuditRow, Tip};
-
-    let backend = Sqlite::fresh();
-    let stores = backend.open();
-    let row = AuditRow {
+/// The trail's first row, chained to the genesis tip.
+fn first_row() -> AuditRow {
+    AuditRow {
         seq: 1,
         ts_ms: 1,
         session: None,
@@ -62,7 +56,17 @@ fn the_audit_log_is_synced_on_request_and_a_missing_log_fails_it() {
         record: "{}".into(),
         prev: Tip::genesis().hash,
         hash: "h1".into(),
-    };
+    }
+}
+
+/// The audit connection's commits are synced on request ([`AuditStore::sync`], before a
+/// head checkpoint names them); a write-ahead log removed behind the store's back fails
+/// the sync, naming the file, rather than passing as synced.
+#[test]
+fn the_audit_log_is_synced_on_request_and_a_missing_log_fails_it() {
+    let backend = Sqlite::fresh();
+    let stores = backend.open();
+    let row = first_row();
     stores.audit.append(&Tip::genesis(), &[row]).unwrap();
     let wal = backend.dir.path().join("ostiary.db-wal");
     assert!(
@@ -78,6 +82,72 @@ fn the_audit_log_is_synced_on_request_and_a_missing_log_fails_it() {
     let err = stores.audit.sync().unwrap_err();
     assert!(
         matches!(err, ostiary_store::StoreError::Unavailable(ref m) if m.contains("ostiary.db-wal")),
+        "{err}"
+    );
+}
+
+/// The file descriptors this process holds on `path` (the database file itself): one per
+/// SQLite connection.
+fn connections_to(path: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target == path)
+        .count()
+}
+
+/// The audit reader a server's queries and the CLI use opens one connection, not one per
+/// aggregate; it reads what the writer committed, writes nothing, and refuses a database a
+/// newer binary migrated.
+#[test]
+fn the_audit_reader_is_one_read_only_connection() {
+    let backend = Sqlite::fresh();
+    let path = backend.dir.path().join("ostiary.db");
+    let stores = backend.open();
+    let row = first_row();
+    stores
+        .audit
+        .append(&Tip::genesis(), std::slice::from_ref(&row))
+        .unwrap();
+
+    let before = connections_to(&path);
+    let reader = sqlite::open_audit_reader(&path).unwrap();
+    assert_eq!(connections_to(&path), before + 1);
+    assert_eq!(reader.last().unwrap().map(|tip| tip.seq), Some(1));
+    let next = AuditRow {
+        seq: 2,
+        prev: "h1".into(),
+        hash: "h2".into(),
+        ..row
+    };
+    let tip = reader.last().unwrap().unwrap();
+    assert!(reader.append(&tip, &[next]).is_err());
+    drop(reader);
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute(
+        "INSERT INTO schema_version (version, name, applied_ms) VALUES (?1, 'future', 0)",
+        [sqlite::migrations::LATEST + 1],
+    )
+    .unwrap();
+    let Err(err) = sqlite::open_audit_reader(&path) else {
+        panic!("a database a newer binary migrated was opened");
+    };
+    assert!(
+        matches!(err, ostiary_store::StoreError::TooNew { .. }),
+        "{err}"
+    );
+}
+
+/// A missing database is `Unavailable` for the reader too, naming the path.
+#[test]
+fn the_audit_reader_of_a_missing_database_says_where() {
+    let Err(err) = sqlite::open_audit_reader(std::path::Path::new("/nonexistent/dir/ostiary.db"))
+    else {
+        panic!("a missing database was opened");
+    };
+    assert!(
+        matches!(err, ostiary_store::StoreError::Unavailable(ref m) if m.contains("/nonexistent/dir")),
         "{err}"
     );
 }
