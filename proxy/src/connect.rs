@@ -291,7 +291,7 @@ async fn intercept(
     // Boxed: the handshake's state (2.9 KiB) is needed for a few round trips, and an idle
     // connection's task would otherwise keep room for it as long as the connection lives.
     // Never borrowed here: a local borrowed in an async fn keeps its room in the future's
-    // state until the end of its scope, and the TLS session's 1.3 KiB would then sit in
+    // state until the end of its scope, and the TLS session's 1.2 KiB would then sit in
     // every intercepted connection's task for as long as the connection lives.
     let Some(Agreed { tls, h2 }) = Box::pin(handshake(&plane, io, &tunnel)).await else {
         return;
@@ -481,7 +481,7 @@ mod tests {
     /// the few handles around it, not the TLS session (1.2 KiB, boxed in the wire guard).
     /// A local borrowed before an await keeps its room in the state to the end of its
     /// scope; with the ALPN read off the session in `intercept`, the tunnel's future took
-    /// 2.2 KiB here and 2.7 KiB in a release build.
+    /// 2.2 KiB here (976 bytes without).
     #[test]
     fn an_intercepted_connections_task_keeps_no_tls_session() {
         let session = std::mem::size_of::<
