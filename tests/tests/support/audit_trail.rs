@@ -122,13 +122,9 @@ pub(crate) async fn until_refused(
 /// [`rows_deleted_between_runs_refuse_the_next_start_until_reanchored`]).
 pub(crate) fn verify_in_process(state: &Path) -> ostiary::audit::verify::VerifyReport {
     let key = std::fs::read_to_string(state.join("audit.key")).unwrap();
-    let stores = ostiary::store::sqlite::open_read_only(&state.join("ostiary.db")).unwrap();
-    ostiary::audit::verify::verify(
-        &*stores.audit,
-        key.trim().as_bytes(),
-        &state.join("audit.head"),
-    )
-    .unwrap()
+    let trail = ostiary::store::sqlite::open_audit_reader(&state.join("ostiary.db")).unwrap();
+    ostiary::audit::verify::verify(&*trail, key.trim().as_bytes(), &state.join("audit.head"))
+        .unwrap()
 }
 
 /// The problems `verify` finds, one per line.
