@@ -468,7 +468,7 @@ def resident_by_mapping(pid: int | None) -> dict | None:
         return None
     exe = os.readlink(f"/proc/{pid}/exe")
     out: dict[str, int] = {}
-    largest: list[tuple[int, int]] = []
+    largest: list[tuple[int, int, str]] = []
     name, size = "", 0
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
