@@ -271,7 +271,7 @@ impl Classify {
             .now_or_never()
             .expect("an in-memory body is read on the first poll")
             .unwrap();
-        call.action(None)
+        call.action(None).unwrap()
     }
 
     /// The catalog's name of the MCP tool called, and its arguments.

@@ -75,6 +75,99 @@ pub struct Omitted {
     pub why: &'static str,
 }
 
+/// The key two keys are compared under: Unicode simple case folding, approximated by
+/// upper-then-lower casing each character (which folds `K`, `ſ` and `ß` as Go's
+/// `EqualFold` does, or more: refusing a few more documents is the safe side).
+pub fn fold(key: &str) -> String {
+    if key.is_ascii() {
+        return key.to_ascii_lowercase();
+    }
+    key.chars()
+        .flat_map(char::to_uppercase)
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// Whether `a` and `b` are equal ignoring case, as [`fold`] compares them.
+pub fn same_folded(a: &str, b: &str) -> bool {
+    if a.is_ascii() && b.is_ascii() {
+        a.eq_ignore_ascii_case(b)
+    } else {
+        fold(a) == fold(b)
+    }
+}
+
+/// An argument spelled in another case than the property its schema declares there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Misspelled {
+    /// Where the key is, dotted from `args` (`args.options`).
+    pub at: String,
+    /// The key as the call spells it.
+    pub given: String,
+    /// The property the schema declares.
+    pub declared: String,
+}
+
+/// The first key of `json` that differs only in letter case from a property `schema`
+/// declares at the same place (`Path` where `path` is declared), in objects and in the
+/// items of arrays, at any depth the schema describes.
+///
+/// Policy reads `args.path` and the schema checks `path`; an upstream that decodes case-
+/// insensitively (Go's `encoding/json` into a struct, .NET, Jackson in that mode) runs
+/// `Path` as `path`. So such a call is refused rather than decided without the value.
+pub fn misspelled(schema: &Value, json: &Value) -> Option<Misspelled> {
+    misspelled_at(schema, json, &mut String::from("args"), 0)
+}
+
+fn misspelled_at(
+    schema: &Value,
+    json: &Value,
+    at: &mut String,
+    depth: usize,
+) -> Option<Misspelled> {
+    // The JSON itself is at most 128 deep (the parser's limit); the bound keeps a
+    // self-similar schema from mattering.
+    if depth > 128 {
+        return None;
+    }
+    match json {
+        Value::Object(members) => {
+            let properties = schema.get("properties").and_then(Value::as_object)?;
+            for (key, value) in members {
+                match properties.get(key) {
+                    Some(property) => {
+                        let len = at.len();
+                        at.push('.');
+                        at.push_str(key);
+                        let found = misspelled_at(property, value, at, depth + 1);
+                        at.truncate(len);
+                        if found.is_some() {
+                            return found;
+                        }
+                    }
+                    None => {
+                        if let Some(declared) = properties.keys().find(|p| same_folded(p, key)) {
+                            return Some(Misspelled {
+                                at: at.clone(),
+                                given: key.clone(),
+                                declared: declared.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+            None
+        }
+        Value::Array(items) => {
+            let item = schema.get("items")?;
+            items
+                .iter()
+                .find_map(|value| misspelled_at(item, value, at, depth + 1))
+        }
+        _ => None,
+    }
+}
+
 /// Cedar identifiers (and our path parameter names): `[A-Za-z_][A-Za-z0-9_]*`.
 pub(crate) fn is_identifier(name: &str) -> bool {
     name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -312,10 +405,7 @@ impl CedarType {
             }
             _ if !rest.is_empty() => None,
             (CedarType::String, Value::String(s)) => Some(Known::Str(s)),
-            (CedarType::Long, Value::Number(n)) => n
-                .as_i64()
-                .or_else(|| integral(n.as_f64()?))
-                .map(Known::Long),
+            (CedarType::Long, Value::Number(n)) => integer(n).map(Known::Long),
             (CedarType::Bool, Value::Bool(b)) => Some(Known::Bool(*b)),
             (CedarType::Set(_), Value::Array(_)) | (CedarType::Record(_), Value::Object(_)) => {
                 Some(Known::Other)
@@ -344,11 +434,11 @@ impl CedarType {
             (CedarType::String, Value::String(s)) => {
                 Ok(RestrictedExpression::new_string(s.clone()))
             }
-            (CedarType::Long, Value::Number(n)) => n
-                .as_i64()
-                .or_else(|| integral(n.as_f64()?))
+            (CedarType::Long, Value::Number(n)) => integer(n)
                 .map(RestrictedExpression::new_long)
-                .ok_or_else(|| format!("{path}: expected an integer in the 64-bit range, got {n}")),
+                .ok_or_else(|| {
+                    format!("{path}: expected an integer in the 64-bit range, got another number")
+                }),
             (CedarType::Bool, Value::Bool(b)) => Ok(RestrictedExpression::new_bool(*b)),
             (CedarType::Set(item), Value::Array(items)) => {
                 let values = items
@@ -366,6 +456,14 @@ impl CedarType {
             (CedarType::Record(_), _) => Err(mismatch("an object")),
         }
     }
+}
+
+/// The integer a JSON number denotes, if it is one in the 64-bit range: `1000`, and also
+/// `1000.0` and `1e3` — JSON Schema's `integer` admits them, and Cedar's `Long` holds them as
+/// 1000. The one rule for every place that reads a JSON number as an integer (`args`, the
+/// catalog's `impact.records`), so that the argument checked and the count policy reads agree.
+pub(crate) fn integer(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| integral(n.as_f64()?))
 }
 
 /// JSON Schema's `integer` admits `3.0`; Cedar's `Long` holds it as 3.

@@ -49,7 +49,7 @@ pub mod triggers;
 pub mod undo;
 pub mod version;
 
-pub use catalog::{Catalog, CatalogError, Tier, Tool, ToolMatch, ToolProblem};
+pub use catalog::{Catalog, CatalogError, ImpactError, Tier, Tool, ToolMatch, ToolProblem};
 pub use decide::{Decision, DenyReason};
 pub use explain::{Change, Explanation, PolicyRef};
 pub use load::{LoadError, PolicyEngine, PolicySource};

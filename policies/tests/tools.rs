@@ -133,9 +133,9 @@ fn a_good_catalog_parses() {
     let refund = c.get("payments.bulk_refund").unwrap();
     assert_eq!(
         refund.impact_records(&json!({"ids": ["a", "b", "c"]})),
-        Some(3)
+        Ok(3)
     );
-    assert_eq!(refund.impact_records(&json!({})), None);
+    assert_eq!(refund.impact_records(&json!({})), Ok(0));
 }
 
 #[test]
@@ -503,4 +503,93 @@ fn explain_names_escalating_forbids() {
         "{text}"
     );
     assert!(text.contains("approval"), "{text}");
+}
+
+/// A catalog whose one tool declares `account`, an object `memo.tag` and an array of
+/// `lines[].account`.
+fn transfer_tool() -> Catalog {
+    Catalog::parse(
+        "tools.toml",
+        r#"
+[[tool]]
+name = "pay.transfer"
+tier = "write"
+match = { host = "pay.example.com", method = "POST", path = "/v1/Transfers/{id}" }
+args_schema = { type = "object", properties = { account = { type = "string" }, amount = { type = "number" }, memo = { type = "object", properties = { tag = { type = "string" } } }, lines = { type = "array", items = { type = "object", properties = { account = { type = "string" } } } } } }
+
+[[tool]]
+name = "pay.loose"
+tier = "write"
+match = { host = "pay.example.com", method = "POST", path = "/v1/loose" }
+"#,
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_argument_in_another_case_than_its_schema_is_found() {
+    let catalog = transfer_tool();
+    let tool = catalog.get("pay.transfer").unwrap();
+    for (args, at, given, declared) in [
+        (json!({"Account": "prod"}), "args", "Account", "account"),
+        (json!({"ACCOUNT": "prod"}), "args", "ACCOUNT", "account"),
+        // Properties the record leaves out (a `number`) are checked by the schema, so
+        // they count too.
+        (json!({"Amount": 1e9}), "args", "Amount", "amount"),
+        (json!({"memo": {"TAG": "x"}}), "args.memo", "TAG", "tag"),
+        (
+            json!({"lines": [{"account": "a"}, {"aCCOUNT": "b"}]}),
+            "args.lines",
+            "aCCOUNT",
+            "account",
+        ),
+        // Unicode simple folding: LONG S is `s`.
+        (json!({"line\u{17f}": []}), "args", "line\u{17f}", "lines"),
+    ] {
+        let found = tool.misspelled_arg(&args).expect("found");
+        assert_eq!(
+            (
+                found.at.as_str(),
+                found.given.as_str(),
+                found.declared.as_str()
+            ),
+            (at, given, declared),
+            "{args}"
+        );
+    }
+    for args in [
+        json!({"account": "prod", "memo": {"tag": "x"}}),
+        json!({"other": 1, "memo": "not an object"}),
+        json!({"lines": [{"other": 1}], "acc\u{f6}unt": 1}),
+        json!({}),
+    ] {
+        assert_eq!(tool.misspelled_arg(&args), None, "{args}");
+    }
+    // Without a schema no policy or check reads the arguments.
+    let loose = catalog.get("pay.loose").unwrap();
+    assert_eq!(loose.misspelled_arg(&json!({"Account": 1})), None);
+}
+
+#[test]
+fn a_route_matched_ignoring_case_is_what_case_insensitive_servers_take() {
+    let catalog = transfer_tool();
+    let ostiary_policies::ToolMatch::Rest { path, .. } =
+        catalog.get("pay.transfer").unwrap().matcher()
+    else {
+        panic!("a REST tool")
+    };
+    assert!(path.captures("/v1/Transfers/7").is_some());
+    assert!(path.captures("/v1/transfers/7").is_none());
+    for spelled in ["/v1/transfers/7", "/V1/TRANSFERS/7/", "/v1/Transfers/ABC"] {
+        assert!(path.matches_ignoring_case(spelled), "{spelled}");
+    }
+    for other in [
+        "/v1/transfer/7",
+        "/v1/transfers",
+        "/v1/transfers/7/x",
+        "v1/transfers/7",
+    ] {
+        assert!(!path.matches_ignoring_case(other), "{other}");
+    }
 }

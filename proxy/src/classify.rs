@@ -159,14 +159,37 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
             "the path contains a dot-segment (. or ..); send the resolved path",
         ));
     }
+    let query = uri.query().unwrap_or("");
+    if overrides_method(query) {
+        // Rails (Rack::MethodOverride), Laravel, Symfony and Express's method-override run
+        // a POST carrying `_method=DELETE` as a DELETE: policy would decide one method and
+        // the upstream run another. (The header spellings are stripped in `inject`.)
+        return Err(ProxyError::bad_request(
+            "the query names `_method`, which frameworks run as the request's method; send \
+             the request with that method instead",
+        ));
+    }
     Ok(Target {
         scheme,
         host,
         port,
         method: req.method().clone(),
         path,
-        query: uri.query().unwrap_or("").to_owned(),
+        query: query.to_owned(),
     })
+}
+
+/// Whether `query` holds a `_method` parameter (any case, any escape of it).
+fn overrides_method(query: &str) -> bool {
+    // Every request's query passes here: only one that could spell it is parsed.
+    let could = query.contains('%')
+        || query
+            .as_bytes()
+            .windows(7)
+            .any(|w| w.eq_ignore_ascii_case(b"_method"));
+    could
+        && url::form_urlencoded::parse(query.as_bytes())
+            .any(|(key, _)| key.trim().eq_ignore_ascii_case("_method"))
 }
 
 /// A `.` or `..` segment, literally or percent-encoded (`%2e`), anywhere in the path.
@@ -246,6 +269,30 @@ fn check_headers(headers: &HeaderMap) -> Result<(), ProxyError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_method_override_in_the_query_is_found_in_any_spelling() {
+        for query in [
+            "_method=DELETE",
+            "a=1&_method=PUT",
+            "_METHOD=delete",
+            "%5Fmethod=DELETE",
+            "%5fMethod=DELETE",
+            "_%6Dethod=DELETE",
+            "_method",
+            "+_method=DELETE",
+        ] {
+            assert!(super::overrides_method(query), "{query}");
+        }
+        for query in [
+            "",
+            "method=DELETE",
+            "payment_method=card",
+            "x_method=1",
+            "q=_method",
+        ] {
+            assert!(!super::overrides_method(query), "{query}");
+        }
+    }
     use super::*;
 
     fn tunnel(host: &str, port: u16) -> Origin {

@@ -5,7 +5,8 @@
 //! trailing slash (the query is not compared: Streamable HTTP endpoints take none, and a
 //! query cannot be used to step around the endpoint's rules because every POST body to that
 //! path is parsed). A path that only a lenient server routes to the endpoint (`//mcp`,
-//! `/mcp;x`, [`crate::path_forms::routed`]) is refused rather than decided as plain `http`.
+//! `/mcp;x`, [`crate::path_forms::routed`], or `/MCP` where paths are routed ignoring case)
+//! is refused rather than decided as plain `http`.
 //!
 //! Only a `POST` carries JSON-RPC. Its body is read whole (bounded by
 //! `proxy.max_tool_body_bytes`) and must be one JSON-RPC message or a batch (a JSON array of
@@ -73,9 +74,15 @@ pub struct Endpoint {
 /// The catalogued MCP endpoint `target` is addressed to, if any; a refusal when only a
 /// lenient server would route its path to one.
 pub fn endpoint(catalog: &Catalog, target: &Target) -> Result<Option<Endpoint>, ProxyError> {
-    let found = endpoint_at(catalog, target, path_forms::trim_trailing(&target.path));
-    if let Some(routed) = path_forms::routed(&target.path) {
-        if let Some(other) = endpoint_at(catalog, target, &routed) {
+    let found = endpoint_at(
+        catalog,
+        target,
+        path_forms::trim_trailing(&target.path),
+        false,
+    );
+    let routed = path_forms::routed(&target.path);
+    if let Some(routed) = &routed {
+        if let Some(other) = endpoint_at(catalog, target, routed, false) {
             return Err(ProxyError::bad_request(format!(
                 "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
                  decode %2F route it to the MCP endpoint {}; send that path",
@@ -83,10 +90,31 @@ pub fn endpoint(catalog: &Catalog, target: &Target) -> Result<Option<Endpoint>, 
             )));
         }
     }
+    if found.is_none() {
+        // Express (the TypeScript SDK's usual host) and ASP.NET Core route paths ignoring
+        // case: `/MCP` reaches the endpoint there.
+        let lenient = routed
+            .as_deref()
+            .unwrap_or(path_forms::trim_trailing(&target.path));
+        if let Some(other) = endpoint_at(catalog, target, lenient, true) {
+            return Err(ProxyError::bad_request(format!(
+                "the path is ambiguous: it differs only in letter case from the MCP endpoint \
+                 {}, which upstreams that route paths ignoring case run; send that path",
+                other.url
+            )));
+        }
+    }
     Ok(found)
 }
 
-fn endpoint_at(catalog: &Catalog, target: &Target, path: &str) -> Option<Endpoint> {
+/// The endpoint at `path` on `target`'s origin; with `ignoring_case`, compared as servers
+/// that route paths case-insensitively compare them.
+fn endpoint_at(
+    catalog: &Catalog,
+    target: &Target,
+    path: &str,
+    ignoring_case: bool,
+) -> Option<Endpoint> {
     // Compared in place: every request to a catalogued host passes here.
     let host: std::borrow::Cow<'_, str> = match &target.host {
         crate::egress::address::Host::Name(name) => name.as_str().into(),
@@ -102,7 +130,11 @@ fn endpoint_at(catalog: &Catalog, target: &Target, path: &str) -> Option<Endpoin
                         .host_str()
                         .is_some_and(|h| h.eq_ignore_ascii_case(&host))
                     && endpoint.port_or_known_default() == Some(target.port)
-                    && path_forms::trim_trailing(endpoint.path()) == path =>
+                    && same_path(
+                        path_forms::trim_trailing(endpoint.path()),
+                        path,
+                        ignoring_case,
+                    ) =>
             {
                 Some(Endpoint {
                     url: endpoint.clone(),
@@ -110,6 +142,14 @@ fn endpoint_at(catalog: &Catalog, target: &Target, path: &str) -> Option<Endpoin
             }
             _ => None,
         })
+}
+
+fn same_path(endpoint: &str, path: &str, ignoring_case: bool) -> bool {
+    if ignoring_case {
+        endpoint.eq_ignore_ascii_case(path)
+    } else {
+        endpoint == path
+    }
 }
 
 impl Endpoint {
@@ -196,18 +236,21 @@ impl Exchange {
     fn agrees_with(&self, headers: &HeaderMap) -> Result<(), ProxyError> {
         // The revision says how a held call is answered (`rounds`) and how the server
         // reads the body: two of them would be read one way here and maybe another there.
-        if headers
-            .get_all(MCP_PROTOCOL_VERSION)
-            .iter()
-            .nth(1)
-            .is_some()
-        {
+        // `Mcp_Method` is `Mcp-Method` to CGI, WSGI, PHP and Rack servers
+        // (`HTTP_MCP_METHOD`), so both spellings are one header here.
+        let all = |name: &'static str| {
+            headers
+                .iter()
+                .filter(move |(n, _)| crate::inject::header_key(n) == name)
+                .map(|(_, v)| v)
+        };
+        if all(MCP_PROTOCOL_VERSION).nth(1).is_some() {
             return Err(ProxyError::bad_request(format!(
                 "{MCP_PROTOCOL_VERSION} is given twice"
             )));
         }
         for name in [MCP_METHOD, MCP_NAME] {
-            let mut values = headers.get_all(name).iter();
+            let mut values = all(name);
             let Some(value) = values.next() else {
                 continue;
             };
@@ -259,10 +302,32 @@ impl Kind {
     }
 }
 
+/// The members of a JSON-RPC message, and of a `tools/call`'s `params`, that decide.
+const ENVELOPE: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
+const CALL_PARAMS: [&str; 3] = ["name", "arguments", "_meta"];
+
+/// Whether `object` has a key that differs only in case from one of `members` (`Params`,
+/// `Arguments`): the decision reads the member as spelled, a case-insensitive decoder on
+/// the server reads that key as the member.
+fn misspells(object: &Map<String, Value>, members: &[&str]) -> bool {
+    object.keys().any(|key| {
+        !members.contains(&key.as_str())
+            && members
+                .iter()
+                .any(|m| ostiary_policies::args::same_folded(m, key))
+    })
+}
+
 fn kind(value: &Value) -> Result<Kind, &'static str> {
     let Value::Object(message) = value else {
         return Err("not a JSON object");
     };
+    if misspells(message, &ENVELOPE) {
+        return Err(
+            "ambiguous: a member differs only in case from `jsonrpc`, `id`, `method`, \
+                    `params`, `result` or `error`, which case-insensitive servers read it as",
+        );
+    }
     if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err("`jsonrpc` is not \"2.0\"");
     }
@@ -292,6 +357,11 @@ fn kind(value: &Value) -> Result<Kind, &'static str> {
     match method {
         "tools/call" => {
             let params = message.get("params").and_then(Value::as_object);
+            if params.is_some_and(|p| misspells(p, &CALL_PARAMS)) {
+                return Err("ambiguous: a member of `params` differs only in case from \
+                            `name`, `arguments` or `_meta`, which case-insensitive servers read \
+                            it as");
+            }
             let name = params
                 .and_then(|p| p.get("name"))
                 .and_then(Value::as_str)
@@ -393,9 +463,14 @@ impl Asker<'_> {
         let Some(tool) = endpoint.tool(self.engine.catalog(), name) else {
             return Err(unknown_tool(self.target, name));
         };
+        crate::recognise::spelled_as_declared(tool, &args)?;
         let action = Action::Tool {
             name: tool.name().to_owned(),
-            impact_records: tool.impact_records(&args).unwrap_or(0),
+            // Before policy: a count it cannot read refuses the call (`400` in its JSON-RPC
+            // error), never decided as 0.
+            impact_records: tool
+                .impact_records(&args)
+                .map_err(|e| ProxyError::bad_request(e.to_string()))?,
             cost_micros: tool.cost_micros(),
             approval,
             args,
@@ -553,12 +628,32 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read","Name":"delete"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"path":"/a","PATH":"/etc"}}}"#,
             r#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"ping","ID":3}]"#,
+            // One member alone, spelled in another case than the protocol's: the server
+            // reads it, the decision would not.
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call","params":{"name":"del"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","Params":{"name":"del"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","Arguments":{"path":"/etc"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","ARGUMENTS":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"NAME":"a"}}"#,
+            r#"{"JSONRPC":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","Id":1,"method":"ping"}"#,
         ] {
             let err = kinds(text).unwrap_err();
             assert!(
                 matches!(&err, ProxyError::BadRequest { reason } if reason.contains("ambiguous")),
                 "{text}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn members_beyond_the_envelope_are_left_to_the_server() {
+        // `_meta`, vendor members and a member that only resembles one are not ambiguous.
+        for text in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{},"_meta":{"progressToken":1}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","methods":["x"],"x-vendor":1}"#,
+        ] {
+            assert!(kinds(text).is_ok(), "{text}");
         }
     }
 
@@ -608,6 +703,15 @@ mod tests {
             (
                 headers(&[("Mcp-Name", "x")]),
                 r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            ),
+            // CGI, WSGI, PHP and Rack read `_` as `-` in header names.
+            (
+                headers(&[("Mcp_Method", "tools/call")]),
+                r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            ),
+            (
+                headers(&[("mcp-method", "tools/call"), ("mcp_method", "tools/call")]),
+                call,
             ),
         ] {
             let err = parse(&h, body.as_bytes()).unwrap_err();

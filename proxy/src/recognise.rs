@@ -10,8 +10,9 @@
 //! slash either way. Scheme and port are not part of a route, so a call cannot leave its
 //! tool's policies by taking another port. A request no route matches stays
 //! `Action::"http"` — unless a lenient upstream would route it to a tool (doubled slashes,
-//! `;parameters`, `%2F` as a separator: [`crate::path_forms::routed`]), in which case it is
-//! refused (`400`), never decided as plain `http`.
+//! `;parameters`, `%2F` as a separator: [`crate::path_forms::routed`]) or the path differs
+//! from a route only in letter case (Express and ASP.NET Core route case-insensitively by
+//! default), in which case it is refused (`400`), never decided as plain `http`.
 //!
 //! The arguments of a call are one JSON object, built from three sources:
 //! - **path parameters** (`{owner}` in the template): strings, percent-decoded;
@@ -70,8 +71,9 @@ pub struct ToolCall<'a> {
 pub fn route<'a>(catalog: &'a Catalog, target: &Target) -> Result<Option<Route<'a>>, ProxyError> {
     let host = target.host.to_string();
     let found = find(catalog, &host, &target.method, &target.path);
-    if let Some(routed) = path_forms::routed(&target.path) {
-        if let Some(other) = find(catalog, &host, &target.method, &routed) {
+    let routed = path_forms::routed(&target.path);
+    if let Some(routed) = &routed {
+        if let Some(other) = find(catalog, &host, &target.method, routed) {
             return Err(ProxyError::bad_request(format!(
                 "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
                  decode %2F route it as {routed}, the catalogued tool {}; send that path",
@@ -79,7 +81,45 @@ pub fn route<'a>(catalog: &'a Catalog, target: &Target) -> Result<Option<Route<'
             )));
         }
     }
+    if found.is_none() {
+        let lenient = routed.as_deref().unwrap_or(&target.path);
+        if let Some(other) = find_ignoring_case(catalog, &host, &target.method, lenient) {
+            return Err(ProxyError::bad_request(format!(
+                "the path is ambiguous: it differs only in letter case from the route of the \
+                 catalogued tool {} ({}), which upstreams that route paths ignoring case \
+                 run; send the catalogued spelling",
+                other.name(),
+                match other.matcher() {
+                    ToolMatch::Rest { path, .. } => path.as_str(),
+                    ToolMatch::Mcp { .. } => "",
+                }
+            )));
+        }
+    }
     Ok(found)
+}
+
+/// The first tool of `catalog` whose REST route `path` matches with letter case ignored in
+/// the route's literal segments. Only asked of a request no route takes as spelled, so a
+/// host's ordinary traffic pays one more pass over its routes, not every request.
+fn find_ignoring_case<'a>(
+    catalog: &'a Catalog,
+    host: &str,
+    method: &Method,
+    path: &str,
+) -> Option<&'a Tool> {
+    catalog.tools().iter().find(|tool| match tool.matcher() {
+        ToolMatch::Rest {
+            host: route_host,
+            method: route_method,
+            path: template,
+        } => {
+            route_host == host
+                && method_matches(route_method, method)
+                && template.matches_ignoring_case(path)
+        }
+        ToolMatch::Mcp { .. } => false,
+    })
 }
 
 /// The first route of `catalog` for `host`, `method` and `path` (a trailing slash either way).
@@ -143,7 +183,21 @@ impl<'a> Route<'a> {
             }
         };
         let mut query = Vec::new();
+        if target.query.contains(';') {
+            return Err(ProxyError::bad_request(
+                "ambiguous arguments: the query holds `;`, which Rack and other servers take \
+                 as a separator between parameters; encode it as %3B",
+            ));
+        }
         for (key, value) in url::form_urlencoded::parse(target.query.as_bytes()) {
+            if key.contains(['[', ']']) {
+                return Err(ProxyError::bad_request(format!(
+                    "ambiguous arguments: the query key {} holds brackets, which PHP, Rails \
+                     and Express (qs) read as an array or object; send structured arguments \
+                     in a JSON body",
+                    crate::strict_json::quote(&key)
+                )));
+            }
             claim(&key, "the query")?;
             query.push((key.into_owned(), value.into_owned()));
         }
@@ -160,28 +214,58 @@ impl<'a> Route<'a> {
         for (key, value) in query.into_iter().chain(path) {
             args.insert(key, Value::String(value));
         }
+        if let Some(key) = args.keys().find(|k| k.eq_ignore_ascii_case("_method")) {
+            // Laravel and Symfony read `_method` from a JSON body too (see `classify` for
+            // the query's).
+            return Err(ProxyError::bad_request(format!(
+                "the body names {}, which frameworks run as the request's method; send the \
+                 request with that method instead",
+                crate::strict_json::quote(key)
+            )));
+        }
+        let args = Value::Object(args);
+        spelled_as_declared(self.tool, &args)?;
         Ok(ToolCall {
             tool: self.tool,
-            args: Value::Object(args),
+            args,
             body: bytes,
         })
     }
 }
 
+/// Refuse arguments holding a key spelled in another case than the property the tool's
+/// schema declares there: policy and the schema check read `path`, a case-insensitive
+/// decoder upstream runs `Path` as `path` (REST bodies and queries, MCP `arguments` alike).
+pub(crate) fn spelled_as_declared(tool: &Tool, args: &Value) -> Result<(), ProxyError> {
+    match tool.misspelled_arg(args) {
+        None => Ok(()),
+        Some(m) => Err(ProxyError::bad_request(format!(
+            "ambiguous arguments: {} in {} differs only in case from the declared {}, which \
+             upstreams that decode case-insensitively run it as; send it spelled as declared",
+            crate::strict_json::quote(&m.given),
+            m.at,
+            crate::strict_json::quote(&m.declared),
+        ))),
+    }
+}
+
 impl ToolCall<'_> {
     /// The Cedar action of this call; `approval` is the approver once a human approved it
-    /// (`context.approval.granted`), `None` when the agent asks.
-    pub fn action(self, approval: Option<String>) -> Action {
-        Action::Tool {
+    /// (`context.approval.granted`), `None` when the agent asks. Refused (`400`) when the
+    /// argument `impact.records` points at is not a count of records
+    /// ([`Tool::impact_records`]): policy would read it as 0.
+    pub fn action(self, approval: Option<String>) -> Result<Action, ProxyError> {
+        Ok(Action::Tool {
             name: self.tool.name().to_owned(),
-            // No extractor, or nothing usable at its pointer: the call touches no counted
-            // records as far as policy can tell.
-            impact_records: self.tool.impact_records(&self.args).unwrap_or(0),
+            impact_records: self
+                .tool
+                .impact_records(&self.args)
+                .map_err(|e| ProxyError::bad_request(e.to_string()))?,
             cost_micros: self.tool.cost_micros(),
             approval,
             args: self.args,
             undo: false,
-        }
+        })
     }
 }
 

@@ -21,8 +21,13 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use ostiary_policies::args::same_folded;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+
+/// Unicode simple case folding as keys are compared here (shared with the policies, which
+/// refuse an argument spelled in another case than its schema's property).
+pub use ostiary_policies::args::fold;
 
 /// Longest key text an error quotes, escaped (control characters quote as `\u{..}`).
 const QUOTED_KEY: usize = 40;
@@ -96,30 +101,8 @@ pub fn parse(bytes: &[u8]) -> Result<Value, StrictJsonError> {
     Ok(value)
 }
 
-/// The key two keys are compared under: Unicode simple case folding, approximated by
-/// upper-then-lower casing each character (which folds `K`, `ſ` and `ß` as Go's
-/// `EqualFold` does, or more: refusing a few more documents is the safe side).
-pub fn fold(key: &str) -> String {
-    if key.is_ascii() {
-        return key.to_ascii_lowercase();
-    }
-    key.chars()
-        .flat_map(char::to_uppercase)
-        .flat_map(char::to_lowercase)
-        .collect()
-}
-
 /// Objects with fewer keys than this compare a new key with each earlier one.
 const LINEAR_KEYS: usize = 16;
-
-/// Whether `a` and `b` are equal ignoring case, as [`fold`] compares them.
-fn same_folded(a: &str, b: &str) -> bool {
-    if a.is_ascii() && b.is_ascii() {
-        a.eq_ignore_ascii_case(b)
-    } else {
-        fold(a) == fold(b)
-    }
-}
 
 /// Deserializes any value, checking every object's keys.
 #[derive(Clone, Copy)]

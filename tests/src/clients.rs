@@ -177,6 +177,40 @@ where
     }
 }
 
+/// `clients/lenient_upstream.py` serving `names`: it decodes JSON as Go's `encoding/json`
+/// fills a struct (keys folded, the last of equal keys wins), routes paths loosely, and logs
+/// every request it receives, so a test can show what reached it. Killed on drop.
+#[derive(Debug)]
+pub struct LenientUpstream {
+    pub port: u16,
+    log: PathBuf,
+    _server: PyTlsServer,
+}
+
+impl LenientUpstream {
+    pub async fn start(ca: &crate::pki::TestCa, names: &[&str]) -> Self {
+        let server = PyTlsServer::start(ca, names, "lenient_upstream.py", |dir| {
+            vec![dir.join("seen.jsonl").into()]
+        })
+        .await;
+        Self {
+            port: server.port,
+            log: server.dir.path().join("seen.jsonl"),
+            _server: server,
+        }
+    }
+
+    /// Every request the upstream received, in order (`method`, `path`, `routed`, `body`,
+    /// `decoded`).
+    pub fn seen(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a log line"))
+            .collect()
+    }
+}
+
 /// A Python TLS server from `tests/clients/` (`SCRIPT PORT CERT_CHAIN_PEM KEY_PEM [ARGS]`),
 /// serving a certificate of the test CA for `names`, on a free port, killed on drop. The
 /// script exits 4 when the port was taken meanwhile; another one is tried then.

@@ -448,6 +448,34 @@ pub async fn intercepted(
         .unwrap_or_else(|e| panic!("TLS with the proxy for {host}: {e}"))
 }
 
+/// `method path` with a JSON `body` and extra `headers` to `host:port`, over a fresh tunnel
+/// the proxy intercepts (HTTP/1.1): what an agent's tool call looks like on the wire.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_json(
+    proxy: &TestProxy,
+    token: &str,
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Reply {
+    let tls = intercepted(proxy, token, host, port, &[b"http/1.1"]).await;
+    let mut sender = h1(tls).await;
+    let mut req = Request::builder()
+        .method(http::Method::from_bytes(method.as_bytes()).expect("method"))
+        .uri(path)
+        .header("host", format!("{host}:{port}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(body.into())).expect("request");
+    send_h1(&mut sender, req).await.expect("exchange")
+}
+
 /// Body type of the hyper client helpers.
 pub type ReqBody = Full<Bytes>;
 

@@ -7,16 +7,12 @@
 //! reach it: every ambiguous spelling must be refused (400) or decided as the tool, and the
 //! log shows that nothing ambiguous arrived.
 
-use std::path::PathBuf;
-
 use bytes::Bytes;
-use http::{Method, Request};
-use http_body_util::Full;
-use ostiary_e2e::clients::PyTlsServer;
+use ostiary_e2e::clients::LenientUpstream;
 use ostiary_e2e::pki::TestCa;
 use ostiary_e2e::proxy::{ProxySpec, TestProxy};
 use ostiary_e2e::raw::{self, Reply};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const API: &str = "api.lenient.test";
 const MCP: &str = "mcp.lenient.test";
@@ -36,6 +32,21 @@ permit (principal, action in Ostiary::Action::"tier:read", resource);
 @id("small-refunds")
 permit (principal, action in Ostiary::Action::"tier:high_impact", resource)
 when { context.impact.records <= 100 };
+
+@id("writes")
+permit (principal, action in Ostiary::Action::"tier:write", resource);
+
+@id("no-prod-transfers")
+forbid (principal, action == Ostiary::Action::"tool:pay.transfer", resource)
+when { context.args has account && context.args.account == "prod" };
+
+@id("no-memo-tag-x")
+forbid (principal, action == Ostiary::Action::"tool:pay.transfer", resource)
+when { context.args has memo && context.args.memo has tag && context.args.memo.tag == "x" };
+
+@id("no-secret-files")
+forbid (principal, action == Ostiary::Action::"tool:files.read", resource)
+when { context.args has path && context.args.path like "/secret*" };
 "#;
 
 fn tools_toml(port: u16) -> String {
@@ -48,9 +59,16 @@ match = {{ host = "{API}", method = "POST", path = "/v1/refunds/bulk" }}
 impact = {{ records = "/ids" }}
 
 [[tool]]
+name = "pay.transfer"
+tier = "write"
+match = {{ host = "{API}", method = "POST", path = "/v1/transfer" }}
+args_schema = {{ type = "object", properties = {{ account = {{ type = "string" }}, memo = {{ type = "object", properties = {{ tag = {{ type = "string" }} }} }}, lines = {{ type = "array", items = {{ type = "object", properties = {{ account = {{ type = "string" }} }} }} }} }} }}
+
+[[tool]]
 name = "files.read"
 tier = "read"
 match = {{ mcp = "https://{MCP}:{port}/mcp", tool = "read_file" }}
+args_schema = {{ type = "object", properties = {{ path = {{ type = "string" }} }} }}
 
 [[tool]]
 name = "files.delete"
@@ -60,38 +78,8 @@ match = {{ mcp = "https://{MCP}:{port}/mcp", tool = "delete_file" }}
     )
 }
 
-/// The lenient upstream, killed on drop; `seen()` reads its log.
-struct Lenient {
-    port: u16,
-    log: PathBuf,
-    _server: PyTlsServer,
-}
-
-impl Lenient {
-    async fn start(ca: &TestCa) -> Self {
-        let server = PyTlsServer::start(ca, &[API, MCP], "lenient_upstream.py", |dir| {
-            vec![dir.join("seen.jsonl").into()]
-        })
-        .await;
-        Self {
-            port: server.port,
-            log: server.dir.path().join("seen.jsonl"),
-            _server: server,
-        }
-    }
-
-    /// Every request the upstream received, in order.
-    fn seen(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
 struct Rig {
-    upstream: Lenient,
+    upstream: LenientUpstream,
     proxy: TestProxy,
     token: String,
 }
@@ -99,7 +87,7 @@ struct Rig {
 impl Rig {
     async fn start() -> Self {
         let ca = TestCa::new();
-        let upstream = Lenient::start(&ca).await;
+        let upstream = LenientUpstream::start(&ca, &[API, MCP]).await;
         let proxy = TestProxy::start(ProxySpec {
             policies: POLICIES.into(),
             tools_toml: Some(tools_toml(upstream.port)),
@@ -131,26 +119,18 @@ impl Rig {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Reply {
-        let tls = raw::intercepted(
+        let port = self.upstream.port;
+        raw::send_json(
             &self.proxy,
             &self.token,
             host,
-            self.upstream.port,
-            &[b"http/1.1"],
+            port,
+            method,
+            path,
+            headers,
+            body,
         )
-        .await;
-        let mut sender = raw::h1(tls).await;
-        let mut req = Request::builder()
-            .method(Method::from_bytes(method.as_bytes()).unwrap())
-            .uri(path)
-            .header("host", format!("{host}:{}", self.upstream.port))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream");
-        for (name, value) in headers {
-            req = req.header(*name, *value);
-        }
-        let req = req.body(Full::new(body.into())).unwrap();
-        raw::send_h1(&mut sender, req).await.expect("exchange")
+        .await
     }
 
     /// Send, expect `400 bad_request` naming an ambiguity, and check nothing reached the
@@ -431,4 +411,206 @@ async fn paths_an_upstream_routes_to_a_tool_are_decided_as_the_tool_or_refused()
             "{path} reached the upstream"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_or_path_in_another_case_is_refused_where_policy_reads_it() {
+    let rig = Rig::start().await;
+    // The controls: spelled as declared, each is decided on what it says.
+    let reply = rig
+        .send(API, "POST", "/v1/transfer", r#"{"account":"dev"}"#)
+        .await;
+    assert_eq!(reply.status, 200, "{reply}");
+    let reply = rig
+        .send(API, "POST", "/v1/transfer", r#"{"account":"prod"}"#)
+        .await;
+    raw::assert_refused(&rig.proxy, &reply, 403, "denied").await;
+    let read = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"/secret/key"}}}"#;
+    let reply = rig.send(MCP, "POST", "/mcp", read).await;
+    assert_eq!(reply.json()["error"]["data"]["error"], "denied", "{reply}");
+
+    // One key, no twin: policy reads `account`, a case-insensitive decoder runs `Account`
+    // as it. Anywhere the schema declares a property: the body, the query, nested objects,
+    // the items of arrays; Unicode folds too (LONG S, `ſ`, is `s`).
+    for (path, body, what) in [
+        ("/v1/transfer", r#"{"Account":"prod"}"#, "body"),
+        ("/v1/transfer", r#"{"ACCOUNT":"prod"}"#, "upper case"),
+        ("/v1/transfer?ACCOUNT=prod", "{}", "query"),
+        ("/v1/transfer", r#"{"memo":{"TAG":"x"}}"#, "nested"),
+        (
+            "/v1/transfer",
+            r#"{"lines":[{"account":"dev"},{"Account":"prod"}]}"#,
+            "array items",
+        ),
+        (
+            "/v1/transfer",
+            r#"{"memo":{"\u0074\u0041g":"x"}}"#,
+            "escaped",
+        ),
+        (
+            "/v1/transfer",
+            r#"{"line\u017f":[{"account":"prod"}]}"#,
+            "LONG S",
+        ),
+    ] {
+        rig.refused(API, "POST", path, body, what).await;
+    }
+    // An undeclared key that folds to nothing declared is not ambiguous.
+    let reply = rig
+        .send(
+            API,
+            "POST",
+            "/v1/transfer",
+            r#"{"acc\u00f6unt":"prod","\u212aey":1}"#,
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply}");
+    for (args, what) in [
+        (r#"{"Path":"/secret/key"}"#, "MCP arguments"),
+        (r#"{"PAT\u0048":"/secret/key"}"#, "MCP arguments, escaped"),
+    ] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"read_file","arguments":{args}}}}}"#
+        );
+        // A refused call is answered as MCP clients expect: a JSON-RPC error.
+        let before = rig.upstream.seen().len();
+        let reply = rig.send(MCP, "POST", "/mcp", body).await;
+        assert_eq!(reply.status, 200, "{what}: {reply}");
+        let data = &reply.json()["error"]["data"];
+        assert_eq!(data["error"], "bad_request", "{what}: {reply}");
+        assert!(
+            data["reason"].as_str().unwrap().contains("ambiguous"),
+            "{what}: {reply}"
+        );
+        assert_eq!(
+            rig.upstream.seen().len(),
+            before,
+            "{what}: reached the upstream"
+        );
+        let records = rig.proxy.audit().await;
+        let record = records.iter().rev().find(|r| r.kind == "http").unwrap();
+        assert_eq!(record.decision, "deny", "{what}: {record:#?}");
+    }
+    // The JSON-RPC envelope: `Arguments`, `Params`, `Method` read by the server, not here.
+    for (body, what) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","Arguments":{"path":"/secret/key"}}}"#,
+            "Arguments",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","Params":{"name":"read_file","arguments":{"path":"/secret/key"}}}"#,
+            "Params",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call","params":{"name":"delete_file"}}"#,
+            "Method alone",
+        ),
+        (
+            r#"{"JSONRPC":"2.0","jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            "jsonrpc twice",
+        ),
+    ] {
+        rig.refused(MCP, "POST", "/mcp", body, what).await;
+    }
+
+    // Paths: Express and ASP.NET Core route `/V1/TRANSFER` to the tool's handler.
+    let prod = r#"{"account":"prod"}"#;
+    for path in [
+        "/V1/transfer",
+        "/v1/Transfer",
+        "/V1/TRANSFER/",
+        "//v1/TRANSFER",
+    ] {
+        rig.refused(API, "POST", path, prod, path).await;
+    }
+    let delete = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"delete_file","arguments":{}}}"#;
+    for path in ["/MCP", "/Mcp/", "//MCP"] {
+        rig.refused(MCP, "POST", path, delete, path).await;
+    }
+    // A path no route takes in any case stays plain http.
+    let reply = rig.send(API, "POST", "/v1/other", prod).await;
+    assert_eq!(reply.status, 200, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_overrides_and_query_structure_are_refused() {
+    let rig = Rig::start().await;
+    // `_method` runs a POST as a DELETE in Rails, Laravel, Symfony and Express's
+    // method-override: in the query (any escape of it) on any request, plain http or a tool;
+    // in a tool call's JSON body.
+    for (host, path, body) in [
+        (API, "/v1/items/1?_method=DELETE", "{}"),
+        (API, "/v1/items/1?x=1&%5Fmethod=DELETE", "{}"),
+        (API, "/v1/items/1?_METHOD=delete", "{}"),
+        (API, "/v1/transfer?_method=PUT", r#"{"account":"dev"}"#),
+        (
+            API,
+            "/v1/transfer",
+            r#"{"account":"dev","_method":"DELETE"}"#,
+        ),
+        (
+            MCP,
+            "/mcp?_method=DELETE",
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        ),
+    ] {
+        let before = rig.upstream.seen().len();
+        let reply = rig.send(host, "POST", path, body.to_owned()).await;
+        let (answer, record) = raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
+        assert!(
+            answer["reason"].as_str().unwrap().contains("_method"),
+            "{path}: {answer}"
+        );
+        assert_eq!(record.decision, "deny", "{path}: {record:#?}");
+        assert_eq!(
+            rig.upstream.seen().len(),
+            before,
+            "{path} reached the upstream"
+        );
+    }
+    // A parameter merely containing the word is not an override.
+    let reply = rig
+        .send(API, "POST", "/v1/items/1?payment_method=card", "{}")
+        .await;
+    assert_eq!(reply.status, 200, "{reply}");
+
+    // Query keys PHP, Rails and Express's qs read as arrays or objects, and `;` that Rack
+    // splits on: a tool's arguments must be read one way only.
+    for path in [
+        "/v1/transfer?account[]=prod",
+        "/v1/transfer?account%5B%5D=prod",
+        "/v1/transfer?account[0]=prod",
+        "/v1/transfer?memo[tag]=x",
+        "/v1/transfer?account=dev;account=prod",
+    ] {
+        rig.refused(API, "POST", path, "{}", path).await;
+    }
+    // Encoded, `;` is data.
+    let reply = rig
+        .send(
+            API,
+            "POST",
+            "/v1/transfer?note=a%3Bb",
+            r#"{"account":"dev"}"#,
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply}");
+
+    // `Mcp_Method` is `Mcp-Method` to CGI-style servers: it must agree with the body too.
+    let before = rig.upstream.seen().len();
+    let reply = rig
+        .send_with(
+            MCP,
+            "POST",
+            "/mcp",
+            &[("mcp_method", "tools/call")],
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        )
+        .await;
+    raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
+    assert_eq!(
+        rig.upstream.seen().len(),
+        before,
+        "Mcp_Method reached the upstream"
+    );
 }

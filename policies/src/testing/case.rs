@@ -535,9 +535,10 @@ pub fn tool_call(
     let args = Value::Object(args);
     let action = Action::Tool {
         name: name.to_owned(),
-        // As the proxy computes them (recognise.rs): no extractor, or nothing usable at its
-        // pointer, is no counted records.
-        impact_records: tool.impact_records(&args).unwrap_or(0),
+        // As the proxy computes them (recognise.rs): no extractor, or nothing at its
+        // pointer, is no counted records; a value that is not a count is refused there, and
+        // is an error of the case here.
+        impact_records: tool.impact_records(&args).map_err(|e| e.to_string())?,
         cost_micros: tool.cost_micros(),
         approval,
         args,

@@ -324,9 +324,9 @@ fn a_tool_case_defaults_to_a_first_unapproved_call_without_arguments() {
         }
     );
     assert_eq!(request.session, SessionState::default());
-    // Without a usable value at the extractor's pointer, no records are counted.
+    // Nothing at the extractor's pointer: no records are counted.
     let request = one_tool_case(
-        "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"pay.bulk_refund\"\nargs = { ids = \"x\" }\nexpect = \"deny\"\n",
+        "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"pay.bulk_refund\"\nargs = { note = \"x\" }\nexpect = \"deny\"\n",
     )
     .unwrap();
     assert!(matches!(
@@ -337,6 +337,17 @@ fn a_tool_case_defaults_to_a_first_unapproved_call_without_arguments() {
             ..
         }
     ));
+    // A value there that is not a count is what the proxy refuses: an error of the case,
+    // not a call of 0 records.
+    let err = one_tool_case(
+        "[[case]]\nname = \"d\"\naction = \"tool\"\ntool = \"pay.bulk_refund\"\nargs = { ids = \"x\" }\nexpect = \"deny\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("impact.records: the argument at /ids is a string"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -93,7 +93,7 @@ const ROUTING_OVERRIDE_PREFIXES: &[&str] = &[
 /// A header name as the upstream's framework may see it: lowercase, with `_` read as `-`
 /// (CGI, WSGI, PHP and Rack all turn both into `HTTP_X_FORWARDED_FOR`). Borrowed when there
 /// is nothing to read differently: every header of every request passes here.
-fn header_key(name: &HeaderName) -> Cow<'_, str> {
+pub(crate) fn header_key(name: &HeaderName) -> Cow<'_, str> {
     let name = name.as_str();
     if name.contains('_') {
         Cow::Owned(name.replace('_', "-"))

@@ -89,7 +89,8 @@ pub(super) async fn run(
             let approval = ctx.mode.approved().map(|a| a.approver.clone());
             let tool = call.tool;
             let body = call.body.clone();
-            let action = call.action(approval);
+            // Before policy: a count it cannot read is refused, never decided as 0.
+            let action = call.action(approval)?;
             decide_one(ctx, req, &session, action, Some((tool, body))).await
         }
         Recognised::Http => {
@@ -355,7 +356,7 @@ pub(super) async fn undo(
         &ctx.principal,
         &session,
         &ctx.target.host,
-        undo_action(tool, args),
+        undo_action(tool, args)?,
         Some((&mut kept, &secret)),
     );
     ctx.audit.update(|r| r.decided = kept);
@@ -368,16 +369,22 @@ pub(super) async fn undo(
     })
 }
 
-/// `Action::"tool:<name>.undo"` for a call of `tool` made with `args`.
-fn undo_action(tool: &ostiary_policies::Tool, args: serde_json::Value) -> Action {
-    Action::Tool {
+/// `Action::"tool:<name>.undo"` for a call of `tool` made with `args`; refused (`400`), as
+/// the call would be, when `impact.records` finds no count in `args`.
+fn undo_action(
+    tool: &ostiary_policies::Tool,
+    args: serde_json::Value,
+) -> Result<Action, ProxyError> {
+    Ok(Action::Tool {
         name: tool.name().to_owned(),
-        impact_records: tool.impact_records(&args).unwrap_or(0),
+        impact_records: tool
+            .impact_records(&args)
+            .map_err(|e| ProxyError::bad_request(e.to_string()))?,
         cost_micros: tool.cost_micros(),
         approval: None,
         undo: true,
         args,
-    }
+    })
 }
 
 /// Policy escalated an approved execution once more: it does not run.

@@ -37,7 +37,7 @@ pub(super) async fn run(
     let req = std::mem::replace(&mut prepared.req, http::Request::new(crate::body::empty()));
     let send = ctx.plane.upstreams.send(
         req,
-        prepared.upgrade || !prepared.multiplexed,
+        prepared.handshake.is_some() || !prepared.multiplexed,
         prepared.injected.identity.as_deref(),
         &ctx.plane.metrics,
     );
@@ -91,6 +91,9 @@ pub(super) async fn run(
         ctx.audit.update(|r| r.upstream = Some(addr));
     }
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // Spliced only once the upstream completed the WebSocket handshake (upgrade.rs says
+        // why); any other 101 is a 502, its upgraded halves dropped, both connections closed.
+        upgrade::switched(prepared.handshake.as_ref(), &mut response)?;
         if let Some(agent) = prepared.agent_upgrade.take() {
             upgrade::splice(
                 ctx.plane,

@@ -4,7 +4,8 @@
 //! it streams: placeholders, the tier's `dlp`, and the `max_bytes_sent` meter.
 //!
 //! After the decision, so nothing is prepared (and no credential fetched) for a refused
-//! request. The WebSocket handshake is only honoured once authorized.
+//! request. The WebSocket handshake is only honoured once authorized, and goes upstream
+//! with a key of the proxy's own ([`upgrade::Handshake`]).
 
 use std::sync::{Arc, OnceLock};
 
@@ -27,8 +28,9 @@ use crate::{approvals, inject};
 pub(crate) struct Prepared {
     pub req: Request<ProxyBody>,
     pub injected: Injected,
-    /// A WebSocket handshake, and the agent's side of it once the upstream switched.
-    pub upgrade: bool,
+    /// A WebSocket handshake (what the upstream's `101` must answer), and the agent's side
+    /// of it once the upstream switched.
+    pub handshake: Option<upgrade::Handshake>,
     pub agent_upgrade: Option<hyper::upgrade::OnUpgrade>,
     /// What keeps the agent's connection counted and drained, for the splice that
     /// outlives it.
@@ -49,7 +51,14 @@ pub(super) async fn run(
     decided: &mut Decided,
 ) -> Result<Prepared, ProxyError> {
     ctx.audit.mark(Phase::Inject);
-    let upgrade = ctx.mode.is_live() && upgrade::is_websocket(&req);
+    // Checked whole before `decide` (a live request); honoured live only: an approved
+    // execution or an undo is never spliced.
+    let handshake = if ctx.mode.is_live() {
+        upgrade::asked(&req)?.map(upgrade::Handshake::new)
+    } else {
+        None
+    };
+    let upgrade = handshake.is_some();
     let agent_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let alive = req.extensions_mut().remove::<crate::shards::Alive>();
     let multiplexed = req.version() == http::Version::HTTP_2;
@@ -57,6 +66,9 @@ pub(super) async fn run(
     // a query credential lands in the URI actually sent.
     let upstream_req = inject::prepare(req, &ctx.target, upgrade)?;
     let (mut parts, upstream_body) = upstream_req.into_parts();
+    if let Some(handshake) = &handshake {
+        handshake.rekey(&mut parts.headers);
+    }
     let injected = ctx
         .plane
         .credentials
@@ -122,7 +134,7 @@ pub(super) async fn run(
     Ok(Prepared {
         req: Request::from_parts(parts, upstream_body),
         injected,
-        upgrade,
+        handshake,
         agent_upgrade,
         alive,
         multiplexed,

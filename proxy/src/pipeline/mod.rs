@@ -164,6 +164,9 @@ async fn run(
         plane, request_id, &mode, audit, note, principal, target, &engine,
     );
     ctx.ticket = Some(ticket);
+    // upgrade — before anything is decided: a request that asks for a WebSocket without
+    // being a whole handshake is malformed, as no `101` to it could be checked (upgrade.rs).
+    upgrade::asked(&req)?;
     let (parts, agent_body) = req.into_parts();
     let (agent_body, agent_body_failed) = body::watched(agent_body);
     let mut req = Request::from_parts(parts, agent_body);

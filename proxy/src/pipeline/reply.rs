@@ -74,7 +74,10 @@ pub(super) async fn run(
         None => response,
     };
     let mut response = response.map(|b| body::stream(body::paced::Paced::new(b)));
-    inject::strip_hop_by_hop(response.headers_mut(), prepared.upgrade && switching);
+    inject::strip_hop_by_hop(
+        response.headers_mut(),
+        prepared.handshake.is_some() && switching,
+    );
     inject::strip_ostiary_headers(response.headers_mut());
     Ok(response)
 }
