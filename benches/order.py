@@ -50,17 +50,28 @@ def profiled(lines) -> list[tuple[int, str]]:
 
 
 def order(listing, ran: list[str]) -> list[str]:
+    """What start-up and the request path run, then the rest of the profile. Within the
+    first part the most-run first (within `.text.hot` too, the hottest code shares pages),
+    then what the profile could not count (the standard library's, SQLite's, ring's) by
+    name. The profile's other functions — code the training ran and a proxy serving
+    requests does not (approvals, MCP, runs, reloads) — come after all of it, so that a
+    proxy's resident code is what it runs, not what sits beside it (docs/benchmarks.md,
+    "Where the binary's resident code is after start-up")."""
+    ran_set = set(ran)
+    hot = [(count, name) for count, name in profiled(listing) if count > 0]
+    by_count = sorted(hot, key=lambda t: (-t[0], t[1]))
     seen: set[str] = set()
     result = []
-    # The most-run first: within `.text.hot` too, the hottest code shares pages.
-    for count, name in sorted(profiled(listing), key=lambda t: (-t[0], t[1])):
-        if count > 0 and name not in seen:
-            seen.add(name)
-            result.append(name)
-    for name in sorted(ran):
-        if name not in seen:
-            seen.add(name)
-            result.append(name)
+
+    def take(names):
+        for name in names:
+            if name not in seen:
+                seen.add(name)
+                result.append(name)
+
+    take(name for _, name in by_count if name in ran_set)
+    take(sorted(ran))
+    take(name for _, name in by_count)
     return result
 
 

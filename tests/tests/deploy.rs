@@ -533,11 +533,13 @@ fn the_shipped_build_lays_out_what_runs_together() {
     );
 }
 
-/// benches/order.py: the profile's functions by how often they ran, then what callgrind
-/// saw that the profile lacks, each once; a function that never ran is left where the
-/// compiler put it, and an empty input or a missing argument is an error, not an empty order.
+/// benches/order.py: what callgrind saw the proxy run, the profile's most-run first and
+/// what the profile lacks after them; then the profile's functions the proxy was not seen
+/// to run (the training's other code), each once; a function that never ran is left where
+/// the compiler put it, and an empty input or a missing argument is an error, not an empty
+/// order.
 #[test]
-fn the_order_puts_the_most_run_first_and_adds_what_the_profile_cannot_see() {
+fn the_order_puts_what_runs_first_the_most_run_first() {
     let dir = tempfile::tempdir().unwrap();
     let listing = "Counters:\n  \
         crate.abc-cgu.0;_ZN4warm17hE:\n    Hash: 0x1\n    Counters: 2\n    Block counts: [5, 40]\n  \
@@ -578,7 +580,7 @@ fn the_order_puts_the_most_run_first_and_adds_what_the_profile_cannot_see() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "_ZN3hot17hE\n_ZN4warm17hE\nsqlite3_open_v2\nyy_reduce.constprop.0\n"
+        "_ZN3hot17hE\nsqlite3_open_v2\nyy_reduce.constprop.0\n_ZN4warm17hE\n"
     );
 
     let empty = dir.path().join("empty.txt");
