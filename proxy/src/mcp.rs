@@ -85,7 +85,7 @@ pub fn endpoint(catalog: &Catalog, target: &Target) -> Result<Option<Endpoint>, 
         if let Some(other) = endpoint_at(catalog, target, routed, false) {
             return Err(ProxyError::bad_request(format!(
                 "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
-                 decode %2F route it to the MCP endpoint {}; send that path",
+                 decode %2F (once or twice) route it to the MCP endpoint {}; send that path",
                 other.url
             )));
         }

@@ -10,8 +10,8 @@
 //! - [`routed`] — what a lenient upstream routes the path as: slashes merged (nginx's
 //!   `merge_slashes`, on by default), `;parameters` cut from each segment (Java servlet
 //!   containers), `%2F` and `%5C` decoded to a separator (servers that decode before
-//!   routing), and a trailing slash dropped (most frameworks route `/a/` as `/a`). A request
-//!   whose lenient form reaches a catalogued tool that its own form does not is refused by
+//!   routing, and `%252F` for those that decode twice), and a trailing slash dropped (most
+//!   frameworks route `/a/` as `/a`). A request whose lenient form reaches a catalogued tool that its own form does not is refused by
 //!   `recognise` rather than decided as plain `http`.
 //!
 //! Neither step allocates for a path that needs no change.
@@ -88,11 +88,18 @@ pub fn routed(path: &str) -> Option<String> {
     let interesting = path.contains("//")
         || path.contains(';')
         || path.contains('\\')
-        || path.as_bytes().windows(3).any(separator_escape);
+        || path.as_bytes().windows(3).any(separator_escape)
+        || path.contains("%25");
     if !interesting {
         return None;
     }
+    // Escaped once more (`%252F`): servers that decode twice (some in front of others) see
+    // a separator there too.
     let separated = path
+        .replace("%252F", "/")
+        .replace("%252f", "/")
+        .replace("%255C", "/")
+        .replace("%255c", "/")
         .replace("%2F", "/")
         .replace("%2f", "/")
         .replace("%5C", "/")
@@ -162,6 +169,15 @@ mod tests {
         );
         assert_eq!(
             routed("/repos/a%5cb/issues").as_deref(),
+            Some("/repos/a/b/issues")
+        );
+        assert_eq!(
+            routed("/repos/a%252Fb/issues").as_deref(),
+            Some("/repos/a/b/issues"),
+            "decoded twice"
+        );
+        assert_eq!(
+            routed("/repos/a%255cb/issues").as_deref(),
             Some("/repos/a/b/issues")
         );
         assert_eq!(routed("/;x").as_deref(), Some("/"));

@@ -76,7 +76,7 @@ pub fn route<'a>(catalog: &'a Catalog, target: &Target) -> Result<Option<Route<'
         if let Some(other) = find(catalog, &host, &target.method, routed) {
             return Err(ProxyError::bad_request(format!(
                 "the path is ambiguous: upstreams that merge slashes, cut `;` parameters or \
-                 decode %2F route it as {routed}, the catalogued tool {}; send that path",
+                 decode %2F (once or twice) route it as {routed}, the catalogued tool {}; send that path",
                 other.tool.name()
             )));
         }

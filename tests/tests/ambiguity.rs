@@ -353,6 +353,7 @@ async fn paths_an_upstream_routes_to_a_tool_are_decided_as_the_tool_or_refused()
         "/v1/refunds%2Fbulk",
         "/v1/refunds%2fbulk",
         "/v1/refunds%5Cbulk",
+        "/v1/refunds%252Fbulk",
         "/v1/refunds/bulk//",
     ] {
         let before = rig.upstream.seen().len();

@@ -4,8 +4,9 @@
 //!
 //! The reference router below is written independently of the proxy: it routes a raw path
 //! the way the most lenient upstream this project knows of does (unreserved escapes
-//! decoded, `%2F`/`%5C`/`\` taken as separators, `;parameters` cut, empty segments and a
-//! trailing slash dropped, the method in any case, HEAD for GET).
+//! decoded, `%2F`/`%5C`/`\` taken as separators, and `%252F`/`%255C` too (it decodes
+//! twice), `;parameters` cut, empty segments and a trailing slash dropped, letters in any
+//! case, the method in any case, HEAD for GET).
 
 use ostiary::recognise;
 use ostiary_policies::Catalog;
@@ -68,6 +69,8 @@ fn decoded(path: &str) -> Vec<u8> {
 fn reference_segments(path: &str) -> Vec<String> {
     let normal = reference_normalize(path);
     let separated = normal
+        .replace("%252F", "/")
+        .replace("%255C", "/")
         .replace("%2F", "/")
         .replace("%5C", "/")
         .replace('\\', "/");
@@ -91,7 +94,8 @@ const LITERALS: &[&str] = &["v1", "refunds", "bulk", "a", "items", "x-y", "~u"];
 #[derive(Debug, TypeGenerator)]
 struct Spelling {
     /// Doubled slash before it, `;param` after it, an escaped first character, `%2F` into
-    /// the next segment instead of `/`: each when its bit is set.
+    /// the next segment instead of `/`, `%252F` instead of `/`, the segment in upper case:
+    /// each when its bit is set.
     flags: u8,
 }
 
@@ -128,6 +132,11 @@ fn sent_path(case: &RouteCase) -> String {
             Seg::Literal(n) => LITERALS[usize::from(*n) % LITERALS.len()].to_owned(),
             Seg::Param => "val".to_owned(),
         };
+        let text = if flags & 32 != 0 {
+            text.to_ascii_uppercase()
+        } else {
+            text
+        };
         let mut text = if flags & 4 != 0 {
             let mut chars = text.chars();
             let first = chars.next().unwrap_or('v');
@@ -138,7 +147,12 @@ fn sent_path(case: &RouteCase) -> String {
         if flags & 2 != 0 {
             text.push_str(";jsessionid=1");
         }
-        let sep = if flags & 8 != 0 && i > 0 { "%2F" } else { "/" };
+        let sep = match (flags & 8 != 0, flags & 16 != 0) {
+            _ if i == 0 => "/",
+            (true, _) => "%2F",
+            (false, true) => "%252F",
+            (false, false) => "/",
+        };
         if flags & 1 != 0 {
             path.push('/');
         }
@@ -176,7 +190,7 @@ fn check_route(case: &RouteCase) {
         && routed
             .iter()
             .zip(&template_segments)
-            .all(|(got, want)| want.starts_with('{') || got == want);
+            .all(|(got, want)| want.starts_with('{') || got.eq_ignore_ascii_case(want));
     let method_matches = method.eq_ignore_ascii_case("GET") || method == "HEAD";
     match recognise::route(&catalog, &target) {
         Ok(Some(route)) => {
