@@ -145,6 +145,56 @@ fn method_matches(route: &str, method: &Method) -> bool {
     route.eq_ignore_ascii_case(method.as_str()) || (route == "GET" && *method == Method::HEAD)
 }
 
+/// Refuse a POST decided as plain `http` to a host that serves catalogued tools when its
+/// form or JSON body names `_method`. Rails (`Rack::MethodOverride`), Laravel and Symfony
+/// run such a POST as the method it names, so `POST /v1/items/1` with `_method=DELETE`,
+/// allowed as `http`, would reach the handler of a catalogued `DELETE /v1/items/{id}` tool.
+/// The body is read (bounded by `limit`, like a tool call's) to look, and put back for
+/// forwarding. Bodies without a content type or of any other (multipart uploads among
+/// them), of other methods and to hosts without tools keep streaming: buffering them would
+/// end the streaming that uploads and echoing upstreams rely on.
+pub(crate) async fn refuse_body_method_override(
+    req: &mut Request<ProxyBody>,
+    catalog: &Catalog,
+    target: &Target,
+    limit: usize,
+) -> Result<(), ProxyError> {
+    if !target.method.as_str().eq_ignore_ascii_case("POST")
+        || !serves_tools(catalog, &target.host.to_string())
+    {
+        return Ok(());
+    }
+    let media = req.headers().get(CONTENT_TYPE).map(|v| {
+        String::from_utf8_lossy(v.as_bytes())
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+    });
+    let json = match media.as_deref() {
+        Some("application/x-www-form-urlencoded") => false,
+        Some(ct) if is_json(ct) => true,
+        _ => return Ok(()),
+    };
+    let bytes = read_body(req, limit).await?;
+    *req.body_mut() = body::full(bytes.clone());
+    let is_override = |key: &str| key.trim().eq_ignore_ascii_case("_method");
+    let names = if json {
+        serde_json::from_slice::<Map<String, Value>>(&bytes)
+            .is_ok_and(|members| members.keys().any(|key| is_override(key)))
+    } else {
+        url::form_urlencoded::parse(&bytes).any(|(key, _)| is_override(&key))
+    };
+    if names {
+        return Err(ProxyError::bad_request(
+            "the body names `_method`, which frameworks run as the request's method (a \
+             catalogued tool's, on this host); send the request with that method instead",
+        ));
+    }
+    Ok(())
+}
+
 /// Whether `host` (canonical text) serves any catalogued tool, REST or MCP.
 pub fn serves_tools(catalog: &Catalog, host: &str) -> bool {
     catalog.tools().iter().any(|tool| tool.server() == host)

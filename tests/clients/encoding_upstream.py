@@ -12,6 +12,9 @@ The echoed value is the request's `X-Api-Key` header (what the proxy injected). 
 - `GET|POST /echo?enc=NAME[&chunk=N][&sse=1][&trailers=1]`: a document of NAME's kind
   (JSON, HTML, text) holding the encoded value, also in the `X-Echo` header; in chunks of
   N bytes, as SSE events, or with the value again in an HTTP/1.1 trailer.
+- `GET /echo?name=1`: the value percent-encoded into a response header's name; `GET
+  /echo?enc=NAME&te=gzip`: the document gzipped as a transfer coding (`Transfer-Encoding:
+  gzip, chunked`).
 - `POST /idem?enc=NAME`: the same echo, answered 201 (an endpoint retried with
   `Idempotency-Key`).
 - `POST /mcp` (JSON-RPC; the encoding in the `X-Enc` request header, `X-As: sse` for an
@@ -29,6 +32,7 @@ Exits 4 if the port is taken.
 import base64
 import binascii
 import errno
+import gzip
 import html
 import html.entities
 import json
@@ -236,8 +240,23 @@ class Handler(BaseHTTPRequestHandler):
         self.answer(404, "text/plain", b"not found\n")
 
     def echo(self, query, status):
+        if query.get("name"):
+            # The value in a header *name* (percent-encoded: a name is a token), in the
+            # case it was sent in.
+            named = "X-N-" + urllib.parse.quote(self.secret(), safe="")
+            return self.answer(status, "text/plain", b"ok\n", {named: "1"})
         name = query.get("enc", "raw")
         ctype, doc = ENCODERS[name](self.secret())
+        if query.get("te"):
+            # A transfer coding other than chunked, which HTTP/1.1 clients take off.
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Transfer-Encoding", "gzip, chunked")
+            self.end_headers()
+            self.send_chunk(gzip.compress(doc.encode()))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
         # The header carries the document's own spelling of the value when it is one line.
         header = doc if len(doc) < 4000 and "\n" not in doc else ""
         if query.get("sse"):

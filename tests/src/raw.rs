@@ -467,10 +467,18 @@ pub async fn send_json(
         .method(http::Method::from_bytes(method.as_bytes()).expect("method"))
         .uri(path)
         .header("host", format!("{host}:{port}"))
-        .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream");
+    // JSON unless `headers` name content types themselves (`content-type: ""` for none).
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+    {
+        req = req.header("content-type", "application/json");
+    }
     for (name, value) in headers {
-        req = req.header(*name, *value);
+        if !value.is_empty() || !name.eq_ignore_ascii_case("content-type") {
+            req = req.header(*name, *value);
+        }
     }
     let req = req.body(Full::new(body.into())).expect("request");
     send_h1(&mut sender, req).await.expect("exchange")

@@ -251,7 +251,10 @@ async fn ambiguous_json_never_reaches_a_case_insensitive_upstream() {
             API,
             "POST",
             "/v1/refunds/bulk",
-            &[("content-type", "application/x-www-form-urlencoded")],
+            &[
+                ("content-type", "application/json"),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
             r#"{"note":"&ids=1&ids=2&ids=3"}"#,
         )
         .await;
@@ -569,11 +572,65 @@ async fn method_overrides_and_query_structure_are_refused() {
             "{path} reached the upstream"
         );
     }
-    // A parameter merely containing the word is not an override.
+    // In the form or JSON body of a POST decided as plain http, to a host that serves
+    // tools: Rails reads form bodies, Laravel and Symfony JSON too.
+    for (content_type, body) in [
+        ("application/x-www-form-urlencoded", "a=1&_method=DELETE"),
+        ("application/x-www-form-urlencoded", "%5Fmethod=DELETE"),
+        (
+            "application/x-www-form-urlencoded; charset=utf-8",
+            "_METHOD=put",
+        ),
+        ("application/json", r#"{"_method":"DELETE"}"#),
+        ("application/vnd.api+json", r#"{"x":1,"_Method":"DELETE"}"#),
+    ] {
+        let before = rig.upstream.seen().len();
+        let reply = rig
+            .send_with(
+                API,
+                "POST",
+                "/v1/items/1",
+                &[("content-type", content_type)],
+                body,
+            )
+            .await;
+        let (answer, _) = raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
+        assert!(
+            answer["reason"].as_str().unwrap().contains("_method"),
+            "{content_type} {body}: {answer}"
+        );
+        assert_eq!(
+            rig.upstream.seen().len(),
+            before,
+            "{content_type} {body} reached the upstream"
+        );
+    }
+    // A parameter merely containing the word is not an override, and a body the host's
+    // frameworks take no override from streams on.
     let reply = rig
         .send(API, "POST", "/v1/items/1?payment_method=card", "{}")
         .await;
     assert_eq!(reply.status, 200, "{reply}");
+    for (content_type, body) in [
+        (
+            "application/json",
+            r#"{"payment_method":"card","note":"_method"}"#,
+        ),
+        ("application/x-www-form-urlencoded", "payment_method=card"),
+        ("text/plain", "_method=DELETE"),
+        ("", "payment_method=card"),
+    ] {
+        let reply = rig
+            .send_with(
+                API,
+                "POST",
+                "/v1/items/1",
+                &[("content-type", content_type)],
+                body,
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{content_type} {body}: {reply}");
+    }
 
     // Query keys PHP, Rails and Express's qs read as arrays or objects, and `;` that Rack
     // splits on: a tool's arguments must be read one way only.

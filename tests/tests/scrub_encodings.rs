@@ -377,6 +377,33 @@ async fn every_encoder_s_echo_is_scrubbed_from_live_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_in_a_header_name_or_under_a_transfer_coding_never_reaches_the_agent() {
+    let rig = Rig::start().await;
+    let mut haystacks = Haystacks::new();
+    // Reflected into a header's name, which arrives lowercased: the header goes.
+    let reply = rig.send("GET", "/echo?name=1", &[], "").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply}");
+    assert!(
+        reply
+            .headers
+            .keys()
+            .all(|n| !n.as_str().starts_with("x-n-")),
+        "{reply}"
+    );
+    haystacks.extend(reply_haystacks("name", &reply));
+    // Under `Transfer-Encoding: gzip, chunked`, which hyper does not take off: nothing the
+    // scrubber cannot read passes, so the answer is a 502.
+    for enc in ["raw", "json_dotnet", "html_escape"] {
+        let path = format!("/echo?enc={enc}&te=gzip");
+        let reply = rig.send("GET", &path, &[], "").await;
+        raw::assert_ostiary_error(&reply, 502, "upstream_error");
+        haystacks.extend(reply_haystacks(&path, &reply));
+    }
+    assert_clean(&haystacks);
+    assert_no_trace(&rig).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_echoing_the_canary_are_scrubbed() {
     let rig = Rig::start().await;
     let mut haystacks = Haystacks::new();

@@ -90,6 +90,17 @@ pub(super) async fn run(
         let addr = addr_text(addr);
         ctx.audit.update(|r| r.upstream = Some(addr));
     }
+    // hyper takes `chunked` off an answer's body and leaves any other transfer coding on
+    // it: a `gzip, chunked` answer would reach the agent still compressed, where neither
+    // the scrubber nor response DLP can read it, and nothing undecoded may pass.
+    if let Some(coding) = other_transfer_coding(response.headers()) {
+        return Err(ProxyError::Upstream {
+            reason: format!(
+                "the upstream's answer has the transfer coding {coding:?}, which the proxy \
+                 does not decode"
+            ),
+        });
+    }
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         // Spliced only once the upstream completed the WebSocket handshake (upgrade.rs says
         // why); any other 101 is a 502, its upgraded halves dropped, both connections closed.
@@ -106,6 +117,20 @@ pub(super) async fn run(
         }
     }
     Ok(response)
+}
+
+/// The first transfer coding of an answer other than `chunked`, if any.
+fn other_transfer_coding(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|t| t.trim().to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        })
+        .find(|t| !t.is_empty() && t != "chunked")
 }
 
 /// `addr` as its `Display` spells it. An IPv4 address is written out directly: every
@@ -129,7 +154,24 @@ fn addr_text(addr: &std::net::SocketAddr) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::addr_text;
+    use super::{addr_text, other_transfer_coding};
+
+    #[test]
+    fn only_chunked_passes_as_a_transfer_coding() {
+        let with = |values: &[&str]| {
+            let mut headers = http::HeaderMap::new();
+            for v in values {
+                headers.append(http::header::TRANSFER_ENCODING, v.parse().unwrap());
+            }
+            other_transfer_coding(&headers)
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&["chunked"]), None);
+        assert_eq!(with(&["Chunked"]), None);
+        assert_eq!(with(&["gzip, chunked"]).as_deref(), Some("gzip"));
+        assert_eq!(with(&["deflate", "chunked"]).as_deref(), Some("deflate"));
+        assert_eq!(with(&["chunked", "X-Custom"]).as_deref(), Some("x-custom"));
+    }
 
     #[test]
     fn an_address_is_spelled_as_display_spells_it() {

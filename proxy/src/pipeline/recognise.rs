@@ -1,7 +1,8 @@
 //! Phase `recognise`: what a classified request is to policy — a call of a catalogued REST
 //! tool (its body read, bounded, into arguments), JSON-RPC to a catalogued MCP endpoint (its
-//! body parsed), or plain `http` (its body keeps streaming) — and the tier it is rated and
-//! checked by ([`crate::recognise`], [`crate::mcp`] do the matching and parsing).
+//! body parsed), or plain `http` (its body keeps streaming, unless it is a POST to a host
+//! that serves tools, whose body is read for a method override) — and the tier it is rated
+//! and checked by ([`crate::recognise`], [`crate::mcp`] do the matching and parsing).
 
 use bytes::Bytes;
 use http::Request;
@@ -59,7 +60,8 @@ impl Recognised<'_> {
 }
 
 /// Recognise the request. Only a recognised call's body is read (bounded by
-/// `proxy.max_tool_body_bytes`); every other body keeps streaming. An approved execution
+/// `proxy.max_tool_body_bytes`), and a plain POST's to a host that serves tools, for a
+/// method override; every other body keeps streaming. An approved execution
 /// must be recognised as the tool it was held as, under the catalog in force now.
 pub(super) async fn run<'e>(
     ctx: &mut RequestCtx<'e>,
@@ -104,6 +106,7 @@ pub(super) async fn run<'e>(
         }
     }
     same_tool(ctx, None)?;
+    routes::refuse_body_method_override(req, engine.catalog(), &ctx.target, limit).await?;
     Ok(Recognised::Http)
 }
 

@@ -88,6 +88,9 @@ pub struct Scrubber {
 struct Inner {
     /// `None` when there is nothing to scrub.
     matcher: Option<Matcher>,
+    /// Every form lowercased, in all its spellings: header names arrive lowercased (hyper,
+    /// HTTP/2), so a secret reflected into one is no longer spelled as it was sent.
+    in_names: Option<Matcher>,
     patterns: usize,
     marker: Bytes,
 }
@@ -116,6 +119,14 @@ impl Scrubber {
             }
         }
         let matcher = Matcher::new(&all);
+        let lowered: Vec<patterns::Form> = all
+            .iter()
+            .map(|f| patterns::Form {
+                text: f.text.to_ascii_lowercase(),
+                escapable: f.escapable,
+            })
+            .collect();
+        let in_names = Matcher::new(&lowered);
         let marker = match &matcher {
             Some(m) if m.is_match(REDACTED.as_bytes()) => {
                 if m.is_match(REDACTED_FALLBACK.as_bytes()) {
@@ -129,6 +140,7 @@ impl Scrubber {
         Scrubber {
             inner: Arc::new(Inner {
                 matcher,
+                in_names,
                 patterns: all.len(),
                 marker,
             }),
@@ -208,7 +220,14 @@ impl Scrubber {
         // a name cannot be redacted in place.
         let named: Vec<http::HeaderName> = headers
             .keys()
-            .filter(|name| matches!(self.replace(name.as_str().as_bytes()).0, Cow::Owned(_)))
+            .filter(|name| {
+                matches!(self.replace(name.as_str().as_bytes()).0, Cow::Owned(_))
+                    || self
+                        .inner
+                        .in_names
+                        .as_ref()
+                        .is_some_and(|m| m.is_match(name.as_str().as_bytes()))
+            })
             .cloned()
             .collect();
         for name in named {
