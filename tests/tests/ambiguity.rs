@@ -133,6 +133,13 @@ impl Rig {
         .await
     }
 
+    /// A POST of `body` to `path` on the API host with `content_type` (`""`: none).
+    async fn post_typed(&self, path: &str, content_type: &str, body: &str) -> Reply {
+        let headers = [("content-type", content_type)];
+        self.send_with(API, "POST", path, &headers, body.to_owned())
+            .await
+    }
+
     /// Send, expect `400 bad_request` naming an ambiguity, and check nothing reached the
     /// upstream.
     async fn refused(&self, host: &str, method: &str, path: &str, body: &str, what: &str) {
@@ -585,15 +592,7 @@ async fn method_overrides_and_query_structure_are_refused() {
         ("application/vnd.api+json", r#"{"x":1,"_Method":"DELETE"}"#),
     ] {
         let before = rig.upstream.seen().len();
-        let reply = rig
-            .send_with(
-                API,
-                "POST",
-                "/v1/items/1",
-                &[("content-type", content_type)],
-                body,
-            )
-            .await;
+        let reply = rig.post_typed("/v1/items/1", content_type, body).await;
         let (answer, _) = raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
         assert!(
             answer["reason"].as_str().unwrap().contains("_method"),
@@ -620,15 +619,7 @@ async fn method_overrides_and_query_structure_are_refused() {
         ("text/plain", "_method=DELETE"),
         ("", "payment_method=card"),
     ] {
-        let reply = rig
-            .send_with(
-                API,
-                "POST",
-                "/v1/items/1",
-                &[("content-type", content_type)],
-                body,
-            )
-            .await;
+        let reply = rig.post_typed("/v1/items/1", content_type, body).await;
         assert_eq!(reply.status, 200, "{content_type} {body}: {reply}");
     }
 
