@@ -9,7 +9,7 @@
 //!
 //! A missing `tools.toml` is an empty catalog: every request then stays `Action::"http"`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -19,6 +19,11 @@ use toml::Spanned;
 use crate::args::{self, Omitted, RecordType};
 use crate::labels::{check_labels, HostLabels, HostProblem, LabelProblem, RawHost};
 use crate::undo::UndoSpec;
+pub use impact::ImpactError;
+pub use path_template::PathTemplate;
+
+mod impact;
+mod path_template;
 
 /// File name of the catalog inside the policy directory.
 pub const CATALOG_FILE: &str = "tools.toml";
@@ -151,130 +156,6 @@ pub enum ToolMatch {
     Mcp { endpoint: url::Url, tool: String },
 }
 
-/// A REST path template: `/repos/{owner}/{repo}/issues`. A `{param}` fills a whole segment
-/// and its value becomes `args.<param>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathTemplate {
-    text: String,
-    segments: Vec<Segment>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Literal(String),
-    Param(String),
-}
-
-impl PathTemplate {
-    /// Parse and check a template: it starts with `/`, holds no query or fragment, and each
-    /// `{...}` is a whole segment naming a distinct identifier. A trailing slash is not part
-    /// of a route (`/a/` and `/a` are one route, as most frameworks route them): the proxy
-    /// matches paths with a trailing slash trimmed.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let Some(rest) = text.strip_prefix('/') else {
-            return Err("must start with `/`".into());
-        };
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if text.contains(['?', '#']) {
-            return Err("must not hold a query or fragment".into());
-        }
-        let mut seen = HashSet::new();
-        let mut segments = Vec::new();
-        for segment in rest.split('/') {
-            if let Some(name) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-                if !args::is_identifier(name) {
-                    return Err(format!(
-                        "parameter {{{name}}} must be an identifier (letters, digits, `_`)"
-                    ));
-                }
-                if !seen.insert(name.to_owned()) {
-                    return Err(format!("parameter {{{name}}} appears twice"));
-                }
-                segments.push(Segment::Param(name.to_owned()));
-            } else if segment.contains(['{', '}']) {
-                return Err(format!(
-                    "segment {segment:?}: a parameter must fill a whole segment (`/{{name}}/`)"
-                ));
-            } else {
-                segments.push(Segment::Literal(segment.to_owned()));
-            }
-        }
-        Ok(Self {
-            text: text.to_owned(),
-            segments,
-        })
-    }
-
-    /// The template as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The parameter names, in order.
-    pub fn params(&self) -> impl Iterator<Item = &str> {
-        self.segments.iter().filter_map(|s| match s {
-            Segment::Param(name) => Some(name.as_str()),
-            Segment::Literal(_) => None,
-        })
-    }
-
-    /// The parameters of `path` (no query) if it matches, segment for segment, one trailing
-    /// slash either way. Values are taken as they appear (still percent-encoded); an empty
-    /// segment never fills a parameter.
-    pub fn captures(&self, path: &str) -> Option<Vec<(String, String)>> {
-        let rest = self.matched(path, |lit, part| lit == part)?;
-        let params = self.segments.iter().zip(rest.split('/'));
-        Some(
-            params
-                .filter_map(|(segment, part)| match segment {
-                    Segment::Param(name) => Some((name.clone(), part.to_owned())),
-                    Segment::Literal(_) => None,
-                })
-                .collect(),
-        )
-    }
-
-    /// Whether `path` matches with its literal segments compared ignoring ASCII case: the
-    /// route an upstream that routes case-insensitively (Express and ASP.NET Core by
-    /// default) takes for it.
-    pub fn matches_ignoring_case(&self, path: &str) -> bool {
-        self.matched(path, |lit, part| lit.eq_ignore_ascii_case(part))
-            .is_some()
-    }
-
-    /// `path` without its leading and one trailing slash, if its segments match the
-    /// template's, literals compared by `same`.
-    fn matched<'p>(&self, path: &'p str, same: impl Fn(&str, &str) -> bool) -> Option<&'p str> {
-        let path = match path.strip_suffix('/') {
-            Some(trimmed) if !trimmed.is_empty() => trimmed,
-            _ => path,
-        };
-        let rest = path.strip_prefix('/')?;
-        // Every route of the catalog is tried against every request's path: nothing is
-        // allocated until the path has matched.
-        let parts = || rest.split('/');
-        let matches = parts().count() == self.segments.len()
-            && self
-                .segments
-                .iter()
-                .zip(parts())
-                .all(|(segment, part)| match segment {
-                    Segment::Literal(lit) => same(lit, part),
-                    Segment::Param(_) => !part.is_empty(),
-                });
-        matches.then_some(rest)
-    }
-}
-
-/// Why a call's `impact.records` could not be read as a count ([`Tool::impact_records`]).
-/// It names the pointer and what kind of JSON value is there, never the value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("impact.records: the argument at {pointer} is {what}, not a count of records")]
-pub struct ImpactError {
-    pointer: String,
-    what: &'static str,
-}
-
 /// One checked catalog entry.
 #[derive(Debug, Clone)]
 pub struct Tool {
@@ -362,30 +243,9 @@ impl Tool {
     /// object, a boolean — is an [`ImpactError`]: a policy bounding the count would
     /// otherwise read 0 and let the largest call through. The caller refuses the call.
     pub fn impact_records(&self, args: &Value) -> Result<i64, ImpactError> {
-        let Some(pointer) = self.impact_records.as_deref() else {
-            return Ok(0);
-        };
-        let not_a_count = |what: &'static str| ImpactError {
-            pointer: pointer.to_owned(),
-            what,
-        };
-        match args.pointer(pointer) {
-            None | Some(Value::Null) => Ok(0),
-            Some(Value::Array(items)) => {
-                i64::try_from(items.len()).map_err(|_| not_a_count("an array too long to count"))
-            }
-            Some(Value::Number(n)) => match args::integer(n) {
-                Some(count) if count >= 0 => Ok(count),
-                Some(_) => Err(not_a_count("a negative number")),
-                None if n.as_f64().is_some_and(|f| f.fract() != 0.0) => {
-                    Err(not_a_count("a fractional number"))
-                }
-                None => Err(not_a_count("a number beyond the 64-bit range")),
-            },
-            Some(Value::String(s)) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => s
-                .parse()
-                .map_err(|_| not_a_count("a string of digits beyond the 64-bit range")),
-            Some(other) => Err(not_a_count(args::kind(other))),
+        match self.impact_records.as_deref() {
+            None => Ok(0),
+            Some(pointer) => impact::count(pointer, args),
         }
     }
 
@@ -837,104 +697,4 @@ fn check_pointer(pointer: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::{json, Value};
-
-    use super::Catalog;
-
-    /// `impact.records` of a call of a tool whose pointer is `/count`, given `args`.
-    fn records(args: Value) -> Result<i64, String> {
-        let catalog = Catalog::parse(
-            "tools.toml",
-            r#"
-[[tool]]
-name = "pay.export"
-tier = "high_impact"
-match = { host = "pay.example.com", method = "POST", path = "/v1/export" }
-impact = { records = "/count" }
-"#,
-            None,
-        )
-        .unwrap();
-        let tool = catalog.get("pay.export").unwrap();
-        tool.impact_records(&args).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn impact_records_counts_what_policy_bounds() {
-        for (count, expected, what) in [
-            (json!(1000), 1000, "integer"),
-            (json!(1000.0), 1000, "integral float"),
-            (serde_json::from_str("1e3").unwrap(), 1000, "exponent"),
-            (
-                serde_json::from_str("1.0e3").unwrap(),
-                1000,
-                "exponent, fraction",
-            ),
-            (json!(0), 0, "zero"),
-            (json!("5000"), 5000, "digit string (a query value)"),
-            (json!("007"), 7, "leading zeros"),
-            (json!(["a", "b", "c"]), 3, "array"),
-            (json!([]), 0, "empty array"),
-            (Value::Null, 0, "null"),
-        ] {
-            assert_eq!(records(json!({ "count": count })), Ok(expected), "{what}");
-        }
-        assert_eq!(records(json!({})), Ok(0), "absent");
-        assert_eq!(records(json!({"other": 5})), Ok(0), "absent, others given");
-    }
-
-    #[test]
-    fn impact_records_that_are_not_a_count_are_refused_without_their_value() {
-        for (count, kind) in [
-            (json!(-5), "a negative number"),
-            (serde_json::from_str("-1e3").unwrap(), "a negative number"),
-            (json!(1000.5), "a fractional number"),
-            (serde_json::from_str("1e-3").unwrap(), "a fractional number"),
-            (json!(u64::MAX), "a number beyond the 64-bit range"),
-            (json!(1e19), "a number beyond the 64-bit range"),
-            (json!(1e300), "a number beyond the 64-bit range"),
-            (
-                json!("99999999999999999999"),
-                "a string of digits beyond the 64-bit range",
-            ),
-            (json!("5,000"), "a string"),
-            (json!("a,b,c"), "a string"),
-            (json!("-5"), "a string"),
-            (json!(" 5"), "a string"),
-            (json!(""), "a string"),
-            (json!({"0": "a", "1": "b"}), "an object"),
-            (json!(true), "a boolean"),
-        ] {
-            let err = records(json!({ "count": count.clone() })).unwrap_err();
-            assert_eq!(
-                err,
-                format!("impact.records: the argument at /count is {kind}, not a count of records"),
-                "{count}"
-            );
-        }
-        // The message names the pointer and the kind, never the value.
-        let err = records(json!({"count": "secret-token-123"})).unwrap_err();
-        assert!(!err.contains("secret"), "{err}");
-    }
-
-    #[test]
-    fn no_extractor_counts_nothing() {
-        let catalog = Catalog::parse(
-            "tools.toml",
-            r#"
-[[tool]]
-name = "pay.read"
-tier = "read"
-match = { host = "pay.example.com", method = "GET", path = "/v1/items" }
-"#,
-            None,
-        )
-        .unwrap();
-        let tool = catalog.get("pay.read").unwrap();
-        assert_eq!(tool.impact_records(&json!({"count": {"x": 1}})), Ok(0));
-    }
 }
