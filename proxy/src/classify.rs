@@ -161,13 +161,8 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
     }
     let query = uri.query().unwrap_or("");
     if overrides_method(query) {
-        // Rails (Rack::MethodOverride), Laravel, Symfony and Express's method-override run
-        // a POST carrying `_method=DELETE` as a DELETE: policy would decide one method and
-        // the upstream run another. (The header spellings are stripped in `inject`.)
-        return Err(ProxyError::bad_request(
-            "the query names `_method`, which frameworks run as the request's method; send \
-             the request with that method instead",
-        ));
+        // The header spellings of an override are stripped in `inject`.
+        return Err(crate::recognise::method_override_refused("the query"));
     }
     Ok(Target {
         scheme,
@@ -189,7 +184,7 @@ fn overrides_method(query: &str) -> bool {
             .any(|w| w.eq_ignore_ascii_case(b"_method"));
     could
         && url::form_urlencoded::parse(query.as_bytes())
-            .any(|(key, _)| key.trim().eq_ignore_ascii_case("_method"))
+            .any(|(key, _)| crate::recognise::is_method_override(&key))
 }
 
 /// A `.` or `..` segment, literally or percent-encoded (`%2e`), anywhere in the path.

@@ -145,6 +145,37 @@ fn method_matches(route: &str, method: &Method) -> bool {
     route.eq_ignore_ascii_case(method.as_str()) || (route == "GET" && *method == Method::HEAD)
 }
 
+/// Whether a parameter or member named `key` is a method override: Rails
+/// (`Rack::MethodOverride`), Laravel, Symfony and Express's method-override run a POST that
+/// carries `_method=DELETE` as a DELETE, so policy would decide one method and the upstream
+/// run another. Any case, surrounding blanks ignored (a form's `+_method`).
+pub(crate) fn is_method_override(key: &str) -> bool {
+    key.trim().eq_ignore_ascii_case("_method")
+}
+
+/// The refusal of a request carrying a method override in `place` (the query, the body).
+pub(crate) fn method_override_refused(place: &str) -> ProxyError {
+    ProxyError::bad_request(format!(
+        "{place} names `_method`, which frameworks run as the request's method; send the \
+         request with that method instead"
+    ))
+}
+
+/// A message's media type, lowercased, without parameters (`application/json` of
+/// `application/json; charset=utf-8`); `None` without a readable `Content-Type`.
+pub(crate) fn media_type(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        })
+}
+
 /// Refuse a POST decided as plain `http` to a host that serves catalogued tools when its
 /// form or JSON body names `_method`. Rails (`Rack::MethodOverride`), Laravel and Symfony
 /// run such a POST as the method it names, so `POST /v1/items/1` with `_method=DELETE`,
@@ -159,38 +190,27 @@ pub(crate) async fn refuse_body_method_override(
     target: &Target,
     limit: usize,
 ) -> Result<(), ProxyError> {
-    if !target.method.as_str().eq_ignore_ascii_case("POST")
-        || !serves_tools(catalog, &target.host.to_string())
-    {
+    if !target.method.as_str().eq_ignore_ascii_case("POST") {
         return Ok(());
     }
-    let media = req.headers().get(CONTENT_TYPE).map(|v| {
-        String::from_utf8_lossy(v.as_bytes())
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase()
-    });
-    let json = match media.as_deref() {
+    let json = match media_type(req.headers()).as_deref() {
         Some("application/x-www-form-urlencoded") => false,
         Some(ct) if is_json(ct) => true,
         _ => return Ok(()),
     };
+    if !serves_tools(catalog, &target.host.to_string()) {
+        return Ok(());
+    }
     let bytes = read_body(req, limit).await?;
     *req.body_mut() = body::full(bytes.clone());
-    let is_override = |key: &str| key.trim().eq_ignore_ascii_case("_method");
     let names = if json {
         serde_json::from_slice::<Map<String, Value>>(&bytes)
-            .is_ok_and(|members| members.keys().any(|key| is_override(key)))
+            .is_ok_and(|members| members.keys().any(|key| is_method_override(key)))
     } else {
-        url::form_urlencoded::parse(&bytes).any(|(key, _)| is_override(&key))
+        url::form_urlencoded::parse(&bytes).any(|(key, _)| is_method_override(&key))
     };
     if names {
-        return Err(ProxyError::bad_request(
-            "the body names `_method`, which frameworks run as the request's method (a \
-             catalogued tool's, on this host); send the request with that method instead",
-        ));
+        return Err(method_override_refused("the body"));
     }
     Ok(())
 }
@@ -264,14 +284,10 @@ impl<'a> Route<'a> {
         for (key, value) in query.into_iter().chain(path) {
             args.insert(key, Value::String(value));
         }
-        if let Some(key) = args.keys().find(|k| k.eq_ignore_ascii_case("_method")) {
+        if args.keys().any(|key| is_method_override(key)) {
             // Laravel and Symfony read `_method` from a JSON body too (see `classify` for
             // the query's).
-            return Err(ProxyError::bad_request(format!(
-                "the body names {}, which frameworks run as the request's method; send the \
-                 request with that method instead",
-                crate::strict_json::quote(key)
-            )));
+            return Err(method_override_refused("the body"));
         }
         let args = Value::Object(args);
         spelled_as_declared(self.tool, &args)?;
@@ -355,16 +371,7 @@ fn body_args(headers: &HeaderMap, bytes: &[u8]) -> Result<Map<String, Value>, Pr
     if bytes.is_empty() {
         return Ok(Map::new());
     }
-    let content_type = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_ascii_lowercase()
-        });
+    let content_type = media_type(headers);
     if let Some(ct) = content_type.filter(|ct| !is_json(ct)) {
         return Err(ProxyError::bad_request(format!(
             "the body of a tool call must be JSON, not {ct}"

@@ -15,6 +15,7 @@
 
 pub mod browser;
 pub mod clients;
+pub mod lenient;
 pub mod openbao;
 pub mod pki;
 pub mod proxy;

@@ -7,10 +7,7 @@
 //! reach it: every ambiguous spelling must be refused (400) or decided as the tool, and the
 //! log shows that nothing ambiguous arrived.
 
-use bytes::Bytes;
-use ostiary_e2e::clients::LenientUpstream;
-use ostiary_e2e::pki::TestCa;
-use ostiary_e2e::proxy::{ProxySpec, TestProxy};
+use ostiary_e2e::lenient::LenientRig;
 use ostiary_e2e::raw::{self, Reply};
 use serde_json::json;
 
@@ -78,59 +75,19 @@ match = {{ mcp = "https://{MCP}:{port}/mcp", tool = "delete_file" }}
     )
 }
 
-struct Rig {
-    upstream: LenientUpstream,
-    proxy: TestProxy,
-    token: String,
+/// The lenient rig, with this file's checks of what it answers.
+struct Rig(LenientRig);
+
+impl std::ops::Deref for Rig {
+    type Target = LenientRig;
+    fn deref(&self) -> &LenientRig {
+        &self.0
+    }
 }
 
 impl Rig {
     async fn start() -> Self {
-        let ca = TestCa::new();
-        let upstream = LenientUpstream::start(&ca, &[API, MCP]).await;
-        let proxy = TestProxy::start(ProxySpec {
-            policies: POLICIES.into(),
-            tools_toml: Some(tools_toml(upstream.port)),
-            names: vec![API.into(), MCP.into()],
-            ports: vec![upstream.port],
-            upstream_ca_pem: Some(ca.ca_pem()),
-            ..Default::default()
-        })
-        .await;
-        let token = proxy.session("agent").await.token;
-        Self {
-            upstream,
-            proxy,
-            token,
-        }
-    }
-
-    /// `method path` with `body` to `host`, through an intercepted tunnel.
-    async fn send(&self, host: &str, method: &str, path: &str, body: impl Into<Bytes>) -> Reply {
-        self.send_with(host, method, path, &[], body).await
-    }
-
-    /// [`Self::send`] with extra `headers`.
-    async fn send_with(
-        &self,
-        host: &str,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: impl Into<Bytes>,
-    ) -> Reply {
-        let port = self.upstream.port;
-        raw::send_json(
-            &self.proxy,
-            &self.token,
-            host,
-            port,
-            method,
-            path,
-            headers,
-            body,
-        )
-        .await
+        Self(LenientRig::start(&[API, MCP], POLICIES, tools_toml, "").await)
     }
 
     /// A POST of `body` to `path` on the API host with `content_type` (`""`: none).

@@ -6,11 +6,8 @@
 //! records. The upstream (`clients/lenient_upstream.py`) logs what reaches it, so each
 //! refusal and hold is also shown not to have been forwarded.
 
-use bytes::Bytes;
-use ostiary_e2e::clients::LenientUpstream;
-use ostiary_e2e::pki::TestCa;
-use ostiary_e2e::proxy::{ProxySpec, TestProxy};
-use ostiary_e2e::raw::{self, Reply};
+use ostiary_e2e::lenient::LenientRig;
+use ostiary_e2e::raw;
 use serde_json::{json, Value};
 
 const API: &str = "api.counts.test";
@@ -62,56 +59,27 @@ impact = {{ records = "/ids" }}
     )
 }
 
-struct Rig {
-    proxy: TestProxy,
-    token: String,
-    upstream: LenientUpstream,
+/// The lenient rig, with this file's checks of what it answers.
+struct Rig(LenientRig);
+
+impl std::ops::Deref for Rig {
+    type Target = LenientRig;
+    fn deref(&self) -> &LenientRig {
+        &self.0
+    }
 }
 
 impl Rig {
     async fn start() -> Self {
-        let ca = TestCa::new();
-        let upstream = LenientUpstream::start(&ca, &[API, MCP]).await;
-        let proxy = TestProxy::start(ProxySpec {
-            policies: POLICIES.into(),
-            tools_toml: Some(tools_toml(upstream.port)),
-            names: vec![API.into(), MCP.into()],
-            ports: vec![upstream.port],
-            upstream_ca_pem: Some(ca.ca_pem()),
-            // Holds and refusals in a row are the point here, not a runaway loop.
-            extra_toml: "[sessions]\nmax_pending_approvals = 100\n\n\
-                         [sessions.watchdog]\nenabled = false\n"
-                .into(),
-            ..Default::default()
-        })
-        .await;
-        let token = proxy.session("agent").await.token;
-        Self {
-            proxy,
-            token,
-            upstream,
-        }
+        // Holds and refusals in a row are the point here, not a runaway loop.
+        let extra = "[sessions]\nmax_pending_approvals = 100\n\n\
+                     [sessions.watchdog]\nenabled = false\n";
+        Self(LenientRig::start(&[API, MCP], POLICIES, tools_toml, extra).await)
     }
 
     /// How many requests the upstream received so far.
     fn seen(&self) -> usize {
         self.upstream.seen().len()
-    }
-
-    /// `method path` with `body` to `host`, through an intercepted tunnel.
-    async fn send(&self, host: &str, method: &str, path: &str, body: impl Into<Bytes>) -> Reply {
-        let port = self.upstream.port;
-        raw::send_json(
-            &self.proxy,
-            &self.token,
-            host,
-            port,
-            method,
-            path,
-            &[],
-            body,
-        )
-        .await
     }
 
     /// Send; expect it held for a human (`202 approval_pending`, audited as escalated) and

@@ -173,18 +173,7 @@ impl ReplyPlan {
         response: Response<ProxyBody>,
         scrubber: Option<&Scrubber>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let media = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_ascii_lowercase()
-            })
-            .unwrap_or_default();
+        let media = crate::recognise::media_type(response.headers()).unwrap_or_default();
         let status = response.status();
         let (mut parts, incoming) = response.into_parts();
         if status == StatusCode::ACCEPTED && !self.refused.is_empty() {

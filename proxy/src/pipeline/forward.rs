@@ -119,18 +119,20 @@ pub(super) async fn run(
     Ok(response)
 }
 
-/// The first transfer coding of an answer other than `chunked`, if any.
+/// The first transfer coding of an answer other than `chunked`, if any (a value that is not
+/// text counts as one). Allocates only for what it reports.
 fn other_transfer_coding(headers: &http::HeaderMap) -> Option<String> {
     headers
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
-        .flat_map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
+        .find_map(|v| match v.to_str() {
+            Ok(text) => text
                 .split(',')
-                .map(|t| t.trim().to_ascii_lowercase())
-                .collect::<Vec<_>>()
+                .map(str::trim)
+                .find(|t| !t.is_empty() && !t.eq_ignore_ascii_case("chunked"))
+                .map(str::to_ascii_lowercase),
+            Err(_) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
         })
-        .find(|t| !t.is_empty() && t != "chunked")
 }
 
 /// `addr` as its `Display` spells it. An IPv4 address is written out directly: every
