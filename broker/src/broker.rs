@@ -44,7 +44,8 @@ pub trait LeaseJournal: Send + Sync + std::fmt::Debug {
 /// A credential as handed to the proxy: what it is, for which binding, and until when.
 #[derive(Debug)]
 pub struct Held {
-    /// Unique per fetched credential, for caches keyed on it (scrubbers, mTLS clients).
+    /// Unique per fetched credential, for what is keyed on it (the scrubber's coverage, mTLS
+    /// clients).
     pub id: u64,
     pub binding: Arc<Binding>,
     pub credential: Credential,
@@ -56,6 +57,11 @@ impl Held {
     /// Whether this may still be used at `now`.
     pub fn usable(&self, now: Instant) -> bool {
         now < self.cache_until
+    }
+
+    /// When the broker stops handing it out (a fetch replaces it after that).
+    pub fn cache_until(&self) -> Instant {
+        self.cache_until
     }
 }
 
@@ -93,7 +99,7 @@ pub struct Revoked {
     /// `(binding, lease id, error)` that failed and are quarantined.
     pub quarantined: Vec<(String, String, String)>,
     /// Ids of the cached credentials dropped ([`Held::id`]), so that what callers derived
-    /// from them (clients holding a certificate key, scrubbers) goes too.
+    /// from them (clients holding a certificate key) goes too.
     pub dropped: Vec<u64>,
 }
 
@@ -101,10 +107,6 @@ pub struct Revoked {
 struct SessionLedger {
     keys: Vec<Key>,
     leases: Vec<OwedLease>,
-    /// Bumped each time a credential fetched for the session is in the cache: a caller
-    /// that derived something from the session's credentials (the proxy's response
-    /// scrubber) rebuilds it when the stamp moved, and reads nothing else per request.
-    stamp: u64,
 }
 
 /// The credential broker.
@@ -319,18 +321,6 @@ impl Broker {
             self.cache.invalidate(&key).await;
             return Box::pin(self.credential(binding, who)).await;
         }
-        if fetched {
-            // After the insert, never before: whoever reads the new stamp then finds the
-            // credential in the cache ([`Broker::holdings`]).
-            if let Some(entry) = self
-                .ledger
-                .lock()
-                .expect("broker ledger poisoned")
-                .get_mut(&session)
-            {
-                entry.stamp += 1;
-            }
-        }
         Ok((entry, fetched))
     }
 
@@ -528,27 +518,15 @@ impl Broker {
             .sum()
     }
 
-    /// A stamp of what the broker holds for `session`: 0 while it holds nothing, and
-    /// different after every fetch for it. One lock and one lookup: cheap enough per request.
-    pub fn holdings_stamp(&self, session: &str) -> u64 {
-        self.ledger
-            .lock()
-            .expect("broker ledger poisoned")
-            .get(session)
-            .map_or(0, |entry| entry.stamp)
-    }
-
-    /// The credentials the broker holds for `session`, and the stamp
-    /// ([`Broker::holdings_stamp`]) they were read at: every credential fetched before that
-    /// stamp is among them (while cached), so a caller that rebuilds on a new stamp misses
-    /// none. Looks up the session's own cache keys in its ledger, so the cost follows what
-    /// this session holds, not how many sessions there are.
-    pub async fn holdings(&self, session: &str) -> (u64, Vec<Arc<Held>>) {
-        let (stamp, mut keys) = {
+    /// The credentials the broker holds for `session` (while cached). Looks up the
+    /// session's own cache keys in its ledger, so the cost follows what this session holds,
+    /// not how many sessions there are.
+    pub async fn holdings(&self, session: &str) -> Vec<Arc<Held>> {
+        let mut keys = {
             let ledger = self.ledger.lock().expect("broker ledger poisoned");
             match ledger.get(session) {
-                Some(entry) => (entry.stamp, entry.keys.clone()),
-                None => return (0, Vec::new()),
+                Some(entry) => entry.keys.clone(),
+                None => return Vec::new(),
             }
         };
         // A credential fetched again after its cache entry expired is listed twice.
@@ -561,13 +539,13 @@ impl Broker {
                 out.push(held);
             }
         }
-        (stamp, out)
+        out
     }
 
     /// The secret values the broker holds for `session` (binding name, value): what an
     /// outbound scan must never see leave.
     pub async fn secrets_of(&self, session: &str) -> Vec<(String, Secret)> {
-        let (_, held) = self.holdings(session).await;
+        let held = self.holdings(session).await;
         held.iter()
             .flat_map(|held| {
                 held.credential
@@ -636,7 +614,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_holdings_stamp_moves_on_each_fetch_and_only_then() {
+    async fn the_holdings_are_what_the_session_fetched() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secrets.toml");
         std::fs::write(&path, "gh = \"one\"\nnpm = \"two\"\n").unwrap();
@@ -653,27 +631,24 @@ mod tests {
             broker.binding("gh").unwrap().clone(),
             broker.binding("npm").unwrap().clone(),
         );
-        assert_eq!(broker.holdings_stamp("s"), 0, "nothing held yet");
-        assert!(broker.holdings("s").await.1.is_empty());
+        assert!(broker.holdings("s").await.is_empty(), "nothing held yet");
         broker.credential(&gh, &who("s")).await.unwrap();
-        let first = broker.holdings_stamp("s");
-        assert_ne!(first, 0);
-        let (stamp, held) = broker.holdings("s").await;
-        assert_eq!((stamp, held.len()), (first, 1));
+        assert_eq!(broker.holdings("s").await.len(), 1);
         // A cache hit changes nothing; another session's fetch neither.
         broker.credential(&gh, &who("s")).await.unwrap();
         broker.credential(&gh, &who("other")).await.unwrap();
-        assert_eq!(broker.holdings_stamp("s"), first);
+        assert_eq!(broker.holdings("s").await.len(), 1);
         broker.credential(&npm, &who("s")).await.unwrap();
-        let second = broker.holdings_stamp("s");
-        assert_ne!(second, first);
-        let (_, held) = broker.holdings("s").await;
+        let held = broker.holdings("s").await;
         let mut names: Vec<_> = held.iter().map(|h| h.binding.name.as_str()).collect();
         names.sort_unstable();
         assert_eq!(names, ["gh", "npm"]);
         assert_eq!(broker.secrets_of("s").await.len(), 2);
         broker.end_session("s").await;
-        assert_eq!(broker.holdings_stamp("s"), 0, "teardown forgets it all");
+        assert!(
+            broker.holdings("s").await.is_empty(),
+            "teardown forgets it all"
+        );
     }
 
     #[tokio::test]

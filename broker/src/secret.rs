@@ -7,7 +7,7 @@
 use std::fmt;
 
 /// A secret value. Cloning is allowed (injection needs copies); printing is not.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Secret(String);
 
 impl Secret {

@@ -5,7 +5,8 @@
 //! (a child never outlives its parent): the session is refused from then on (the registry);
 //! requests in flight may finish within `sessions.grace`, then are cancelled; its cached
 //! credentials are dropped and its leases revoked (the broker), what the proxy derived from
-//! those credentials (mTLS clients, scrubbers) is dropped, its budget account closed (a
+//! those credentials (mTLS clients) is dropped — their values stay in the response scrubber
+//! until they end, as an upstream may still hold them —, its budget account closed (a
 //! child's unused budget goes back to its parent), and the audit chain records the
 //! session's totals and which leases were revoked and which could not be (quarantined,
 //! retried by the reaper). Every step is idempotent: tearing down twice is harmless.
@@ -281,7 +282,8 @@ impl Teardown {
     }
 
     /// Drop a session's cached credentials and revoke its leases, with what the proxy
-    /// derived from them (mTLS clients, scrubbers). Also what an undo of an ended session
+    /// derived from them (mTLS clients; the scrubber keeps their values until they end).
+    /// Also what an undo of an ended session
     /// does with the credentials it minted to send its requests.
     pub async fn end_credentials(&self, session: &str) -> Revoked {
         let report = self.credentials.broker.end_session(session).await;
@@ -388,6 +390,12 @@ impl Teardown {
             }
             self.guardrails.save().await;
             self.guardrails.rate.sweep(std::time::Instant::now());
+            // Merges the response scrubber's small shards and drops secrets that ended:
+            // compiling takes milliseconds, so not on a runtime worker.
+            let known = self.credentials.known().clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || known.compact()).await {
+                tracing::error!(error = %e, "compacting the response scrubber failed");
+            }
             let report = self.credentials.broker.reap().await;
             if !report.revoked.is_empty() || !report.quarantined.is_empty() {
                 self.metrics.revoked(&report);

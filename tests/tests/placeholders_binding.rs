@@ -12,9 +12,11 @@
 //!   a non-basic binding — is refused with 403 `placeholder_exfiltration` even towards the
 //!   bound host, audited as exfiltration, and nothing of it is forwarded; at its injection
 //!   point it is overwritten by the credential, as an SDK expects;
-//! - every response of a session that holds secrets is scrubbed of all of them, so a secret
-//!   the upstream stored comes back redacted from an unbound hostname of the same service,
-//!   and from a host bound to another credential; a session that holds none is untouched.
+//! - every response is scrubbed of every secret the proxy injected, so a secret the
+//!   upstream stored comes back redacted from an unbound hostname of the same service, and
+//!   from a host bound to another credential — to the session that sent it and to sessions
+//!   that hold none (another agent's, one started after the sender's teardown); answers
+//!   pass untouched only while the proxy has injected nothing.
 //!
 //! The rig is `support/credentials.rs`: `github` is a header binding (`Authorization:
 //! Bearer`) on `api.example.test`, `basic` Basic auth on `basic.example.test`, `query` the
@@ -490,7 +492,7 @@ async fn placeholders_at_their_injection_point_are_overwritten_by_the_credential
 }
 
 // ---------------------------------------------------------------------------------------
-// Store, then fetch: every response of the session is scrubbed of all its secrets.
+// Store, then fetch: every response is scrubbed of every secret injected.
 
 /// The stored requests as the upstream hands them back, as text.
 fn stored_text(rig: &Rig) -> String {
@@ -594,7 +596,7 @@ async fn the_scrubber_grows_with_the_sessions_secrets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_that_holds_no_secret_is_untouched() {
+async fn answers_pass_untouched_until_the_proxy_injected_a_secret() {
     let rig = Rig::start().await;
     let headers = [("accept-encoding", "gzip"), ("range", "bytes=0-9")];
     let reply = rig.get(OTHER, "/reflect?mode=plain", &headers).await;
@@ -605,7 +607,10 @@ async fn a_session_that_holds_no_secret_is_untouched() {
     let seen = rig.only_seen_at(OTHER);
     assert_eq!(seen.header("accept-encoding"), Some("gzip"), "{seen:#?}");
     assert_eq!(seen.header("range"), Some("bytes=0-9"), "{seen:#?}");
-    // Nor does another session's use of a credential change anything for this one.
+
+    // Once any session had a secret injected — another agent's here — every session's
+    // requests ask for whole, identity-encoded answers (a range could start inside a
+    // stored secret, a compressed one hide it), and answers without one stay identical.
     let other = rig.proxy.session("agent-2").await;
     let reply = rig.send_as(&other, "GET", BOUND, "/reflect", &[]).await;
     assert_status(&reply, StatusCode::OK);
@@ -615,13 +620,6 @@ async fn a_session_that_holds_no_secret_is_untouched() {
         ostiary_e2e::upstream::plain_reflect_body()[..]
     );
     let seen = rig.seen_at(OTHER);
-    assert_eq!(seen[1].header("range"), Some("bytes=0-9"), "{seen:#?}");
-
-    // Once it holds one, its requests to the same unbound host ask for whole,
-    // identity-encoded answers (a range could start inside a stored secret).
-    rig.get(BOUND, "/reflect", &[]).await;
-    rig.get(OTHER, "/reflect?mode=plain", &headers).await;
-    let seen = rig.seen_at(OTHER);
     let last = seen.last().unwrap();
     assert_eq!(
         last.header("accept-encoding"),
@@ -629,4 +627,68 @@ async fn a_session_that_holds_no_secret_is_untouched() {
         "{last:#?}"
     );
     assert_eq!(last.header("range"), None, "{last:#?}");
+}
+
+/// Session A's request leaves its secret at an upstream that stores what it receives; a
+/// session that holds no credential at all — of the same agent, of another agent, one
+/// started after A was torn down — reads it back through an unbound hostname and finds it
+/// redacted: what the proxy injected for one session is scrubbed from every session's
+/// answers until it ends (a `file` secret never does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_one_session_sent_is_redacted_for_sessions_that_hold_none() {
+    let rig = Rig::start().await;
+    let writer = rig.proxy.session("agent-2").await;
+    let reply = rig
+        .post_json_as(
+            &writer,
+            BOUND,
+            "/messages",
+            &[],
+            r#"{"text":"left by the writer"}"#,
+        )
+        .await;
+    assert_status(&reply, StatusCode::CREATED);
+    assert!(
+        stored_text(&rig).contains(CANARY),
+        "the attack needs the secret stored"
+    );
+
+    let check = |who: &'static str, reply: Reply| {
+        assert_status(&reply, StatusCode::OK);
+        assert_clean(&reply);
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        assert!(body.contains(&bearer(REDACTED)), "{who}: {body}");
+        assert!(body.contains("left by the writer"), "{who}: {body}");
+    };
+    // The rig's own session (agent-1) holds nothing; neither does a fresh one of the
+    // writer's agent.
+    check(
+        "another agent's session",
+        rig.get(OTHER, "/messages", &[]).await,
+    );
+    let sibling = rig.proxy.session("agent-2").await;
+    check(
+        "a sibling session",
+        rig.send_as(&sibling, "GET", OTHER, "/messages", &[]).await,
+    );
+    // Over h2 as well.
+    let req = rig.request("GET", OTHER, "/messages", &[]);
+    let reply = raw::send_h2(&mut rig.h2(OTHER).await, req).await.unwrap();
+    check("over h2", reply);
+
+    // The writer's session ends; its file secret does not, and stays redacted.
+    rig.proxy
+        .control()
+        .delete_session(&writer.session_id)
+        .await
+        .expect("session deleted");
+    let after = rig.proxy.session("agent-3").await;
+    check(
+        "a session started after the teardown",
+        rig.send_as(&after, "GET", OTHER, "/messages", &[]).await,
+    );
+    // Nothing was ever injected towards the unbound host.
+    for seen in rig.seen_at(OTHER) {
+        assert!(seen.header("authorization").is_none(), "{seen:#?}");
+    }
 }

@@ -14,13 +14,12 @@
 //!    overwritten, never swapped in place; a placeholder anywhere else was refused before
 //!    policy ([`super::placeholders`]), so no secret lands where the agent put it.
 //!
-//! Every response of a session that holds secrets — towards a bound host or not — is
-//! scrubbed of all of them: an upstream that stored a secret (it logs the headers it
-//! receives) may hand it back through another route or another host, in the answer to a
-//! request that carried no credential. The [`Scrubber`] is built from everything the broker
-//! holds for the session, cached per session and rebuilt only when the broker's stamp of
-//! that set moves ([`Broker::holdings_stamp`]); a session that holds nothing pays one
-//! lookup. Its requests ask for identity encoding and whole (not ranged) responses.
+//! Every response — of any session, towards a bound host or not — is scrubbed of every
+//! secret the process has injected ([`KnownSecrets`]): an upstream that stored a secret (it
+//! logs the headers it receives) may hand it back through another route or another host,
+//! to whoever asks, in the answer to a request that carried no credential. The values of
+//! this request's credentials join the scrubber before it is forwarded. Once any secret is
+//! known, requests ask for identity encoding and whole (not ranged) responses.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +32,7 @@ use http::{HeaderName, HeaderValue, Uri};
 use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret};
 
 use super::body_guard::{BodyGuard, Tripped};
+use super::known::{self, KnownSecrets};
 use super::placeholders::{self, Found};
 use crate::body::ProxyBody;
 use crate::classify::Target;
@@ -46,10 +46,8 @@ use prometheus_client::metrics::counter::Counter;
 #[derive(Debug)]
 pub struct Credentials {
     pub broker: Arc<Broker>,
-    /// The response scrubber of each session that holds secrets, and the broker's stamp
-    /// of the set it was built from: building one compiles an automaton, which must not
-    /// happen per request.
-    sessions: moka::sync::Cache<String, SessionScrubber>,
+    /// Every secret injected so far, and the scrubber over them all.
+    known: Arc<KnownSecrets>,
     /// The `cached` outcome counter of each binding, made once: counting a cache hit must
     /// not allocate label strings on every request.
     cache_hits: HashMap<String, Counter>,
@@ -57,22 +55,12 @@ pub struct Credentials {
     body_guard: BodyGuard,
 }
 
-/// A session's scrubber, as cached.
-#[derive(Debug, Clone)]
-struct SessionScrubber {
-    /// [`Broker::holdings_stamp`] when it was built.
-    stamp: u64,
-    /// The credentials it covers ([`Held::id`]), to drop it with them at teardown.
-    ids: Arc<[u64]>,
-    scrubber: Scrubber,
-}
-
 /// What was injected into one request.
 #[derive(Debug, Default)]
 pub struct Injected {
     pub held: Vec<Arc<Held>>,
-    /// Redacts every secret the session holds (those injected here among them) from the
-    /// response; `None` when the session holds none.
+    /// Redacts every secret the process has injected (those injected here among them)
+    /// from the response; `None` while it has injected none.
     pub scrubber: Option<Scrubber>,
     /// The mTLS client certificate to present, if a binding asks for one.
     pub identity: Option<Arc<Held>>,
@@ -128,13 +116,7 @@ impl Credentials {
             body_guard: BodyGuard::new(&broker),
             broker,
             cache_hits,
-            // An entry that leaves early is rebuilt from the broker on the next request.
-            sessions: moka::sync::Cache::builder()
-                .max_capacity(10_000)
-                // Teardown drops the scrubbers of a session's credentials by predicate.
-                .support_invalidation_closures()
-                .time_to_idle(std::time::Duration::from_secs(600))
-                .build(),
+            known: Arc::default(),
         }
     }
 
@@ -211,7 +193,7 @@ impl Credentials {
         let host = target.host.to_string();
         let bindings: Vec<_> = self.broker.for_host(&host).cloned().collect();
         let Some(first) = bindings.first() else {
-            let scrubber = self.session_scrubber(session, &[]).await;
+            let scrubber = self.known.scrubber();
             if scrubber.is_some() {
                 protect_response(&mut parts.headers);
             }
@@ -288,61 +270,20 @@ impl Credentials {
             }
         }
         protect_response(&mut parts.headers);
-        let scrubber = self.session_scrubber(session, &injected.held).await;
-        injected.scrubber = Some(scrubber.unwrap_or_else(|| build_scrubber(&injected.held)));
+        // Before the request leaves: from then on an upstream may hold these values.
+        injected.scrubber = self.known.learn(&injected.held);
         Ok(injected)
     }
 
-    /// The scrubber over every secret the broker holds for `session` and those of `held`
-    /// (what this request injects); `None` when there are none. Rebuilt only when the
-    /// broker's stamp of the session's holdings moved, or `held` is not covered yet.
-    async fn session_scrubber(&self, session: &str, held: &[Arc<Held>]) -> Option<Scrubber> {
-        let stamp = self.broker.holdings_stamp(session);
-        if stamp == 0 && held.is_empty() {
-            return None;
-        }
-        if let Some(cached) = self.sessions.get(session) {
-            if cached.stamp == stamp && held.iter().all(|h| cached.ids.contains(&h.id)) {
-                return Some(cached.scrubber);
-            }
-        }
-        // Read with the stamp it was read at: a credential cached after it moves the stamp
-        // again, so the next request rebuilds rather than missing it.
-        let (stamp, mut all) = self.broker.holdings(session).await;
-        for h in held {
-            // This request's own, even if the broker let go of it meanwhile.
-            if !all.iter().any(|a| a.id == h.id) {
-                all.push(h.clone());
-            }
-        }
-        if all.is_empty() {
-            return None;
-        }
-        let scrubber = build_scrubber(&all);
-        self.sessions.insert(
-            session.to_owned(),
-            SessionScrubber {
-                stamp,
-                ids: all.iter().map(|h| h.id).collect(),
-                scrubber: scrubber.clone(),
-            },
-        );
-        Some(scrubber)
+    /// Stop tracking credentials the broker dropped (teardown); their values stay known
+    /// until they end ([`KnownSecrets::forget`]).
+    pub fn forget(&self, ids: &[u64]) {
+        self.known.forget(ids);
     }
 
-    /// Drop what the proxy derived from a session's credentials (teardown).
-    pub fn forget(&self, ids: &[u64]) {
-        if ids.is_empty() {
-            return;
-        }
-        let ids = ids.to_vec();
-        if let Err(e) = self
-            .sessions
-            .invalidate_entries_if(move |_, cached| cached.ids.iter().any(|id| ids.contains(id)))
-        {
-            // Only a builder without invalidation closures fails here; they then idle out.
-            tracing::warn!(error = %e, "scrubbers of ended credentials not dropped");
-        }
+    /// Every secret injected so far.
+    pub fn known(&self) -> &Arc<KnownSecrets> {
+        &self.known
     }
 }
 
@@ -354,25 +295,6 @@ fn protect_response(headers: &mut http::HeaderMap) {
     headers.remove(IF_RANGE);
 }
 
-/// A scrubber over every value injected from `held`.
-fn build_scrubber(held: &[Arc<Held>]) -> Scrubber {
-    let mut values: Vec<String> = Vec::new();
-    for h in held {
-        values.extend(
-            h.credential
-                .secret_values()
-                .iter()
-                .map(|s| s.expose().to_owned()),
-        );
-        // What a Basic header carries is base64 of the pair, not of either part.
-        if let Some(pair) = basic_pair(h) {
-            values.push(pair.expose().to_owned());
-            values.push(base64::engine::general_purpose::STANDARD.encode(pair.expose()));
-        }
-    }
-    Scrubber::new(values.iter().map(String::as_str))
-}
-
 /// The value a placeholder stands for: the token, or the password of a pair.
 fn placeholder_value(held: &Held) -> Option<&Secret> {
     match &held.credential.material {
@@ -380,21 +302,6 @@ fn placeholder_value(held: &Held) -> Option<&Secret> {
         Material::Basic { password, .. } => Some(password),
         Material::ClientCert(_) => None,
     }
-}
-
-/// `user:password` for a Basic injection.
-fn basic_pair(held: &Held) -> Option<Secret> {
-    let Injection::Basic { username } = &held.binding.inject else {
-        return None;
-    };
-    let (user, password) = match (&held.credential.material, username) {
-        (Material::Basic { username, password }, None) => (username.expose().to_owned(), password),
-        (Material::Basic { password, .. }, Some(user)) => (user.clone(), password),
-        (Material::Token(token), Some(user)) => (user.clone(), token),
-        (Material::Token(token), None) => (String::new(), token),
-        (Material::ClientCert(_), _) => return None,
-    };
-    Some(Secret::new(format!("{user}:{}", password.expose())))
 }
 
 fn unusable(held: &Held, why: &str) -> ProxyError {
@@ -431,7 +338,7 @@ fn write(parts: &mut Parts, held: &Held) -> Result<(), ProxyError> {
             parts.headers.insert(header, header_value(held, &text)?);
         }
         Injection::Basic { .. } => {
-            let pair = basic_pair(held).ok_or_else(|| unusable(held, "no_basic_pair"))?;
+            let pair = known::basic_pair(held).ok_or_else(|| unusable(held, "no_basic_pair"))?;
             let encoded = base64::engine::general_purpose::STANDARD.encode(pair.expose());
             parts.headers.insert(
                 AUTHORIZATION,
@@ -577,50 +484,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_answer_of_a_session_is_scrubbed_of_all_it_holds() {
+    async fn every_answer_of_every_session_is_scrubbed_of_every_secret_injected() {
         let f = fixture();
-        // Holding nothing: no scrubber, and the request passes as it came.
+        // Nothing injected yet: no scrubber, and the request passes as it came.
         let (headers, scrubber) = send(&f, "s", "none.example").await;
         assert!(scrubber.is_none());
         assert_eq!(headers["accept-encoding"], "gzip");
         assert!(headers.contains_key("range"));
 
         let (_, scrubber) = send(&f, "s", "one.example").await;
-        assert!(scrubs(&scrubber.unwrap(), "secret-one-0123"));
-        let built = f.credentials.sessions.get("s").unwrap();
-        assert_eq!(built.stamp, f.credentials.broker.holdings_stamp("s"));
+        let built = scrubber.unwrap();
+        assert!(scrubs(&built, "secret-one-0123"));
+        assert_eq!(f.credentials.known().len(), 1);
 
-        // To an unbound host: the session's scrubber, the one already built.
+        // To an unbound host: the scrubber already built, not another.
         let (headers, scrubber) = send(&f, "s", "none.example").await;
-        assert!(scrubs(&scrubber.unwrap(), "secret-one-0123"));
+        let again = scrubber.unwrap();
+        assert!(scrubs(&again, "secret-one-0123"));
+        assert!(again.same_as(&built), "not rebuilt");
         assert_eq!(headers["accept-encoding"], "identity");
         assert!(!headers.contains_key("range"));
-        let again = f.credentials.sessions.get("s").unwrap();
-        assert_eq!(
-            (again.stamp, &again.ids),
-            (built.stamp, &built.ids),
-            "not rebuilt"
-        );
+        // Nor for the same credential again.
+        let (_, scrubber) = send(&f, "s", "one.example").await;
+        assert!(scrubber.unwrap().same_as(&built));
 
-        // Another credential moves the stamp: rebuilt once, covering both.
+        // Another credential: rebuilt once, covering both.
         let (_, scrubber) = send(&f, "s", "two.example").await;
         let scrubber = scrubber.unwrap();
         assert!(scrubs(&scrubber, "secret-one-0123") && scrubs(&scrubber, "secret-two-4567"));
-        let grown = f.credentials.sessions.get("s").unwrap();
-        assert_ne!(grown.stamp, built.stamp);
-        assert_eq!(grown.ids.len(), 2);
-        let (_, scrubber) = send(&f, "s", "none.example").await;
-        assert!(scrubs(&scrubber.unwrap(), "secret-two-4567"));
+        assert_eq!(f.credentials.known().len(), 2);
 
-        // Another session holds nothing of it.
-        let (_, scrubber) = send(&f, "other", "none.example").await;
-        assert!(scrubber.is_none());
+        // A session that holds nothing — an upstream stored what `s` sent it — is scrubbed
+        // of it all the same, and asks for what can be scrubbed.
+        let (headers, scrubber) = send(&f, "other", "none.example").await;
+        let scrubber = scrubber.unwrap();
+        assert!(scrubs(&scrubber, "secret-one-0123") && scrubs(&scrubber, "secret-two-4567"));
+        assert_eq!(headers["accept-encoding"], "identity");
 
-        // Teardown drops the session's scrubber with its credentials.
+        // The same file secret fetched by another session adds no value: no rebuild.
+        let (_, mine) = send(&f, "other", "one.example").await;
+        assert!(mine.unwrap().same_as(&scrubber));
+
+        // Teardown: a file secret outlives the session, so it stays known.
         let report = f.credentials.broker.end_session("s").await;
+        assert!(!report.dropped.is_empty());
         f.credentials.forget(&report.dropped);
-        f.credentials.sessions.run_pending_tasks();
-        assert!(f.credentials.sessions.get("s").is_none());
+        let (_, scrubber) = send(&f, "third", "none.example").await;
+        assert!(scrubs(&scrubber.unwrap(), "secret-one-0123"));
     }
 
     #[test]

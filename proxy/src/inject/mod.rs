@@ -11,6 +11,7 @@
 
 pub mod body_guard;
 pub mod credentials;
+pub mod known;
 pub mod placeholders;
 
 use std::borrow::Cow;

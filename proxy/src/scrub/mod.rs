@@ -26,8 +26,14 @@
 //! filters, an approved call's answer it stores as one message) is scrubbed once more as
 //! written ([`Scrubber::scrub_text`]): a re-serialiser writes characters in its own way.
 //!
-//! A [`Scrubber`] is built once per credential and cached (construction compiles the
+//! A [`Scrubber`] is built once per set of secrets and kept (construction compiles the
 //! automata); scrubbing a response that holds no secret costs one scan and no copy.
+//!
+//! One scrubber may join several built apart ([`Scrubber::join`]), each a *shard* applied
+//! after the one before: compiling one automaton over many secrets costs far more than
+//! over each few (the expression grows with every spelling of every form), so a set that
+//! grows one credential at a time (every secret the process injected,
+//! [`crate::inject::known`]) compiles only what was added.
 
 mod body;
 mod encodings;
@@ -86,12 +92,18 @@ pub struct Scrubber {
 }
 
 struct Inner {
-    /// `None` when there is nothing to scrub.
-    matcher: Option<Matcher>,
+    /// Applied in order, each to what the one before let through; none when there is
+    /// nothing to scrub.
+    shards: Vec<Arc<Shard>>,
+    patterns: usize,
+}
+
+/// The secrets of one [`Scrubber::new`].
+pub(crate) struct Shard {
+    matcher: Matcher,
     /// Every form lowercased, in all its spellings: header names arrive lowercased (hyper,
     /// HTTP/2), so a secret reflected into one is no longer spelled as it was sent.
     in_names: Option<Matcher>,
-    patterns: usize,
     marker: Bytes,
 }
 
@@ -99,6 +111,7 @@ impl std::fmt::Debug for Scrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scrubber")
             .field("patterns", &self.inner.patterns)
+            .field("shards", &self.inner.shards.len())
             .finish()
     }
 }
@@ -118,7 +131,9 @@ impl Scrubber {
                 }
             }
         }
-        let matcher = Matcher::new(&all);
+        let Some(matcher) = Matcher::new(&all) else {
+            return Scrubber::join(&[]);
+        };
         let lowered: Vec<patterns::Form> = all
             .iter()
             .map(|f| patterns::Form {
@@ -127,44 +142,76 @@ impl Scrubber {
             })
             .collect();
         let in_names = Matcher::new(&lowered);
-        let marker = match &matcher {
-            Some(m) if m.is_match(REDACTED.as_bytes()) => {
-                if m.is_match(REDACTED_FALLBACK.as_bytes()) {
-                    Bytes::new()
-                } else {
-                    Bytes::from_static(REDACTED_FALLBACK.as_bytes())
-                }
+        let marker = if matcher.is_match(REDACTED.as_bytes()) {
+            if matcher.is_match(REDACTED_FALLBACK.as_bytes()) {
+                Bytes::new()
+            } else {
+                Bytes::from_static(REDACTED_FALLBACK.as_bytes())
             }
-            _ => Bytes::from_static(REDACTED.as_bytes()),
+        } else {
+            Bytes::from_static(REDACTED.as_bytes())
         };
         Scrubber {
             inner: Arc::new(Inner {
-                matcher,
-                in_names,
+                shards: vec![Arc::new(Shard {
+                    matcher,
+                    in_names,
+                    marker,
+                })],
                 patterns: all.len(),
-                marker,
             }),
         }
     }
 
+    /// One scrubber redacting what each of `parts` does, applied in turn; nothing is
+    /// compiled again.
+    pub fn join(parts: &[Scrubber]) -> Scrubber {
+        Scrubber {
+            inner: Arc::new(Inner {
+                shards: parts
+                    .iter()
+                    .flat_map(|p| p.inner.shards.iter().cloned())
+                    .collect(),
+                patterns: parts.iter().map(|p| p.inner.patterns).sum(),
+            }),
+        }
+    }
+
+    /// The shards, in the order they apply ([`StreamScrubber`] keeps one state per shard).
+    pub(crate) fn shards(&self) -> &[Arc<Shard>] {
+        &self.inner.shards
+    }
+
+    /// Whether both are the same scrubber (not rebuilt in between).
+    pub(crate) fn same_as(&self, other: &Scrubber) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// No secret to look for: responses pass untouched.
     pub fn is_empty(&self) -> bool {
-        self.inner.matcher.is_none()
+        self.inner.shards.is_empty()
     }
 
     /// The length of the longest spelling of any secret (0 when empty).
     pub fn max_pattern_len(&self) -> usize {
-        self.inner.matcher.as_ref().map_or(0, Matcher::max_len)
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.matcher.max_len())
+            .max()
+            .unwrap_or(0)
     }
 
-    /// How many bytes a streamed body holds back at most between two frames (0 when
-    /// empty): one less than a bound on any spelling's length that depends on the secrets'
-    /// lengths alone.
+    /// How many bytes a streamed body holds back at most between two frames, per shard
+    /// (0 when empty): one less than a bound on any spelling's length that depends on the
+    /// secrets' lengths alone.
     pub fn hold_back(&self) -> usize {
         self.inner
-            .matcher
-            .as_ref()
-            .map_or(0, |m| m.window().saturating_sub(1))
+            .shards
+            .iter()
+            .map(|s| s.hold_back())
+            .max()
+            .unwrap_or(0)
     }
 
     /// How many forms the secrets expanded to (each matched in all its spellings).
@@ -188,25 +235,18 @@ impl Scrubber {
         }
     }
 
-    /// The replaced bytes and the number of replacements.
+    /// The replaced bytes and the number of replacements, shard after shard.
     fn replace<'b>(&self, input: &'b [u8]) -> (Cow<'b, [u8]>, usize) {
-        let Some(matcher) = self.inner.matcher.as_ref() else {
-            return (Cow::Borrowed(input), 0);
-        };
-        let mut matches = matcher.find_iter(input).peekable();
-        if matches.peek().is_none() {
-            return (Cow::Borrowed(input), 0);
+        let mut out = Cow::Borrowed(input);
+        let mut count = 0;
+        for shard in &self.inner.shards {
+            let (replaced, n) = shard.replace(&out);
+            if let Cow::Owned(bytes) = replaced {
+                out = Cow::Owned(bytes);
+                count += n;
+            }
         }
-        let mut out = Vec::with_capacity(input.len());
-        let (mut pos, mut count) = (0, 0);
-        for (start, end) in matches {
-            out.extend_from_slice(&input[pos..start]);
-            out.extend_from_slice(&self.inner.marker);
-            pos = end;
-            count += 1;
-        }
-        out.extend_from_slice(&input[pos..]);
-        (Cow::Owned(out), count)
+        (out, count)
     }
 
     /// Scrub every header value in place (`Location`, `Set-Cookie`, … alike) and drop headers
@@ -223,10 +263,11 @@ impl Scrubber {
             .filter(|name| {
                 // Names are lowercase (`HeaderName`), so the lowered forms cover every
                 // spelling the case-sensitive matcher would find in them, and more.
-                self.inner
-                    .in_names
-                    .as_ref()
-                    .is_some_and(|m| m.is_match(name.as_str().as_bytes()))
+                self.inner.shards.iter().any(|s| {
+                    s.in_names
+                        .as_ref()
+                        .is_some_and(|m| m.is_match(name.as_str().as_bytes()))
+                })
             })
             .cloned()
             .collect();
@@ -246,6 +287,39 @@ impl Scrubber {
             }
         }
         total
+    }
+}
+
+impl Shard {
+    pub(crate) fn matcher(&self) -> &Matcher {
+        &self.matcher
+    }
+
+    pub(crate) fn marker(&self) -> &Bytes {
+        &self.marker
+    }
+
+    /// One less than a bound on the length of any spelling of this shard's secrets.
+    pub(crate) fn hold_back(&self) -> usize {
+        self.matcher.window().saturating_sub(1)
+    }
+
+    /// The replaced bytes and the number of replacements; borrowed when none.
+    pub(crate) fn replace<'b>(&self, input: &'b [u8]) -> (Cow<'b, [u8]>, usize) {
+        let mut matches = self.matcher.find_iter(input).peekable();
+        if matches.peek().is_none() {
+            return (Cow::Borrowed(input), 0);
+        }
+        let mut out = Vec::with_capacity(input.len());
+        let (mut pos, mut count) = (0, 0);
+        for (start, end) in matches {
+            out.extend_from_slice(&input[pos..start]);
+            out.extend_from_slice(&self.marker);
+            pos = end;
+            count += 1;
+        }
+        out.extend_from_slice(&input[pos..]);
+        (Cow::Owned(out), count)
     }
 }
 

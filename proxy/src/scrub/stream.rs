@@ -13,7 +13,8 @@
 //!   text stream (SSE events, JSON lines) goes out event by event, whatever it says.
 //!
 //! Both depend only on the lengths and the positions of newlines of what arrived, never on
-//! what the secrets are. The bytes before the held tail are final: every match of the
+//! what the secrets are. A scrubber of several shards runs one such stage per shard, each
+//! fed what the one before let out. The bytes before the held tail are final: every match of the
 //! whole body that is not entirely inside them starts within the tail. When a match starts
 //! before the tail and ends inside it, everything up to its end goes out (redacted).
 //!
@@ -26,7 +27,9 @@ use std::collections::VecDeque;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::Scrubber;
+use std::sync::Arc;
+
+use super::{Scrubber, Shard};
 
 /// Up to this size, the rest of a frame is copied after the released carry rather than
 /// going out as a frame of its own.
@@ -35,9 +38,16 @@ const COALESCE: usize = 16 * 1024;
 /// Held bytes from which rescans are spaced out (see the module docs).
 pub const AMORTIZE_FROM: usize = 256;
 
-/// The state of one body being scrubbed: the held-back bytes between two frames.
+/// The state of one body being scrubbed: one [`Stage`] per shard of the scrubber.
 pub struct StreamScrubber {
-    scrubber: Scrubber,
+    stages: Vec<Stage>,
+    /// What one stage let out, on its way into the next.
+    between: VecDeque<Bytes>,
+}
+
+/// One shard's state: the held-back bytes between two frames.
+struct Stage {
+    shard: Arc<Shard>,
     /// Held-back tail: starts where no match of the body can start earlier.
     carry: Vec<u8>,
     /// `carry.len()` right after the last scan.
@@ -51,8 +61,8 @@ impl std::fmt::Debug for StreamScrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The carry may be part of a secret: its length only.
         f.debug_struct("StreamScrubber")
-            .field("scrubber", &self.scrubber)
-            .field("held", &self.carry.len())
+            .field("stages", &self.stages.len())
+            .field("held", &self.held())
             .finish()
     }
 }
@@ -60,26 +70,77 @@ impl std::fmt::Debug for StreamScrubber {
 impl StreamScrubber {
     pub fn new(scrubber: Scrubber) -> Self {
         Self {
-            scrubber,
-            carry: Vec::new(),
-            scanned: 0,
-            scratch: Vec::new(),
+            stages: scrubber
+                .shards()
+                .iter()
+                .map(|shard| Stage {
+                    shard: shard.clone(),
+                    carry: Vec::new(),
+                    scanned: 0,
+                    scratch: Vec::new(),
+                })
+                .collect(),
+            between: VecDeque::new(),
         }
     }
 
     /// How many bytes are held back, waiting for the next frame.
     pub fn held(&self) -> usize {
-        self.carry.len()
+        self.stages.iter().map(|s| s.carry.len()).sum()
     }
 
+    /// Scrub the next frame; what may go out now is appended to `out` (an unchanged frame
+    /// goes out as a slice of itself, without copying).
+    pub fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        match self.stages.as_mut_slice() {
+            [] => push(out, chunk),
+            [only] => only.feed(chunk, out),
+            stages => {
+                let mut pieces = std::mem::take(&mut self.between);
+                pieces.push_back(chunk);
+                for stage in stages {
+                    let mut next = VecDeque::with_capacity(pieces.len() + 1);
+                    for piece in pieces.drain(..) {
+                        stage.feed(piece, &mut next);
+                    }
+                    pieces = next;
+                }
+                out.extend(pieces.drain(..));
+                self.between = pieces;
+            }
+        }
+    }
+
+    /// The body ended: the held-back bytes are final, scrub and release them, each stage's
+    /// through the stages after it.
+    pub fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        let mut pieces = VecDeque::new();
+        for stage in &mut self.stages {
+            let mut next = VecDeque::with_capacity(pieces.len() + 1);
+            for piece in pieces.drain(..) {
+                stage.feed(piece, &mut next);
+            }
+            stage.finish(&mut next);
+            pieces = next;
+        }
+        out.extend(pieces);
+    }
+
+    /// Forget the held-back bytes (the body failed: they must not go out unscrubbed).
+    pub fn discard(&mut self) {
+        for stage in &mut self.stages {
+            stage.carry.clear();
+            stage.scanned = 0;
+        }
+    }
+}
+
+impl Stage {
     /// Scrub the next frame; what may go out now is appended to `out` (zero, one or two
     /// pieces; an unchanged frame goes out as a slice of itself, without copying).
-    pub fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
-        let inner = &*self.scrubber.inner;
-        let Some(matcher) = inner.matcher.as_ref() else {
-            push(out, chunk);
-            return;
-        };
+    fn feed(&mut self, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        let shard = &*self.shard;
+        let matcher = shard.matcher();
         if chunk.is_empty() {
             return;
         }
@@ -92,7 +153,7 @@ impl StreamScrubber {
             self.carry.extend_from_slice(&chunk);
             return;
         }
-        let hold_back = self.scrubber.hold_back();
+        let hold_back = shard.hold_back();
         let found = matches(matcher, &self.carry, &chunk, hold_back, &mut self.scratch);
         let hay = Joined {
             carry: &self.carry,
@@ -113,7 +174,7 @@ impl StreamScrubber {
             }
             let buf = body.get_or_insert_with(|| BytesMut::with_capacity(len));
             hay.extend(buf, pos..start);
-            buf.extend_from_slice(&inner.marker);
+            buf.extend_from_slice(shard.marker());
             pos = end;
             h = h.max(end);
         }
@@ -144,20 +205,14 @@ impl StreamScrubber {
     }
 
     /// The body ended: the held-back bytes are final, scrub and release them.
-    pub fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         if self.carry.is_empty() {
             return;
         }
         let rest = std::mem::take(&mut self.carry);
         self.scanned = 0;
-        let scrubbed = self.scrubber.scrub_bytes(&rest).into_owned();
+        let scrubbed = self.shard.replace(&rest).0.into_owned();
         push(out, Bytes::from(scrubbed));
-    }
-
-    /// Forget the held-back bytes (the body failed: they must not go out unscrubbed).
-    pub fn discard(&mut self) {
-        self.carry.clear();
-        self.scanned = 0;
     }
 }
 

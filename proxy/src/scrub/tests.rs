@@ -224,7 +224,7 @@ fn debug_shows_no_secret() {
     let shown = format!("{s:?}");
     assert_eq!(
         shown,
-        format!("Scrubber {{ patterns: {} }}", s.pattern_count())
+        format!("Scrubber {{ patterns: {}, shards: 1 }}", s.pattern_count())
     );
     let mut stream = StreamScrubber::new(s.clone());
     let mut out = VecDeque::new();
@@ -714,4 +714,70 @@ fn a_secret_in_a_header_name_goes_whatever_its_case() {
     assert_eq!(s.scrub_headers(&mut headers), 1);
     assert_eq!(headers.len(), 1, "{headers:?}");
     assert!(headers.contains_key("x-ok"));
+}
+
+/// A scrubber joined from shards built apart streams as it scrubs whole, and redacts every
+/// shard's secrets, wherever they are in the body and however the frames fall; with one
+/// secret per shard it redacts what one scrubber over them all does when they do not
+/// overlap.
+#[test]
+fn a_joined_scrubber_streams_as_it_scrubs_whole_and_misses_no_shard() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5A4D);
+    let secrets = [
+        "k3y-one+AAAA",
+        "tok/two=BBBB",
+        "3rd_secret_CCCC",
+        "4th&<DDDD>",
+    ];
+    let shards: Vec<Scrubber> = secrets.iter().map(|s| Scrubber::new([*s])).collect();
+    let joined = Scrubber::join(&shards);
+    let whole = Scrubber::new(secrets);
+    assert_eq!(joined.shards().len(), 4);
+    assert_eq!(joined.pattern_count(), whole.pattern_count());
+    for round in 0..200 {
+        let mut body: Vec<u8> = (0..rng.random_range(0..300))
+            .map(|_| b"abc xyz\n"[rng.random_range(0..8)])
+            .collect();
+        for secret in secrets {
+            if rng.random_bool(0.6) {
+                let at = rng.random_range(0..=body.len());
+                let form = match rng.random_range(0..3) {
+                    0 => secret.to_owned(),
+                    1 => base64::engine::general_purpose::STANDARD.encode(format!("x{secret}")),
+                    _ => serde_json::to_string(secret).unwrap(),
+                };
+                body.splice(at..at, form.into_bytes());
+            }
+        }
+        let want = joined.scrub_bytes(&body).into_owned();
+        assert_eq!(want, whole.scrub_bytes(&body).into_owned(), "round {round}");
+        for secret in secrets {
+            assert!(
+                !want.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "round {round}: {secret}"
+            );
+        }
+        for _ in 0..6 {
+            let chunks = random_chunks(&mut rng, &body, 0, 40);
+            assert_eq!(
+                streamed(&joined, &chunks),
+                want,
+                "round {round}, {chunks:?}"
+            );
+        }
+    }
+    // A header name carrying any shard's secret goes; values are redacted by every shard.
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::HeaderName::from_bytes(b"x-3rd_secret_cccc").unwrap(),
+        http::HeaderValue::from_static("1"),
+    );
+    headers.insert(
+        "x-echo",
+        http::HeaderValue::from_static("k3y-one+AAAA tok/two=BBBB"),
+    );
+    assert_eq!(joined.scrub_headers(&mut headers), 3);
+    assert_eq!(headers.len(), 1);
+    assert_eq!(headers["x-echo"], format!("{REDACTED} {REDACTED}"));
+    assert!(Scrubber::join(&[]).is_empty());
 }

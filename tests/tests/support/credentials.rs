@@ -256,6 +256,19 @@ impl Rig {
         headers: &[(&str, &str)],
         body: &'static str,
     ) -> Reply {
+        self.post_json_as(&self.session, host, path, headers, body)
+            .await
+    }
+
+    /// [`Rig::post_json`] as `session`.
+    pub(crate) async fn post_json_as(
+        &self,
+        session: &Session,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &'static str,
+    ) -> Reply {
         let mut builder = Request::builder()
             .method("POST")
             .uri(path)
@@ -267,7 +280,8 @@ impl Rig {
         let req = builder
             .body(Full::new(Bytes::from_static(body.as_bytes())))
             .unwrap();
-        raw::send_h1(&mut self.h1(host).await, req)
+        let mut sender = raw::h1(self.tunnel_as(session, host, &[b"http/1.1"]).await).await;
+        raw::send_h1(&mut sender, req)
             .await
             .unwrap_or_else(|e| panic!("POST {host}{path}: {e}"))
     }
