@@ -31,15 +31,18 @@ Exits 4 if the port is taken.
 
 import base64
 import binascii
+import email.base64mime
 import errno
 import gzip
 import html
 import html.entities
 import json
+import quopri
 import random
 import socket
 import ssl
 import sys
+import textwrap
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -163,10 +166,26 @@ def encoders():
         "base64_gson": lambda v: jsonc(json_doc(b64(v), GSON)),
         "base64_php": lambda v: jsonc(json_doc(b64(v), slashes=True)),
         "base64_query": lambda v: text("t=" + q(b64(v), safe="")),
+        # Wrapping encoders: the value's encoding cut across lines wherever the column
+        # count falls (the prefix moves the cut), as mail and key files carry it.
+        "mime_base64": lambda v: text(base64.encodebytes(wrapped(v).encode()).decode()),
+        "mime_crlf": lambda v: text(email.base64mime.body_encode(
+            wrapped(v).encode(), maxlinelen=76, eol="\r\n")),
+        "pem": lambda v: text(ssl.DER_cert_to_PEM_cert(wrapped(v).encode())),
+        "pem_in_json": lambda v: jsonc(json.dumps(
+            {"pem": ssl.DER_cert_to_PEM_cert(wrapped(v).encode())})),
+        "quoted_printable": lambda v: text(quopri.encodestring(wrapped(v).encode()).decode()),
+        "hex_wrapped": lambda v: text("\n".join(textwrap.wrap(
+            binascii.hexlify(wrapped(v).encode()).decode(), 64))),
     }
     for seed in range(8):
         enc["mixed_%d" % seed] = (lambda s: lambda v: page(mixed(v, s)))(seed)
     return enc
+
+
+def wrapped(value):
+    """The value in a longer text that puts it across a line break of a 76-column wrap."""
+    return "Authorization: Bearer " + "x" * 23 + value + " (logged)"
 
 
 def _split_pct(s):

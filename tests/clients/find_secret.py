@@ -4,8 +4,9 @@
 usage: find_secret.py < {"secrets": [...], "haystacks": [{"what": ..., "b64": ...}, ...]}
 
 Every haystack is decoded through every sequence of up to three of Python's own decoders
-— html.unescape, urllib.parse.unquote, unquote_plus, and JSON string unescaping (json.loads
-of each escape run) — and each view is searched for each secret raw, in hex (either case)
+— html.unescape, urllib.parse.unquote, unquote_plus, JSON string unescaping (json.loads
+of each escape run), quopri (quoted-printable) and line unwrapping (every line break taken
+out, as a MIME or PEM reader joins the lines of a base64 body) — and each view is searched for each secret raw, in hex (either case)
 and in base64/base64url (whole, padded or not, and the characters any larger blob holding
 it at one of the three byte alignments must contain). Prints one JSON line: the list of
 findings, each naming the haystack, the decoders and the form (never the secret itself).
@@ -16,6 +17,7 @@ import binascii
 import html
 import itertools
 import json
+import quopri
 import re
 import sys
 import urllib.parse
@@ -37,6 +39,9 @@ DECODERS = {
     "url": lambda t: urllib.parse.unquote(t, errors="surrogateescape"),
     "form": lambda t: urllib.parse.unquote_plus(t, errors="surrogateescape"),
     "json": json_unescape,
+    "qp": lambda t: quopri.decodestring(t.encode("utf-8", "surrogateescape")).decode(
+        "utf-8", "surrogateescape"),
+    "lines": lambda t: t.replace("\r", "").replace("\n", ""),
 }
 
 

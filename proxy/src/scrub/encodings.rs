@@ -17,6 +17,8 @@
 //!   characters (`&amp;` `&AMP;` `&lt;` `&quot;` `&apos;` `&plus;` `&sol;` `&equals;` …);
 //! - URL encoding: `%XX` of each UTF-8 byte, `%uXXXX` (JavaScript's `escape`), `+` for a
 //!   space (forms);
+//! - quoted-printable (MIME): `=XX` of each UTF-8 byte (its soft line breaks are taken out
+//!   by [`super::wrapped`]);
 //!
 //! hexadecimal digits in either case, each independently. Encodings nest once: the special
 //! characters *of an encoding* may themselves be encoded — a JSON document serialised into
@@ -201,6 +203,13 @@ fn encodings(c: char) -> Vec<Vec<Atom>> {
     if c == ' ' {
         out.push(vec![Atom::Byte(b'+')]);
     }
+    // Quoted-printable.
+    out.push(
+        c.encode_utf8(&mut utf8)
+            .bytes()
+            .flat_map(|b| bytes(b"=").chain(hex(u32::from(b), 2)))
+            .collect(),
+    );
     out
 }
 
@@ -304,6 +313,7 @@ mod tests {
                     "&plus;",
                     "%2B",
                     "%2b",
+                    "=2B",
                     "%u002B", // nested once
                     "\\\\u002B",
                     "\\u005cu002b",

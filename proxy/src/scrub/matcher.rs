@@ -10,6 +10,9 @@
 //! lies inside a merged window: the matches found are exactly those of a search of the
 //! whole buffer. A form without an anchor of at least [`MIN_ANCHOR`] bytes (a secret made
 //! of punctuation) makes the matcher search the whole buffer instead.
+//!
+//! A buffer holding line breaks that may fall inside a wrapped encoding is also searched
+//! without them ([`super::wrapped`]); what is found across a break is mapped back over it.
 
 use aho_corasick::{AhoCorasick, Input as AcInput, MatchKind as AcKind};
 use regex_automata::meta::{self, Regex};
@@ -18,6 +21,7 @@ use regex_syntax::hir::Hir;
 
 use super::encodings::{self, plain};
 use super::patterns::Form;
+use super::wrapped;
 
 /// The shortest run of plain bytes used as an anchor.
 pub const MIN_ANCHOR: usize = 3;
@@ -141,7 +145,8 @@ impl Matcher {
             regex,
             anchors,
             max_len,
-            window,
+            // A match may hold the breaks of a wrapped encoding.
+            window: wrapped::window(window),
             min_len,
         })
     }
@@ -162,11 +167,19 @@ impl Matcher {
     }
 
     /// The leftmost-first matches of `hay`, without overlaps, in order: `(start, end)`.
+    /// Where `hay` holds breaks a wrapped encoding may have ([`wrapped::unwrap`]), also
+    /// the matches across them, overlapping ones merged into one.
     pub fn find_iter<'h>(&'h self, hay: &'h [u8]) -> Matches<'h> {
-        let spans = match &self.anchors {
+        let found = if hay.len() < self.min_len {
+            None
+        } else {
+            wrapped::unwrap(hay).map(|view| self.with_wrapped(hay, &view))
+        };
+        let spans = match (&self.anchors, &found) {
+            (_, Some(_)) => Vec::new(),
             _ if hay.len() < self.min_len => Vec::new(),
-            None => vec![(0, hay.len())],
-            Some(anchors) => anchors.windows(hay),
+            (None, None) => vec![(0, hay.len())],
+            (Some(anchors), None) => anchors.windows(hay),
         };
         Matches {
             matcher: self,
@@ -174,7 +187,47 @@ impl Matcher {
             spans,
             span: 0,
             pos: 0,
+            found: found.map(Vec::into_iter),
         }
+    }
+
+    /// The matches of `hay` and those of its unwrapped `view` that span a break, in order,
+    /// overlapping ones merged.
+    fn with_wrapped(&self, hay: &[u8], view: &wrapped::Unwrapped) -> Vec<(usize, usize)> {
+        let plain = Matches {
+            matcher: self,
+            hay,
+            spans: match &self.anchors {
+                None => vec![(0, hay.len())],
+                Some(anchors) => anchors.windows(hay),
+            },
+            span: 0,
+            pos: 0,
+            found: None,
+        };
+        let across = Matches {
+            matcher: self,
+            hay: &view.bytes,
+            spans: match &self.anchors {
+                None => vec![(0, view.bytes.len())],
+                Some(anchors) => anchors.windows(&view.bytes),
+            },
+            span: 0,
+            pos: 0,
+            found: None,
+        }
+        .filter(|&(start, end)| view.spans_break(start, end))
+        .map(|(start, end)| view.original(start, end));
+        let mut all: Vec<(usize, usize)> = plain.chain(across).collect();
+        all.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(all.len());
+        for (start, end) in all {
+            match merged.last_mut() {
+                Some(last) if start < last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
     }
 }
 
@@ -245,12 +298,17 @@ pub struct Matches<'h> {
     spans: Vec<(usize, usize)>,
     span: usize,
     pos: usize,
+    /// All the matches, found ahead (a buffer searched with its unwrapped view too).
+    found: Option<std::vec::IntoIter<(usize, usize)>>,
 }
 
 impl Iterator for Matches<'_> {
     type Item = (usize, usize);
 
     fn next(&mut self) -> Option<(usize, usize)> {
+        if let Some(found) = &mut self.found {
+            return found.next();
+        }
         while let Some(&(start, end)) = self.spans.get(self.span) {
             let from = self.pos.max(start);
             if from < end {

@@ -9,8 +9,12 @@
 //! - The forms of a secret ([`patterns`]): its raw value, its base64 and base64url forms
 //!   (whole, and embedded in a larger blob at each of the three alignments), its hex forms.
 //! - Every spelling of each form ([`encodings`]): each character as itself or escaped the
-//!   way a JSON, HTML or URL encoder writes it — any subset of the characters, each in any
-//!   of its encodings, nested once (JSON in JSON, a URL in JSON, HTML in JSON …).
+//!   way a JSON, HTML, URL or quoted-printable encoder writes it — any subset of the
+//!   characters, each in any of its encodings, nested once (JSON in JSON, a URL in JSON,
+//!   HTML in JSON …).
+//! - Wrapped across lines ([`wrapped`]): MIME base64, PEM, hex dumps and quoted-printable
+//!   break their lines wherever the column count falls; each buffer is also searched
+//!   without those breaks.
 //! - One matcher over all of them ([`matcher`]): a leftmost-first regular expression,
 //!   searched around anchors that an Aho–Corasick automaton finds.
 //! - Bodies stream ([`stream`]): a fixed window is held back between frames (never the
@@ -44,6 +48,7 @@ mod stream;
 mod tests;
 #[cfg(test)]
 mod tests_encodings;
+mod wrapped;
 
 use std::borrow::Cow;
 use std::sync::Arc;

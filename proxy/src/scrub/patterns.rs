@@ -5,8 +5,10 @@
 //! `&#43;` in a base64 form are found as well as in the raw value.
 //!
 //! A secret spanning several lines (a PEM key) is looked for line by line: no pattern
-//! holds a newline, which is what lets the streaming scrubber release every line whole
-//! ([`super::stream`]); its lines shorter than [`MIN_VARIANT_LEN`] are not looked for.
+//! holds a newline, which is what lets the streaming scrubber release lines whole
+//! ([`super::stream`]); its lines shorter than [`MIN_VARIANT_LEN`] are not looked for. A
+//! form an encoder wrapped across lines is found by searching without the breaks
+//! ([`super::wrapped`]).
 
 use base64::alphabet::{Alphabet, STANDARD, URL_SAFE};
 use base64::engine::general_purpose::{GeneralPurpose, NO_PAD, PAD};

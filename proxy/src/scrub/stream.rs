@@ -8,11 +8,14 @@
 //!
 //! - the last [`Scrubber::hold_back`] bytes — one less than a bound on the length of any
 //!   spelling of any secret, computed from the secrets' lengths alone;
-//! - but nothing after a newline: no pattern holds one (a multi-line secret is looked for
-//!   line by line), so every match ends before the last newline or starts after it. A
-//!   text stream (SSE events, JSON lines) goes out event by event, whatever it says.
+//! - but nothing after a newline that ends a line no wrapped encoding may go on from (its
+//!   last byte is not one of base64's or hex's, or the line is short: see
+//!   [`super::wrapped`]): no pattern holds a newline (a multi-line secret is looked for line
+//!   by line), and a match holds one only where a wrapped encoding broke its line, so every
+//!   match ends before such a newline or starts after it. A text stream (SSE events, JSON
+//!   lines) goes out event by event, whatever it says; lines of base64 wait like any bytes.
 //!
-//! Both depend only on the lengths and the positions of newlines of what arrived, never on
+//! Both depend only on the lengths and the bytes around newlines of what arrived, never on
 //! what the secrets are. A scrubber of several shards runs one such stage per shard, each
 //! fed what the one before let out. The bytes before the held tail are final: every match of the
 //! whole body that is not entirely inside them starts within the tail. When a match starts
@@ -55,6 +58,8 @@ struct Stage {
     /// The held-back tail joined with the start of the next frame (the seam searched for
     /// matches that start in the tail).
     scratch: Vec<u8>,
+    /// How long the body's last line is so far, over every frame fed.
+    line: usize,
 }
 
 impl std::fmt::Debug for StreamScrubber {
@@ -78,6 +83,7 @@ impl StreamScrubber {
                     carry: Vec::new(),
                     scanned: 0,
                     scratch: Vec::new(),
+                    line: 0,
                 })
                 .collect(),
             between: VecDeque::new(),
@@ -145,7 +151,11 @@ impl Stage {
             return;
         }
         let c = self.carry.len();
-        let newline = memchr::memrchr(b'\n', &chunk);
+        let newline = release_at(&chunk, self.line);
+        self.line = match memchr::memrchr(b'\n', &chunk) {
+            Some(i) => chunk.len() - i - 1,
+            None => self.line.saturating_add(chunk.len()),
+        };
         if self.scanned >= AMORTIZE_FROM
             && newline.is_none()
             && c + chunk.len() - self.scanned < self.scanned / 4
@@ -214,6 +224,14 @@ impl Stage {
         let scrubbed = self.shard.replace(&rest).0.into_owned();
         push(out, Bytes::from(scrubbed));
     }
+}
+
+/// The last newline of `chunk` after which no match can go on: one no wrapped encoding may
+/// continue after ([`super::wrapped::may_continue`]). Decided from the bytes of the body
+/// around it, never from the secrets.
+fn release_at(chunk: &[u8], line_before: usize) -> Option<usize> {
+    memchr::memrchr_iter(b'\n', chunk)
+        .find(|&i| !super::wrapped::may_continue(chunk, i, line_before))
 }
 
 /// The matches in the held-back tail joined with `chunk`, in the coordinates of the two

@@ -310,8 +310,9 @@ fn a_multi_line_secret_is_redacted_line_by_line_and_lines_stream() {
         !contains(&out, b"MIIBVgIBADANBgkqhkiG9w0BAQEFAASCAUAw"),
         "{out:?}"
     );
-    // A raw echo: each line is released as soon as its newline arrives.
-    let raw = format!("{key}\n");
+    // A raw echo: released at the first newline no wrapped encoding may go on from (the
+    // blank line; a line ending in `-` or `=` may be a wrap, and waits like any bytes).
+    let raw = format!("{key}\n\n");
     let (whole, released) = streamed(&s, &[raw.as_bytes()]);
     assert_eq!(released, vec![whole.len()], "nothing waited for the end");
     assert_eq!(whole, s.scrub_bytes(raw.as_bytes()).as_ref());
@@ -328,4 +329,97 @@ fn scrub_text_catches_what_a_serialiser_wrote_back() {
     let scrubbed = s.scrub_text(written);
     assert_eq!(scrubbed, format!("{{\"text\":\"{REDACTED}\"}}"));
     assert_eq!(s.scrub_text("clean".into()), "clean");
+}
+
+/// `text` wrapped every `width` bytes with `brk`.
+fn wrap(text: &str, width: usize, brk: &str) -> String {
+    let lines: Vec<&str> = text
+        .as_bytes()
+        .chunks(width)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    lines.join(brk)
+}
+
+/// Quoted-printable of printable ASCII without `=`: soft breaks (`=` CRLF) keep each
+/// line at most 76 bytes.
+fn quoted_printable(text: &str) -> String {
+    assert!(!text.contains('=') && text.bytes().all(|b| (b' '..=b'~').contains(&b)));
+    wrap(text, 75, "=\r\n")
+}
+
+/// Everything `out` says once its breaks are taken out: a wrapped form left whole would
+/// be found there.
+fn without_breaks(out: &[u8]) -> Vec<u8> {
+    String::from_utf8_lossy(out)
+        .replace("=\r\n", "")
+        .replace("\\r\\n", "")
+        .replace("\\n", "")
+        .replace(['\r', '\n'], "")
+        .into_bytes()
+}
+
+/// Found by attacking this proxy: an upstream that wraps what it echoes — MIME base64 at
+/// 76 columns, PEM at 64, the same inside a JSON string, quoted-printable's soft breaks —
+/// cut the secret's form across a line, and 44 to 76 of 160 offsets leaked. At every
+/// offset, whole and streamed in random frames, nothing of a form is left.
+#[test]
+fn a_secret_wrapped_across_lines_is_redacted_at_every_offset() {
+    let token = "ghp_W7xQ2mL9vK4tR8nB3cF6hJ1dZ5sY0aP";
+    let s = Scrubber::new([CANARY, token]);
+    let oracle = Scrubber::new([CANARY, token]);
+    let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x3A9);
+    for pad in 0..160 {
+        let before = "x".repeat(pad);
+        let blob = format!("{before}Authorization: Bearer {CANARY} and {token};");
+        let plain = format!("{before}token: {token} done");
+        let pem = format!(
+            "-----BEGIN DATA-----\n{}\n-----END DATA-----\n",
+            wrap(&b64(&blob), 64, "\n")
+        );
+        let cases = [
+            (
+                "mime",
+                format!(
+                    "Content-Transfer-Encoding: base64\r\n\r\n{}\r\n",
+                    wrap(&b64(&blob), 76, "\r\n")
+                ),
+            ),
+            ("pem", pem.clone()),
+            ("pem in json", serde_json::json!({ "pem": pem }).to_string()),
+            (
+                "json crlf",
+                format!("{{\"b\":\"{}\"}}", wrap(&b64(&blob), 76, "\\r\\n")),
+            ),
+            (
+                "quoted-printable",
+                format!("{}\r\n", quoted_printable(&plain)),
+            ),
+            ("hex", format!("{}\n", wrap(&hex::encode(&blob), 64, "\n"))),
+        ];
+        for (what, text) in cases {
+            let out = s.scrub_bytes(text.as_bytes()).into_owned();
+            let flat = without_breaks(&out);
+            assert_eq!(
+                oracle.scrub_bytes(&flat).as_ref(),
+                &flat[..],
+                "{what} at {pad}: {}",
+                String::from_utf8_lossy(&out)
+            );
+            let cuts: Vec<usize> = {
+                let mut c: Vec<usize> = (0..3).map(|_| rng.random_range(0..=text.len())).collect();
+                c.sort_unstable();
+                c
+            };
+            let chunks = [
+                &text.as_bytes()[..cuts[0]],
+                &text.as_bytes()[cuts[0]..cuts[1]],
+                &text.as_bytes()[cuts[1]..cuts[2]],
+                &text.as_bytes()[cuts[2]..],
+            ];
+            let (streamed_out, _) = streamed(&s, &chunks);
+            assert_eq!(streamed_out, out, "{what} at {pad}, streamed in {cuts:?}");
+        }
+    }
 }
