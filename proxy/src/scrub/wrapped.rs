@@ -61,23 +61,34 @@ pub fn may_continue(chunk: &[u8], at: usize, line_before: usize) -> bool {
     end == 0 || wraps(chunk[end - 1])
 }
 
-/// `hay` without the breaks that may fall inside a wrapped encoding, and where each byte
-/// of it was in `hay`; `None` when no break was taken out.
+/// `hay` without the breaks that may fall inside a wrapped encoding, and where they were;
+/// `None` when no break was taken out.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Unwrapped {
     pub bytes: Vec<u8>,
-    at: Vec<usize>,
+    /// Per break taken out: where in `bytes` the bytes after it begin, and how many bytes
+    /// were taken out up to and including it (a few per line, not one entry per byte).
+    cuts: Vec<(usize, usize)>,
 }
 
 impl Unwrapped {
+    /// Where byte `j` of the view was in `hay`.
+    fn at(&self, j: usize) -> usize {
+        match self.cuts.partition_point(|&(p, _)| p <= j) {
+            0 => j,
+            n => j + self.cuts[n - 1].1,
+        }
+    }
+
     /// The range of `hay` a match `start..end` of the view covers.
     pub fn original(&self, start: usize, end: usize) -> (usize, usize) {
-        (self.at[start], self.at[end - 1] + 1)
+        (self.at(start), self.at(end - 1) + 1)
     }
 
     /// Whether the view's `start..end` spans a break taken out.
     pub fn spans_break(&self, start: usize, end: usize) -> bool {
-        self.at[end - 1] - self.at[start] != end - 1 - start
+        self.cuts.partition_point(|&(p, _)| p <= start)
+            != self.cuts.partition_point(|&(p, _)| p < end)
     }
 }
 
@@ -130,8 +141,8 @@ fn wrap_break(hay: &[u8], i: usize) -> Option<(usize, usize)> {
 /// The unwrapped view of `hay` (see the module docs); `None` when nothing is taken out.
 pub fn unwrap(hay: &[u8]) -> Option<Unwrapped> {
     let mut view: Option<Unwrapped> = None;
-    // Bytes of `hay` before this are in the view (or taken out).
-    let mut copied = 0;
+    // Bytes of `hay` before this are in the view (or taken out); how many were taken out.
+    let (mut copied, mut removed) = (0, 0);
     // Raw newlines and escaped ones (`\n`, also ending an escaped `\r\n`), in order.
     let mut raw = memchr::memchr_iter(b'\n', hay).peekable();
     let mut escaped = memchr::memmem::find_iter(hay, b"\\n").peekable();
@@ -154,15 +165,15 @@ pub fn unwrap(hay: &[u8]) -> Option<Unwrapped> {
         }
         let v = view.get_or_insert_with(|| Unwrapped {
             bytes: Vec::with_capacity(hay.len()),
-            at: Vec::with_capacity(hay.len()),
+            cuts: Vec::new(),
         });
         v.bytes.extend_from_slice(&hay[copied..from]);
-        v.at.extend(copied..from);
+        removed += to - from;
+        v.cuts.push((v.bytes.len(), removed));
         copied = to;
     }
     let mut v = view?;
     v.bytes.extend_from_slice(&hay[copied..]);
-    v.at.extend(copied..hay.len());
     Some(v)
 }
 
