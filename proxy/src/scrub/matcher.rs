@@ -170,16 +170,20 @@ impl Matcher {
     /// Where `hay` holds breaks a wrapped encoding may have ([`wrapped::unwrap`]), also
     /// the matches across them, overlapping ones merged into one.
     pub fn find_iter<'h>(&'h self, hay: &'h [u8]) -> Matches<'h> {
-        let found = if hay.len() < self.min_len {
-            None
-        } else {
-            wrapped::unwrap(hay).map(|view| self.with_wrapped(hay, &view))
-        };
-        let spans = match (&self.anchors, &found) {
-            (_, Some(_)) => Vec::new(),
-            _ if hay.len() < self.min_len => Vec::new(),
-            (None, None) => vec![(0, hay.len())],
-            (Some(anchors), None) => anchors.windows(hay),
+        if hay.len() < self.min_len {
+            return Matches::found(self, hay, Vec::new());
+        }
+        match wrapped::unwrap(hay) {
+            Some(view) => Matches::found(self, hay, self.with_wrapped(hay, &view)),
+            None => self.searched(hay),
+        }
+    }
+
+    /// The matches of `hay` proper, searched lazily around its anchors.
+    fn searched<'h>(&'h self, hay: &'h [u8]) -> Matches<'h> {
+        let spans = match &self.anchors {
+            None => vec![(0, hay.len())],
+            Some(anchors) => anchors.windows(hay),
         };
         Matches {
             matcher: self,
@@ -187,38 +191,18 @@ impl Matcher {
             spans,
             span: 0,
             pos: 0,
-            found: found.map(Vec::into_iter),
+            found: None,
         }
     }
 
     /// The matches of `hay` and those of its unwrapped `view` that span a break, in order,
     /// overlapping ones merged.
     fn with_wrapped(&self, hay: &[u8], view: &wrapped::Unwrapped) -> Vec<(usize, usize)> {
-        let plain = Matches {
-            matcher: self,
-            hay,
-            spans: match &self.anchors {
-                None => vec![(0, hay.len())],
-                Some(anchors) => anchors.windows(hay),
-            },
-            span: 0,
-            pos: 0,
-            found: None,
-        };
-        let across = Matches {
-            matcher: self,
-            hay: &view.bytes,
-            spans: match &self.anchors {
-                None => vec![(0, view.bytes.len())],
-                Some(anchors) => anchors.windows(&view.bytes),
-            },
-            span: 0,
-            pos: 0,
-            found: None,
-        }
-        .filter(|&(start, end)| view.spans_break(start, end))
-        .map(|(start, end)| view.original(start, end));
-        let mut all: Vec<(usize, usize)> = plain.chain(across).collect();
+        let across = self
+            .searched(&view.bytes)
+            .filter(|&(start, end)| view.spans_break(start, end))
+            .map(|(start, end)| view.original(start, end));
+        let mut all: Vec<(usize, usize)> = self.searched(hay).chain(across).collect();
         all.sort_unstable();
         let mut merged: Vec<(usize, usize)> = Vec::with_capacity(all.len());
         for (start, end) in all {
@@ -300,6 +284,20 @@ pub struct Matches<'h> {
     pos: usize,
     /// All the matches, found ahead (a buffer searched with its unwrapped view too).
     found: Option<std::vec::IntoIter<(usize, usize)>>,
+}
+
+impl<'h> Matches<'h> {
+    /// Matches found ahead of time.
+    fn found(matcher: &'h Matcher, hay: &'h [u8], found: Vec<(usize, usize)>) -> Self {
+        Matches {
+            matcher,
+            hay,
+            spans: Vec::new(),
+            span: 0,
+            pos: 0,
+            found: Some(found.into_iter()),
+        }
+    }
 }
 
 impl Iterator for Matches<'_> {

@@ -21,6 +21,11 @@
 //! needs. The streaming scrubber releases at a newline only where no break could be taken
 //! out ([`may_continue`]).
 
+/// The searcher for an escaped newline, built once: building one per buffer would cost
+/// every header value scrubbed.
+static ESCAPED_NEWLINE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\n"));
+
 /// The shortest line whose break is taken for a wrap.
 pub const MIN_LINE: usize = 16;
 
@@ -140,12 +145,14 @@ fn wrap_break(hay: &[u8], i: usize) -> Option<(usize, usize)> {
 
 /// The unwrapped view of `hay` (see the module docs); `None` when nothing is taken out.
 pub fn unwrap(hay: &[u8]) -> Option<Unwrapped> {
+    // Most buffers (header values, one-line JSON) hold no break at all: one pass says so.
+    memchr::memchr2(b'\n', b'\\', hay)?;
     let mut view: Option<Unwrapped> = None;
     // Bytes of `hay` before this are in the view (or taken out); how many were taken out.
     let (mut copied, mut removed) = (0, 0);
     // Raw newlines and escaped ones (`\n`, also ending an escaped `\r\n`), in order.
     let mut raw = memchr::memchr_iter(b'\n', hay).peekable();
-    let mut escaped = memchr::memmem::find_iter(hay, b"\\n").peekable();
+    let mut escaped = ESCAPED_NEWLINE.find_iter(hay).peekable();
     loop {
         let i = match (raw.peek(), escaped.peek()) {
             (Some(&r), Some(&e)) if e < r => escaped.next(),
