@@ -162,7 +162,7 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
     let query = uri.query().unwrap_or("");
     if overrides_method(query) {
         // The header spellings of an override are stripped in `inject`.
-        return Err(crate::recognise::method_override_refused("the query"));
+        return Err(crate::method_override::refused("the query"));
     }
     Ok(Target {
         scheme,
@@ -176,15 +176,17 @@ pub fn target<B>(origin: &Origin, req: &Request<B>) -> Result<Target, ProxyError
 
 /// Whether `query` holds a `_method` parameter (any case, any escape of it).
 fn overrides_method(query: &str) -> bool {
-    // Every request's query passes here: only one that could spell it is parsed.
+    // Every request's query passes here: only one that could spell it is parsed (PHP
+    // reads `.method` and `[method` as `_method`, so `method` is what every spelling holds
+    // unless escaped).
     let could = query.contains('%')
         || query
             .as_bytes()
-            .windows(7)
-            .any(|w| w.eq_ignore_ascii_case(b"_method"));
+            .windows(6)
+            .any(|w| w.eq_ignore_ascii_case(b"method"));
     could
         && url::form_urlencoded::parse(query.as_bytes())
-            .any(|(key, _)| crate::recognise::is_method_override(&key))
+            .any(|(key, _)| crate::method_override::is_method_override(&key))
 }
 
 /// A `.` or `..` segment, literally or percent-encoded (`%2e`), anywhere in the path.

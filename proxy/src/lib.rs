@@ -77,6 +77,7 @@ pub mod inject;
 pub mod lease_journal;
 pub mod lifecycle;
 pub mod mcp;
+pub mod method_override;
 pub mod metrics;
 pub mod path_forms;
 pub mod pipeline;

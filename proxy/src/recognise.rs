@@ -145,22 +145,6 @@ fn method_matches(route: &str, method: &Method) -> bool {
     route.eq_ignore_ascii_case(method.as_str()) || (route == "GET" && *method == Method::HEAD)
 }
 
-/// Whether a parameter or member named `key` is a method override: Rails
-/// (`Rack::MethodOverride`), Laravel, Symfony and Express's method-override run a POST that
-/// carries `_method=DELETE` as a DELETE, so policy would decide one method and the upstream
-/// run another. Any case, surrounding blanks ignored (a form's `+_method`).
-pub(crate) fn is_method_override(key: &str) -> bool {
-    key.trim().eq_ignore_ascii_case("_method")
-}
-
-/// The refusal of a request carrying a method override in `place` (the query, the body).
-pub(crate) fn method_override_refused(place: &str) -> ProxyError {
-    ProxyError::bad_request(format!(
-        "{place} names `_method`, which frameworks run as the request's method; send the \
-         request with that method instead"
-    ))
-}
-
 /// A message's media type, lowercased, without parameters (`application/json` of
 /// `application/json; charset=utf-8`); `None` without a readable `Content-Type`.
 pub(crate) fn media_type(headers: &HeaderMap) -> Option<String> {
@@ -174,45 +158,6 @@ pub(crate) fn media_type(headers: &HeaderMap) -> Option<String> {
                 .trim()
                 .to_ascii_lowercase()
         })
-}
-
-/// Refuse a POST decided as plain `http` to a host that serves catalogued tools when its
-/// form or JSON body names `_method`. Rails (`Rack::MethodOverride`), Laravel and Symfony
-/// run such a POST as the method it names, so `POST /v1/items/1` with `_method=DELETE`,
-/// allowed as `http`, would reach the handler of a catalogued `DELETE /v1/items/{id}` tool.
-/// The body is read (bounded by `limit`, like a tool call's) to look, and put back for
-/// forwarding. Bodies without a content type or of any other (multipart uploads among
-/// them), of other methods and to hosts without tools keep streaming: buffering them would
-/// end the streaming that uploads and echoing upstreams rely on.
-pub(crate) async fn refuse_body_method_override(
-    req: &mut Request<ProxyBody>,
-    catalog: &Catalog,
-    target: &Target,
-    limit: usize,
-) -> Result<(), ProxyError> {
-    if !target.method.as_str().eq_ignore_ascii_case("POST") {
-        return Ok(());
-    }
-    let json = match media_type(req.headers()).as_deref() {
-        Some("application/x-www-form-urlencoded") => false,
-        Some(ct) if is_json(ct) => true,
-        _ => return Ok(()),
-    };
-    if !serves_tools(catalog, &target.host.to_string()) {
-        return Ok(());
-    }
-    let bytes = read_body(req, limit).await?;
-    *req.body_mut() = body::full(bytes.clone());
-    let names = if json {
-        serde_json::from_slice::<Map<String, Value>>(&bytes)
-            .is_ok_and(|members| members.keys().any(|key| is_method_override(key)))
-    } else {
-        url::form_urlencoded::parse(&bytes).any(|(key, _)| is_method_override(&key))
-    };
-    if names {
-        return Err(method_override_refused("the body"));
-    }
-    Ok(())
 }
 
 /// Whether `host` (canonical text) serves any catalogued tool, REST or MCP.
@@ -284,10 +229,13 @@ impl<'a> Route<'a> {
         for (key, value) in query.into_iter().chain(path) {
             args.insert(key, Value::String(value));
         }
-        if args.keys().any(|key| is_method_override(key)) {
+        if args
+            .keys()
+            .any(|key| crate::method_override::is_method_override(key))
+        {
             // Laravel and Symfony read `_method` from a JSON body too (see `classify` for
             // the query's).
-            return Err(method_override_refused("the body"));
+            return Err(crate::method_override::refused("the body"));
         }
         let args = Value::Object(args);
         spelled_as_declared(self.tool, &args)?;

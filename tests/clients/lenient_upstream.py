@@ -4,7 +4,7 @@ Go's encoding/json, servlet containers and nginx do, and records everything it r
 
 usage: lenient_upstream.py PORT CERT_CHAIN_PEM KEY_PEM LOG_JSONL
 
-Serves 127.0.0.1:PORT. Every request is appended to LOG_JSONL as one JSON line
+Serves 127.0.0.1:PORT. Every request whose body arrives whole is appended to LOG_JSONL as one JSON line
 {"method", "path", "routed", "body", "decoded"} before it is answered, so a test can prove
 what reached it. Decoding: object keys are folded to lower case and, of keys equal ignoring
 case (or given twice), the last one wins — what Go's encoding/json does when it fills a struct.
@@ -53,7 +53,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_any(self):
         length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+        raw = self.rfile.read(length) if length else b""
+        if len(raw) < length:
+            # The body ended before its length: no server runs a handler for that (Rack,
+            # PHP and the rest fail the request), so nothing is run or recorded.
+            self.close_connection = True
+            return
+        body = raw.decode("utf-8", "replace")
         decoded = lenient_decode(body) if body else None
         routed = lenient_route(self.path)
         with self.log_lock, open(self.server.log_path, "a", encoding="utf-8") as log:

@@ -510,6 +510,17 @@ async fn method_overrides_and_query_structure_are_refused() {
         (API, "/v1/items/1?_method=DELETE", "{}"),
         (API, "/v1/items/1?x=1&%5Fmethod=DELETE", "{}"),
         (API, "/v1/items/1?_METHOD=delete", "{}"),
+        // PHP turns a leading `.` or an unclosed `[` into `_`, ends a name at NUL, and
+        // reads `_method[]` as `_method`.
+        (API, "/v1/items/1?.method=DELETE", "{}"),
+        (API, "/v1/items/1?[method=DELETE", "{}"),
+        (API, "/v1/items/1?_method%00x=DELETE", "{}"),
+        (API, "/v1/items/1?_method[]=DELETE", "{}"),
+        (
+            API,
+            "/v1/transfer",
+            r#"{"account":"dev",".method":"DELETE"}"#,
+        ),
         (API, "/v1/transfer?_method=PUT", r#"{"account":"dev"}"#),
         (
             API,
@@ -547,6 +558,16 @@ async fn method_overrides_and_query_structure_are_refused() {
         ),
         ("application/json", r#"{"_method":"DELETE"}"#),
         ("application/vnd.api+json", r#"{"x":1,"_Method":"DELETE"}"#),
+        ("application/x-www-form-urlencoded", ".method=DELETE"),
+        ("application/x-www-form-urlencoded", "a=1;[method=DELETE"),
+        // The media type as PHP cuts it (at `,` or a blank), and Laravel's JSON test
+        // (the type contains `/json`).
+        (
+            "application/x-www-form-urlencoded, text/plain",
+            "_method=DELETE",
+        ),
+        ("application/x-www-form-urlencoded x", "_method=DELETE"),
+        ("text/plain; x=/json", r#"{"_method":"DELETE"}"#),
     ] {
         let before = rig.upstream.seen().len();
         let reply = rig.post_typed("/v1/items/1", content_type, body).await;
@@ -561,6 +582,93 @@ async fn method_overrides_and_query_structure_are_refused() {
             "{content_type} {body} reached the upstream"
         );
     }
+    // Bodies that stream: untyped (Rack reads a POST without a media type as a form) and
+    // multipart (every parser's reading of a part's name). The upstream may have the
+    // head and some of the body, never the whole body.
+    let part = |head: &str| format!("--XyZ\r\n{head}\r\n\r\nDELETE\r\n--XyZ--\r\n");
+    for (content_type, body) in [
+        ("", "a=1&_method=DELETE".to_owned()),
+        ("", "%5Fmethod=DELETE".to_owned()),
+        (" ; charset=utf-8", ".method=DELETE".to_owned()),
+        (
+            "multipart/form-data; boundary=XyZ",
+            part(r#"Content-Disposition: form-data; name="_method""#),
+        ),
+        (
+            "multipart/form-data; boundary=XyZ",
+            part("content-disposition: form-data; name*=utf-8''%5Fmethod"),
+        ),
+        (
+            "multipart/form-data; boundary=XyZ",
+            part("Content-Disposition: form-data;\r\n name=\"_method[]\""),
+        ),
+        (
+            "multipart/form-data; boundary=\"other\"; boundary=XyZ",
+            part(r#"Content-Disposition: form-data; name="%5Fmethod""#),
+        ),
+        ("multipart/mixed; boundary=XyZ", part("Content-ID: _method")),
+    ] {
+        let reply = rig.post_typed("/v1/items/1", content_type, &body).await;
+        let (answer, record) = raw::assert_refused(&rig.proxy, &reply, 400, "bad_request").await;
+        assert!(
+            answer["reason"].as_str().unwrap().contains("_method"),
+            "{content_type} {body}: {answer}"
+        );
+        assert_eq!(
+            record.decision, "deny",
+            "{content_type} {body}: {record:#?}"
+        );
+        let arrived = rig.upstream.seen();
+        assert!(
+            !arrived.iter().any(|seen| seen["body"] == body.as_str()),
+            "{content_type} {body:?} reached the upstream whole"
+        );
+    }
+    // A real client's multipart form: curl's `-F`.
+    let session = rig.proxy.session("curl").await;
+    let env = rig.proxy.client_env(&session);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let url = format!("https://{API}:{}/v1/items/1", rig.upstream.port);
+    let before = rig.upstream.seen().len();
+    let out = ostiary_e2e::clients::curl(
+        &[
+            "-F",
+            "note=hello",
+            "-F",
+            "_method=DELETE",
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
+        &env,
+    )
+    .await;
+    assert!(out.stdout.ends_with("\n400"), "{out}");
+    assert!(out.stdout.contains("_method"), "{out}");
+    assert_eq!(
+        rig.upstream.seen().len(),
+        before,
+        "curl's form reached the upstream"
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "a file that says _method=DELETE\n").unwrap();
+    let upload = format!("upload=@{};filename=notes.txt", file.path().display());
+    let out = ostiary_e2e::clients::curl(
+        &[
+            "-F",
+            "note=_method=DELETE",
+            "-F",
+            &upload,
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ],
+        &env,
+    )
+    .await;
+    assert!(out.stdout.ends_with("\n200"), "{out}");
+    assert_eq!(rig.upstream.seen().len(), before + 1, "{out}");
+
     // A parameter merely containing the word is not an override, and a body the host's
     // frameworks take no override from streams on.
     let reply = rig
@@ -574,10 +682,28 @@ async fn method_overrides_and_query_structure_are_refused() {
         ),
         ("application/x-www-form-urlencoded", "payment_method=card"),
         ("text/plain", "_method=DELETE"),
+        ("application/x-ndjson", r#"{"_method":"DELETE"}"#),
         ("", "payment_method=card"),
+        ("", "note=_method"),
+        (
+            "multipart/form-data; boundary=XyZ",
+            "--XyZ\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\n\
+             _method=DELETE\r\n--XyZ--\r\n",
+        ),
+        (
+            "multipart/form-data; boundary=XyZ",
+            "--XyZ\r\nContent-Disposition: form-data; name=\"payment_method\"\r\n\r\n\
+             card\r\n--XyZ--\r\n",
+        ),
     ] {
         let reply = rig.post_typed("/v1/items/1", content_type, body).await;
         assert_eq!(reply.status, 200, "{content_type} {body}: {reply}");
+        let arrived = rig.upstream.seen();
+        assert_eq!(
+            arrived.last().map(|seen| seen["body"].clone()),
+            Some(json!(body)),
+            "{content_type} {body:?} arrived whole"
+        );
     }
 
     // Query keys PHP, Rails and Express's qs read as arrays or objects, and `;` that Rack

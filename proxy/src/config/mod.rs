@@ -517,8 +517,8 @@ pub struct ProxyLimits {
     /// Largest request body of a recognised tool call. Tool calls are buffered whole so
     /// their arguments can be read before the decision; larger ones are refused (400
     /// `body_too_large`). So are plain POSTs to hosts that serve tools, read for a `_method`
-    /// override (form and JSON bodies). Bodies of other requests stream
-    /// and are not bounded by this.
+    /// override (form and JSON bodies; untyped and multipart ones are watched as they
+    /// stream instead). Bodies of other requests stream and are not bounded by this.
     pub max_tool_body_bytes: usize,
 }
 

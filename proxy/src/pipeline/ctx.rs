@@ -97,6 +97,9 @@ pub(crate) struct RequestCtx<'a> {
     pub engine: &'a Arc<PolicyEngine>,
     /// In flight until the answer's last byte (live requests), so teardown can wait for it.
     pub ticket: Option<Ticket>,
+    /// What the watch over a streamed body found of a method override (`recognise` sets
+    /// it, `forward` reports it: the upstream send fails opaquely when the watch stops it).
+    pub body_watch: Option<crate::method_override::Finding>,
 }
 
 impl<'a> RequestCtx<'a> {
@@ -132,6 +135,7 @@ impl<'a> RequestCtx<'a> {
             host,
             engine,
             ticket: None,
+            body_watch: None,
         }
     }
 }

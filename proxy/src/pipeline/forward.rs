@@ -77,6 +77,10 @@ pub(super) async fn run(
             ),
         });
     }
+    if let Some(place) = ctx.body_watch.as_ref().and_then(|found| found.get()) {
+        // The watch stopped the body before its end left: the upstream never had all of it.
+        return Err(crate::method_override::refused(place));
+    }
     let mut response = match (sent, agent_body_failed.and_then(|f| f.get())) {
         (Ok(response), _) => response,
         // The send failed because the agent's own body did: a malformed request, not an

@@ -1,7 +1,8 @@
 //! Phase `recognise`: what a classified request is to policy — a call of a catalogued REST
 //! tool (its body read, bounded, into arguments), JSON-RPC to a catalogued MCP endpoint (its
 //! body parsed), or plain `http` (its body keeps streaming, unless it is a POST to a host
-//! that serves tools, whose body is read for a method override) — and the tier it is rated
+//! that serves tools, whose body is read or watched for a method override:
+//! [`crate::method_override`]) — and the tier it is rated
 //! and checked by ([`crate::recognise`], [`crate::mcp`] do the matching and parsing).
 
 use bytes::Bytes;
@@ -60,8 +61,9 @@ impl Recognised<'_> {
 }
 
 /// Recognise the request. Only a recognised call's body is read (bounded by
-/// `proxy.max_tool_body_bytes`), and a plain POST's to a host that serves tools, for a
-/// method override; every other body keeps streaming. An approved execution
+/// `proxy.max_tool_body_bytes`), and a plain form or JSON POST's to a host that serves
+/// tools, for a method override (untyped and multipart ones are watched as they stream);
+/// every other body keeps streaming. An approved execution
 /// must be recognised as the tool it was held as, under the catalog in force now.
 pub(super) async fn run<'e>(
     ctx: &mut RequestCtx<'e>,
@@ -106,7 +108,8 @@ pub(super) async fn run<'e>(
         }
     }
     same_tool(ctx, None)?;
-    routes::refuse_body_method_override(req, engine.catalog(), &ctx.target, limit).await?;
+    ctx.body_watch =
+        crate::method_override::refuse_in_body(req, engine.catalog(), &ctx.target, limit).await?;
     Ok(Recognised::Http)
 }
 
