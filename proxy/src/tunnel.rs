@@ -6,7 +6,9 @@
 //! [`splice`] is the relay itself, shared with WebSocket upgrades: every byte it passes is
 //! charged to the session's `max_bytes_sent` (agent → upstream) or `max_bytes_received`
 //! (upstream → agent) before it is written, and the chunk that would pass a budget is cut
-//! at the budget and the whole relay closed.
+//! at the budget and the whole relay closed. A WebSocket's upstream-to-agent half is
+//! rewritten on its way ([`crate::scrub::websocket`]): what is charged and written is
+//! what the agent receives.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use crate::guardrails::counted::Direction;
 use crate::guardrails::meter::Meter;
 use crate::lifecycle::StreamWatch;
 use crate::plane::DataPlane;
+use crate::scrub::websocket::FrameScrubber;
 
 /// Largest ClientHello read before giving up (a real one is a few hundred bytes).
 const MAX_CLIENT_HELLO: usize = 16 * 1024;
@@ -145,6 +148,21 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
+    splice_rewriting(agent, upstream, bounds, None).await
+}
+
+/// [`splice`], with what the upstream sends rewritten by `received` before the agent has
+/// it (a WebSocket's frames, scrubbed).
+pub async fn splice_rewriting<A, U>(
+    agent: A,
+    upstream: U,
+    bounds: Bounds,
+    received: Option<FrameScrubber>,
+) -> Ended
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
     let (agent_read, agent_write) = tokio::io::split(agent);
     let (up_read, up_write) = tokio::io::split(upstream);
     let stop = CancellationToken::new();
@@ -157,6 +175,7 @@ where
         started: Instant::now(),
         idle: bounds.idle,
     };
+    let rewrite = received;
     let (sent, received) = (way(Direction::Sent), way(Direction::Received));
     // Idleness is of the tunnel, not of one direction: both share the last activity.
     let received = Way {
@@ -166,8 +185,8 @@ where
     };
     let pumps = async {
         let (a, b) = tokio::join!(
-            pump(agent_read, up_write, sent),
-            pump(up_read, agent_write, received)
+            pump(agent_read, up_write, sent, None),
+            pump(up_read, agent_write, received, rewrite)
         );
         if a.is_cut() {
             a
@@ -193,14 +212,21 @@ struct Way<'a> {
     idle: Option<Duration>,
 }
 
-/// Copy one direction until its reader closes (then half-close the writer), both
-/// directions have been quiet for `idle`, the budget is spent, or the other direction cut.
-async fn pump<R, W>(mut from: R, mut to: W, way: Way<'_>) -> Ended
+/// Copy one direction (through `rewrite`, if any) until its reader closes (then
+/// half-close the writer), both directions have been quiet for `idle`, the budget is
+/// spent, the rewrite refuses what it read, or the other direction cut.
+async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    way: Way<'_>,
+    mut rewrite: Option<FrameScrubber>,
+) -> Ended
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut rewritten = Vec::new();
     let ended = loop {
         let step = async {
             let read = match way.idle {
@@ -223,8 +249,20 @@ where
             };
             way.activity
                 .store(way.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+            let bytes = match &mut rewrite {
+                None => &buf[..n],
+                Some(rewrite) => {
+                    rewritten.clear();
+                    if let Err(e) = rewrite.feed(&buf[..n], &mut rewritten) {
+                        tracing::debug!(error = %e, "relay closed");
+                        return Step::Done(Ended::Closed);
+                    }
+                    &rewritten[..]
+                }
+            };
+            let n = bytes.len();
             let fits = way.meter.admit_bytes(way.session, way.direction, n as u64) as usize;
-            if to.write_all(&buf[..fits]).await.is_err() {
+            if to.write_all(&bytes[..fits]).await.is_err() {
                 return Step::Done(Ended::Closed);
             }
             if fits < n {

@@ -629,14 +629,9 @@ async fn answers_pass_untouched_until_the_proxy_injected_a_secret() {
     assert_eq!(last.header("range"), None, "{last:#?}");
 }
 
-/// Session A's request leaves its secret at an upstream that stores what it receives; a
-/// session that holds no credential at all — of the same agent, of another agent, one
-/// started after A was torn down — reads it back through an unbound hostname and finds it
-/// redacted: what the proxy injected for one session is scrubbed from every session's
-/// answers until it ends (a `file` secret never does).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_secret_one_session_sent_is_redacted_for_sessions_that_hold_none() {
-    let rig = Rig::start().await;
+/// A session (`agent-2`) whose request to the bound host leaves its injected secret in the
+/// upstream's store: what the attacks below read back.
+async fn leave_the_secret_upstream(rig: &Rig) -> ostiary_sdk::Session {
     let writer = rig.proxy.session("agent-2").await;
     let reply = rig
         .post_json_as(
@@ -649,9 +644,21 @@ async fn a_secret_one_session_sent_is_redacted_for_sessions_that_hold_none() {
         .await;
     assert_status(&reply, StatusCode::CREATED);
     assert!(
-        stored_text(&rig).contains(CANARY),
+        stored_text(rig).contains(CANARY),
         "the attack needs the secret stored"
     );
+    writer
+}
+
+/// Session A's request leaves its secret at an upstream that stores what it receives; a
+/// session that holds no credential at all — of the same agent, of another agent, one
+/// started after A was torn down — reads it back through an unbound hostname and finds it
+/// redacted: what the proxy injected for one session is scrubbed from every session's
+/// answers until it ends (a `file` secret never does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_one_session_sent_is_redacted_for_sessions_that_hold_none() {
+    let rig = Rig::start().await;
+    let writer = leave_the_secret_upstream(&rig).await;
 
     let check = |who: &'static str, reply: Reply| {
         assert_status(&reply, StatusCode::OK);
@@ -690,5 +697,43 @@ async fn a_secret_one_session_sent_is_redacted_for_sessions_that_hold_none() {
     // Nothing was ever injected towards the unbound host.
     for seen in rig.seen_at(OTHER) {
         assert!(seen.header("authorization").is_none(), "{seen:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_read_back_over_a_websocket_is_redacted() {
+    let rig = Rig::start().await;
+    leave_the_secret_upstream(&rig).await;
+    // A real client (Python's `websockets`, which offers permessage-deflate: the proxy
+    // offers the upstream no extension, so what comes back is readable) asks an unbound
+    // host's socket for what was stored: as one message and in 7-byte fragments, so the
+    // secret straddles frames.
+    let env = rig.proxy.client_env(&rig.session);
+    let url = format!("wss://{OTHER}:{}/ws", rig.upstream.port());
+    for ask in ["messages", "messages in fragments"] {
+        let out = ostiary_e2e::clients::python(
+            ostiary_e2e::clients::client_script("py_ws.py"),
+            &[&url, ask],
+            &env.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        assert!(out.success(), "{ask}: {out}");
+        let echo = out.json()["echo"].as_str().unwrap_or_default().to_owned();
+        assert!(echo.contains("left by the writer"), "{ask}: {echo}");
+        assert!(
+            !echo.contains(CANARY),
+            "{ask}: the secret came back: {echo}"
+        );
+        assert!(echo.contains(&bearer(REDACTED)), "{ask}: {echo}");
+    }
+    let ws = rig.upstream.seen_path("/ws");
+    assert_eq!(ws.len(), 2, "{ws:#?}");
+    for seen in ws {
+        assert!(
+            seen.header("sec-websocket-extensions").is_none(),
+            "no extension is offered upstream: {seen:#?}"
+        );
     }
 }

@@ -23,13 +23,19 @@
 //! - any other `101` — to a request that was no handshake, or without those headers — is a
 //!   502 `upstream_error`: nothing is spliced, and both upgraded halves are dropped, which
 //!   closes both connections (the agent's refusal says `Connection: close`).
+//!
+//! Once spliced, what the upstream sends is scrubbed of every secret the process injected
+//! ([`crate::scrub::websocket`]), as every HTTP answer is. For that the frames must stay
+//! readable: the upstream is offered no extension (the agent's `Sec-WebSocket-Extensions`
+//! is dropped, so nothing is compressed), and a `101` that names one is refused as above.
 
 use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use http::header::{
-    CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE,
+    CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_KEY,
+    SEC_WEBSOCKET_VERSION, UPGRADE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Version};
 use hyper_util::rt::TokioIo;
@@ -37,6 +43,7 @@ use hyper_util::rt::TokioIo;
 use crate::classify::{Target, Tunnel};
 use crate::error::ProxyError;
 use crate::plane::DataPlane;
+use crate::scrub::websocket::FrameScrubber;
 use crate::session::Principal;
 use crate::tunnel::{self, Bounds, Ended};
 
@@ -107,9 +114,11 @@ impl Handshake {
         }
     }
 
-    /// Put the proxy's key in the request sent upstream, in place of the agent's.
+    /// Put the proxy's key in the request sent upstream, in place of the agent's, and
+    /// offer no extension: the frames stay plain enough to scrub (no compression).
     pub(super) fn rekey(&self, headers: &mut HeaderMap) {
         headers.insert(SEC_WEBSOCKET_KEY, self.upstream_key.clone());
+        headers.remove(SEC_WEBSOCKET_EXTENSIONS);
     }
 }
 
@@ -151,6 +160,10 @@ fn completes(headers: &HeaderMap, accept: &str) -> Result<(), &'static str> {
     }
     if !tokens(headers, &CONNECTION).any(|t| t.eq_ignore_ascii_case("upgrade")) {
         return Err("no `upgrade` in `Connection`");
+    }
+    if headers.contains_key(SEC_WEBSOCKET_EXTENSIONS) {
+        // The proxy offered none (RFC 6455 §9.1: a client fails such a handshake).
+        return Err("an extension the proxy did not offer");
     }
     match one(headers, &SEC_WEBSOCKET_ACCEPT) {
         Some(answered) if answered.as_bytes() == accept.as_bytes() => Ok(()),
@@ -220,8 +233,17 @@ pub(super) fn splice(
                     session: at.principal.session_id.clone(),
                     idle: None,
                 };
-                let ended =
-                    tunnel::splice(TokioIo::new(agent), TokioIo::new(upstream), bounds).await;
+                // Every secret the process injected is redacted from what the upstream
+                // sends, as from any answer.
+                let known = plane.credentials.known().clone();
+                let scrub = FrameScrubber::new(Box::new(move || known.scrubber()));
+                let ended = tunnel::splice_rewriting(
+                    TokioIo::new(agent),
+                    TokioIo::new(upstream),
+                    bounds,
+                    Some(scrub),
+                )
+                .await;
                 if ended.is_cut() {
                     plane.record_cut(&at, "websocket", ended);
                 }
@@ -316,6 +338,16 @@ mod tests {
                     ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo"),
                 ][..],
                 "a `Sec-WebSocket-Accept` that is not the key's",
+            ),
+            (
+                // Compression would hide the frames from the scrubber; none was offered.
+                &[
+                    whole[0],
+                    whole[1],
+                    whole[2],
+                    ("sec-websocket-extensions", "permessage-deflate"),
+                ][..],
+                "an extension the proxy did not offer",
             ),
         ] {
             assert_eq!(

@@ -48,6 +48,7 @@ mod stream;
 mod tests;
 #[cfg(test)]
 mod tests_encodings;
+pub mod websocket;
 mod wrapped;
 
 use std::borrow::Cow;

@@ -155,6 +155,7 @@ impl Connection {
         self.state.update(id, |s| s.body_complete = true);
         let on_upgrade = hyper::upgrade::on(req);
         let mut stop = self.stop.clone();
+        let stored = self.state.messages.clone();
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else {
                 return;
@@ -167,6 +168,22 @@ impl Connection {
                     _ = stop.wait_for(|stop| *stop) => break,
                 };
                 match msg {
+                    // What `/messages` stored, handed back over the socket: one message, or
+                    // one message in fragments of 7 bytes.
+                    Some(Ok(Message::Text(ask))) if ask.as_str().starts_with("messages") => {
+                        let text = json!({
+                            "messages": *stored.lock().unwrap_or_else(|e| e.into_inner())
+                        })
+                        .to_string();
+                        let sent = if ask.as_str() == "messages in fragments" {
+                            send_fragments(&mut ws, text.as_bytes(), 7).await
+                        } else {
+                            ws.send(Message::text(text)).await
+                        };
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
                     Some(Ok(msg @ (Message::Text(_) | Message::Binary(_)))) => {
                         if ws.send(msg).await.is_err() {
                             break;
@@ -196,4 +213,25 @@ impl Connection {
         );
         resp
     }
+}
+
+/// `text` as one text message in fragments of `size` bytes.
+async fn send_fragments<S>(
+    ws: &mut WebSocketStream<S>,
+    text: &[u8],
+    size: usize,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    let pieces: Vec<&[u8]> = text.chunks(size).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        let opcode = if i == 0 { Data::Text } else { Data::Continue };
+        let last = i + 1 == pieces.len();
+        let frame = Frame::message(piece.to_vec(), OpCode::Data(opcode), last);
+        ws.send(Message::Frame(frame)).await?;
+    }
+    Ok(())
 }
