@@ -390,6 +390,8 @@ impl Teardown {
             }
             self.guardrails.save().await;
             self.guardrails.rate.sweep(std::time::Instant::now());
+            // Lasting credentials start-up could not read (Vault not connected yet).
+            self.credentials.learn_lasting().await;
             // Merges the response scrubber's small shards and drops secrets that ended:
             // compiling takes milliseconds, so not on a runtime worker.
             let known = self.credentials.known().clone();

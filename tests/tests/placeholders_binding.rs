@@ -596,8 +596,10 @@ async fn the_scrubber_grows_with_the_sessions_secrets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_pass_untouched_until_the_proxy_injected_a_secret() {
-    let rig = Rig::start().await;
+async fn answers_pass_untouched_until_the_proxy_knows_a_secret() {
+    // The file holds no value at start-up: no secret is known, none could have been
+    // injected before. Then the values are written, and one is injected.
+    let rig = Rig::start_with_file("").await;
     let headers = [("accept-encoding", "gzip"), ("range", "bytes=0-9")];
     let reply = rig.get(OTHER, "/reflect?mode=plain", &headers).await;
     assert_eq!(
@@ -611,6 +613,7 @@ async fn answers_pass_untouched_until_the_proxy_injected_a_secret() {
     // Once any session had a secret injected — another agent's here — every session's
     // requests ask for whole, identity-encoded answers (a range could start inside a
     // stored secret, a compressed one hide it), and answers without one stay identical.
+    std::fs::write(&rig.secrets, secrets_toml(CANARY)).unwrap();
     let other = rig.proxy.session("agent-2").await;
     let reply = rig.send_as(&other, "GET", BOUND, "/reflect", &[]).await;
     assert_status(&reply, StatusCode::OK);
@@ -735,5 +738,31 @@ async fn a_secret_read_back_over_a_websocket_is_redacted() {
             seen.header("sec-websocket-extensions").is_none(),
             "no extension is offered upstream: {seen:#?}"
         );
+    }
+}
+
+/// A `file` (or `vault_kv`) value is the same in every process: what one process injected
+/// and an upstream kept is redacted by the next one from its first answer, before it
+/// injected anything itself (a restart here; another replica alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_left_upstream_before_a_restart_is_redacted_after_it() {
+    let mut rig = Rig::start().await;
+    leave_the_secret_upstream(&rig).await;
+    rig.proxy.restart().await;
+    let reader = rig.proxy.session("agent-3").await;
+    let headers = [("range", "bytes=0-9")];
+    let reply = rig
+        .send_as(&reader, "GET", OTHER, "/messages", &headers)
+        .await;
+    assert_status(&reply, StatusCode::OK);
+    assert_clean(&reply);
+    let body = String::from_utf8_lossy(&reply.body).into_owned();
+    assert!(body.contains(&bearer(REDACTED)), "{body}");
+    assert!(body.contains("left by the writer"), "{body}");
+    // Asked whole: a range could start inside the stored secret.
+    let last = rig.seen_at(OTHER).pop().unwrap();
+    assert_eq!(last.header("range"), None, "{last:#?}");
+    for seen in rig.seen_at(OTHER) {
+        assert!(seen.header("authorization").is_none(), "{seen:#?}");
     }
 }

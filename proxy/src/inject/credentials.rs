@@ -22,6 +22,7 @@
 //! known, requests ask for identity encoding and whole (not ranged) responses.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +30,7 @@ use base64::Engine;
 use http::header::{AUTHORIZATION, COOKIE, IF_RANGE, RANGE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
-use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret};
+use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret, SourceSpec};
 
 use super::body_guard::{BodyGuard, Tripped};
 use super::known::{self, KnownSecrets};
@@ -53,6 +54,9 @@ pub struct Credentials {
     cache_hits: HashMap<String, Counter>,
     /// Placeholders in streamed request bodies.
     body_guard: BodyGuard,
+    /// Some lasting credential could not be read yet ([`Credentials::learn_lasting`]):
+    /// the reaper tries again.
+    lasting_pending: AtomicBool,
 }
 
 /// What was injected into one request.
@@ -117,6 +121,7 @@ impl Credentials {
             broker,
             cache_hits,
             known: Arc::default(),
+            lasting_pending: AtomicBool::new(true),
         }
     }
 
@@ -284,6 +289,47 @@ impl Credentials {
     /// Every secret injected so far.
     pub fn known(&self) -> &Arc<KnownSecrets> {
         &self.known
+    }
+
+    /// Learn the values of every credential whose value outlives a process (`file`,
+    /// `vault_kv`), read from their sources now, so that answers are scrubbed of them
+    /// before this process injected any ([`KnownSecrets::learn_lasting`]). One that cannot
+    /// be read (Vault not connected yet, a name missing from the file) is tried again at
+    /// the reaper's next round, until all were read. Returns how many could not be.
+    pub async fn learn_lasting(&self) -> usize {
+        if !self.lasting_pending.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let mut values = Vec::new();
+        let mut unread = 0;
+        for binding in self.broker.bindings() {
+            if !matches!(binding.source, SourceSpec::File(_) | SourceSpec::VaultKv(_)) {
+                continue;
+            }
+            match self.broker.static_secret(&binding.name).await {
+                Ok(secret) => values.extend(known::values_from(
+                    &binding.inject,
+                    &Material::Token(secret.clone()),
+                    vec![secret],
+                )),
+                Err(e) => {
+                    unread += 1;
+                    tracing::debug!(credential = %binding.name, error = %e,
+                        "a lasting credential could not be read to be scrubbed; tried again");
+                }
+            }
+        }
+        if !values.is_empty() {
+            // Compiling takes milliseconds per value: not on a runtime worker.
+            let known = self.known.clone();
+            let learned = tokio::task::spawn_blocking(move || known.learn_lasting(values)).await;
+            if let Err(e) = learned {
+                tracing::error!(error = %e, "learning the lasting credentials failed");
+                return unread + 1;
+            }
+        }
+        self.lasting_pending.store(unread > 0, Ordering::Relaxed);
+        unread
     }
 }
 

@@ -11,7 +11,11 @@
 //!   certificates) is kept until then — a teardown revokes a lease, but a revocation can
 //!   fail, and a JWT or certificate cannot be revoked at all;
 //! - a value without one (`file`, `vault_kv`: the same for every session) for as long as
-//!   the process runs — it outlives any session that used it.
+//!   the process runs — it outlives any session that used it. It outlives the process too,
+//!   and is what every replica injects: so these are learned at start-up (and, while Vault
+//!   cannot be read, by the reaper until it can), before anything was injected here —
+//!   what a process before a restart or another replica left upstream comes back
+//!   redacted ([`KnownSecrets::learn_lasting`]).
 //!
 //! Compiling a scrubber costs far more per secret the more secrets it holds at once (every
 //! spelling of every form is one expression), so the set is kept in *shards*
@@ -19,8 +23,9 @@
 //! just those, before it is forwarded — what one session's first request always paid —
 //! and the reaper ([`KnownSecrets::compact`], off the request path) merges small shards into
 //! shards of up to [`SHARD_VALUES`] and drops values that ended. A request reads the joined
-//! scrubber with one shared lock and clones an `Arc`. The set is per process: a replica
-//! knows the secrets it injected itself (docs/credentials.md says what that leaves).
+//! scrubber with one shared lock and clones an `Arc`. The set is per process: of the
+//! secrets minted per session (leases, JWTs, certificates), a replica knows those it
+//! injected itself (docs/credentials.md says what that leaves).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -151,6 +156,33 @@ impl KnownSecrets {
         current.scrubber.clone()
     }
 
+    /// Learn `values` of credentials that outlive any process (`file`, `vault_kv`: the
+    /// value one process or replica injected is the value every other one reads), kept for
+    /// the process's life; whether any was new. Called at start-up, so that what an earlier
+    /// process or another replica left upstream is redacted before this one injected it.
+    pub fn learn_lasting(&self, values: Vec<Secret>) -> bool {
+        let mut known = self.learning.lock().expect("known secrets poisoned");
+        let mut added = Vec::new();
+        for value in values {
+            let new = known.extend(value.clone(), None);
+            // A value learned with an end lasts now.
+            known.ends.insert(value.clone(), None);
+            if new && !added.contains(&value) {
+                added.push(value);
+            }
+        }
+        if added.is_empty() {
+            return false;
+        }
+        known.shards.push(Shard::new(added));
+        let scrubber = joined(&known);
+        self.current
+            .write()
+            .expect("known secrets poisoned")
+            .scrubber = scrubber;
+        true
+    }
+
     /// Merge the shards of fewer than [`SHARD_VALUES`] values, and rebuild those holding
     /// values that ended without them. Compiles outside the lock, so requests that learn
     /// meanwhile are not held up; blocking (the reaper runs it off the runtime's workers).
@@ -270,14 +302,23 @@ impl Values {
 /// a Basic injection the `user:password` pair and its base64 (what the header carries is
 /// neither part on its own).
 pub fn values_of(held: &Held) -> Vec<Secret> {
-    let mut values: Vec<Secret> = held
+    let secrets = held
         .credential
         .secret_values()
         .into_iter()
-        .filter(|s| !s.expose().is_empty())
         .cloned()
         .collect();
-    if let Some(pair) = basic_pair(held) {
+    values_from(&held.binding.inject, &held.credential.material, secrets)
+}
+
+/// [`values_of`] a credential of `inject` whose material is `material` and whose secret
+/// values are `secrets`.
+pub fn values_from(inject: &Injection, material: &Material, secrets: Vec<Secret>) -> Vec<Secret> {
+    let mut values: Vec<Secret> = secrets
+        .into_iter()
+        .filter(|s| !s.expose().is_empty())
+        .collect();
+    if let Some(pair) = pair_of(inject, material) {
         values.push(Secret::new(
             base64::engine::general_purpose::STANDARD.encode(pair.expose()),
         ));
@@ -288,10 +329,14 @@ pub fn values_of(held: &Held) -> Vec<Secret> {
 
 /// `user:password` for a Basic injection.
 pub fn basic_pair(held: &Held) -> Option<Secret> {
-    let Injection::Basic { username } = &held.binding.inject else {
+    pair_of(&held.binding.inject, &held.credential.material)
+}
+
+fn pair_of(inject: &Injection, material: &Material) -> Option<Secret> {
+    let Injection::Basic { username } = inject else {
         return None;
     };
-    let (user, password) = match (&held.credential.material, username) {
+    let (user, password) = match (material, username) {
         (Material::Basic { username, password }, None) => (username.expose().to_owned(), password),
         (Material::Basic { password, .. }, Some(user)) => (user.clone(), password),
         (Material::Token(token), Some(user)) => (user.clone(), token),
@@ -387,5 +432,28 @@ mod tests {
         values.prune(later + Duration::from_secs(1));
         assert_eq!(values.ends.len(), 1);
         assert!(values.ends.contains_key(&Secret::new("c")));
+    }
+
+    #[test]
+    fn lasting_values_are_known_before_any_injection_and_never_end() {
+        let known = KnownSecrets::default();
+        assert!(known.scrubber().is_none());
+        // One of them was injected already, with an end.
+        let until = Instant::now() + Duration::from_secs(600);
+        let soon = SystemTime::now() + Duration::from_millis(1);
+        known.add(
+            &[(1, until)],
+            vec![(Secret::new("file-value-one"), Some(soon))],
+        );
+        let lasting = vec![Secret::new("file-value-one"), Secret::new("kv-value-two")];
+        assert!(known.learn_lasting(lasting.clone()));
+        assert!(!known.learn_lasting(lasting), "nothing new the second time");
+        assert_eq!((known.len(), known.shards()), (2, 2));
+        std::thread::sleep(Duration::from_millis(5));
+        known.compact();
+        let scrubber = known.scrubber().unwrap();
+        assert!(scrubs(&scrubber, "file-value-one"), "lasting now");
+        assert!(scrubs(&scrubber, "kv-value-two"));
+        assert_eq!(known.len(), 2);
     }
 }

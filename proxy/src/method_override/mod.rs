@@ -6,8 +6,8 @@
 //! name mangling included), and one function says which bodies are read for it and how
 //! ([`refuse_in_body`]): form and JSON bodies are read whole (bounded), as before; bodies
 //! that Rack reads as a form without saying so (no content type) and multipart bodies keep
-//! streaming, watched on their way ([`watch`]) with their last chunk held back until the
-//! watch has seen everything, so an upstream never receives a whole body that names one.
+//! streaming, watched on their way ([`watch`]) with their end held back until the watch
+//! has read everything, so an upstream never receives a whole body that names one.
 
 mod form;
 mod parts;
@@ -15,7 +15,7 @@ mod watch;
 
 use std::sync::{Arc, OnceLock};
 
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::Request;
 use serde_json::{Map, Value};
 
@@ -149,8 +149,12 @@ pub(crate) async fn refuse_in_body(
     if !(readings.untyped_form || readings.multipart) {
         return Ok(None);
     }
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let body = std::mem::replace(req.body_mut(), body::empty());
-    let (body, finding) = watch::watched(body, readings.untyped_form, readings.multipart);
+    let (body, finding) = watch::watched(body, declared, readings.untyped_form, readings.multipart);
     *req.body_mut() = body;
     Ok(Some(finding))
 }

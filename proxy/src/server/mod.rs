@@ -345,6 +345,9 @@ impl Opened {
         let journal = Arc::new(Journal::start(stores.leases.clone())?);
         let broker = broker(&config, &policies, journal, leftovers).await?;
         let credentials = Credentials::new(Arc::new(broker), &metrics);
+        // Before anything is served: what an earlier process or another replica injected
+        // and an upstream kept must come back redacted from the first answer on.
+        credentials.learn_lasting().await;
         let approvals = ApprovalQueue::new(
             stores.approvals.clone(),
             config.approvals.clone(),

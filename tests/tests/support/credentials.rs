@@ -153,12 +153,27 @@ impl Rig {
         tools: Option<fn(u16) -> String>,
         http2: bool,
     ) -> Self {
+        Self::start_from(ttl, policies, tools, http2, &secrets_toml(CANARY)).await
+    }
+
+    /// [`Rig::start`] with the file backend holding `secrets` (TOML) at start-up.
+    pub(crate) async fn start_with_file(secrets: &str) -> Self {
+        Self::start_from("5m", ALLOW_ALL, None, true, secrets).await
+    }
+
+    async fn start_from(
+        ttl: &str,
+        policies: &str,
+        tools: Option<fn(u16) -> String>,
+        http2: bool,
+        secrets_text: &str,
+    ) -> Self {
         let mut names: Vec<&str> = HOSTS.to_vec();
         names.push("localhost");
         let upstream = Upstream::builder().names(&names).http2(http2).start().await;
         let secrets_dir = tempfile::tempdir().unwrap();
         let secrets = secrets_dir.path().join("secrets.toml");
-        std::fs::write(&secrets, secrets_toml(CANARY)).unwrap();
+        std::fs::write(&secrets, secrets_text).unwrap();
         let proxy = TestProxy::start(ProxySpec {
             policies: policies.into(),
             tools_toml: tools.map(|tools| tools(upstream.port())),
