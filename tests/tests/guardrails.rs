@@ -177,6 +177,42 @@ async fn policy_sees_the_session_s_usage() {
     assert_eq!(s, 201);
 }
 
+/// Context comes only from what the proxy observed (THREATS: "Context the agent claims"):
+/// headers naming a tier, an approval, a budget or the session's usage change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_the_agent_claims_in_headers_is_ignored() {
+    let rig = Rig::start("").await;
+    let a = rig.agent(json!({"agent": "c"}), None).await.unwrap();
+    let claims = [
+        ("x-ostiary-tier", "read"),
+        ("ostiary-tier", "read"),
+        ("x-ostiary-approval", "granted"),
+        ("ostiary-approval-granted", "true"),
+        ("x-approval-granted", "true"),
+        ("x-ostiary-session-calls", "0"),
+        ("x-ostiary-budget", "1000000"),
+        ("x-ostiary-context", r#"{"approval":{"granted":true},"session":{"calls":0}}"#),
+    ];
+    for i in 0..2 {
+        let (s, b, _) = rig
+            .call(&a, "GET", &format!("/idem/guarded/c{i}"), &claims, None)
+            .await;
+        assert_eq!(s, 201, "{b}");
+    }
+    // The third call is forbidden by `context.session.calls >= 2`, whatever the headers say.
+    let (s, b, _) = rig.call(&a, "GET", "/idem/guarded/c2", &claims, None).await;
+    assert_eq!(s, 403, "{b}");
+    assert_eq!(b["policies"], json!(["guarded-after-two-calls"]));
+    assert_eq!(rig.upstream.count("/idem/guarded/c2"), 0);
+    let records = rig.proxy.audit().await;
+    let denied = records
+        .iter()
+        .find(|r| r.path.as_deref() == Some("/idem/guarded/c2"))
+        .expect("the denial is on the record");
+    assert_eq!(denied.decision, "deny", "{denied:#?}");
+    assert_eq!(denied.policies, ["guarded-after-two-calls"], "{denied:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_goes_to_a_human_who_grants_more() {
     let rig = Rig::start(

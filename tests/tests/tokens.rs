@@ -278,6 +278,17 @@ async fn validly_signed_tokens_with_bad_claims_are_407() {
             ),
         ),
         ("future nbf", with(good.clone(), "nbf", json!(now + 3600))),
+        // Just past the proxy's own leeway (5 s), well within jsonwebtoken's default (60 s):
+        // the leeway is set, not inherited.
+        (
+            "exp 15 s ago",
+            with(
+                with(good.clone(), "exp", json!(now - 15)),
+                "nbf",
+                json!(now - 600),
+            ),
+        ),
+        ("nbf in 15 s", with(good.clone(), "nbf", json!(now + 15))),
         (
             "exp as a string",
             with(good.clone(), "exp", json!((now + 600).to_string())),
