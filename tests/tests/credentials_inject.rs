@@ -460,6 +460,10 @@ async fn broker_failures_answer_503_and_send_nothing() {
     let reply = rig.get(CRLF_HOST, "/reflect", &[]).await;
     assert_unavailable(&rig, &reply, "crlf").await;
     assert!(!reply.to_string().contains("X-Evil"), "{reply}");
+    // A value with NUL: never a header either.
+    let reply = rig.get(NUL_HOST, "/reflect", &[]).await;
+    assert_unavailable(&rig, &reply, "nul").await;
+    assert!(!reply.to_string().contains("X-Evil"), "{reply}");
     // The file itself gone (a new session, so nothing is cached).
     std::fs::remove_file(&rig.secrets).unwrap();
     let fresh = rig.proxy.session("agent-2").await;

@@ -49,25 +49,29 @@ pub(crate) const BASIC_HOST: &str = "basic.example.test";
 pub(crate) const QUERY_HOST: &str = "query.example.test";
 pub(crate) const MISSING_HOST: &str = "missing.example.test";
 pub(crate) const CRLF_HOST: &str = "crlf.example.test";
+pub(crate) const NUL_HOST: &str = "nul.example.test";
 pub(crate) const LOWER_HOST: &str = "lower.example.test";
 pub(crate) const SLASH_HOST: &str = "slash.example.test";
 
-pub(crate) const HOSTS: [&str; 8] = [
+pub(crate) const HOSTS: [&str; 9] = [
     BOUND,
     OTHER,
     BASIC_HOST,
     QUERY_HOST,
     MISSING_HOST,
     CRLF_HOST,
+    NUL_HOST,
     LOWER_HOST,
     SLASH_HOST,
 ];
 
-/// The secrets file: one value with CR/LF, which must never become a header.
+/// The secrets file: one value with CR/LF and one with NUL, which must never become a
+/// header.
 pub(crate) fn secrets_toml(github: &str) -> String {
     format!(
         "github = \"{github}\"\nbasic = \"{CANARY_BASIC}\"\nquery = \"{CANARY_QUERY}\"\n\
-         crlf = \"{CANARY}\\r\\nX-Evil: 1\"\nlower = \"{CANARY_LOWER}\"\n\
+         crlf = \"{CANARY}\\r\\nX-Evil: 1\"\nnul = \"{CANARY}\\u0000X-Evil\"\n\
+         lower = \"{CANARY_LOWER}\"\n\
          slash = \"{CANARY_SLASH}\"\n"
     )
 }
@@ -109,6 +113,12 @@ inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
 name = "crlf"
 source = {{ file = "crlf" }}
 hosts = ["{CRLF_HOST}"]
+inject = {{ header = "X-Token", value = "{{secret}}" }}
+
+[[credential]]
+name = "nul"
+source = {{ file = "nul" }}
+hosts = ["{NUL_HOST}"]
 inject = {{ header = "X-Token", value = "{{secret}}" }}
 
 [[credential]]
