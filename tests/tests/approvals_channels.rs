@@ -332,6 +332,27 @@ async fn tampered_and_spliced_links_are_refused_and_burn_nothing() {
             assert_eq!(status_of(&rig, id).await, "pending", "after {what}");
         }
     }
+    // Every refusal (GET, HEAD and POST of each) is on the record, naming no approval and
+    // carrying no token.
+    let records = rig.proxy.audit().await;
+    let on_record: Vec<_> = records
+        .iter()
+        .filter(|r| {
+            r.reason
+                .as_deref()
+                .is_some_and(|why| why.starts_with("a review link refused"))
+        })
+        .collect();
+    assert_eq!(on_record.len(), refused.len() * 3, "{on_record:#?}");
+    for record in on_record {
+        assert_eq!(
+            (record.kind.as_str(), record.decision.as_str()),
+            ("approval", "deny"),
+            "{record:#?}"
+        );
+        assert_eq!(record.approval, None, "{record:#?}");
+        assert!(!format!("{record:?}").contains(&token), "{record:#?}");
+    }
 
     // The genuine links were not burnt by any of it. A's decides A, and only A.
     let (status, page) = post_form(&alice_a, "decision=approve").await;

@@ -220,6 +220,28 @@ async fn slack_callbacks_are_verified_and_decide_once() {
     assert_eq!(retry.json["error"], "approval_denied");
     assert_eq!(retry.json["approver"], ALICE);
     assert_eq!(rig.delivered("ch_slack_no"), 0);
+
+    // Each refused callback is on the record (three bad signatures, one replay), without
+    // the signature it carried.
+    let records = rig.proxy.audit().await;
+    let refused: Vec<_> = records
+        .iter()
+        .filter(|r| {
+            r.reason
+                .as_deref()
+                .is_some_and(|why| why.starts_with("a Slack callback refused"))
+        })
+        .collect();
+    assert_eq!(refused.len(), 4, "{refused:#?}");
+    for record in refused {
+        assert_eq!(
+            (record.kind.as_str(), record.decision.as_str()),
+            ("approval", "deny"),
+            "{record:#?}"
+        );
+        assert_eq!(record.error.as_deref(), Some("unauthenticated"));
+        assert!(!format!("{record:?}").contains(&signature), "{record:#?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------

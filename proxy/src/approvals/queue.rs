@@ -345,6 +345,21 @@ impl ApprovalQueue {
         self.bump();
     }
 
+    /// Write the audit record of a refused attempt to decide (a review link that does not
+    /// verify, a Slack callback whose signature fails or is replayed): `what` names the
+    /// channel, `reason` why, never the token or signature. It names no approval: a
+    /// refused token's claims are not believed.
+    pub fn record_refused(&self, what: &str, reason: String) {
+        let mut audit = AuditGuard::start(
+            &self.audit,
+            &self.metrics,
+            &crate::ids::request_id(),
+            "approval",
+        );
+        audit.update(|r| r.reason = Some(format!("{what} refused: {reason}")));
+        audit.event("deny", Some("unauthenticated"));
+    }
+
     /// The metrics transitions and notifications are counted in.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics

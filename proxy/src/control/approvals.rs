@@ -249,6 +249,9 @@ pub async fn review(
         Ok(c) => c,
         Err(e) => {
             tracing::info!(error = %e, "review link refused");
+            shared
+                .approvals
+                .record_refused("a review link", e.to_string());
             return refuse(
                 StatusCode::FORBIDDEN,
                 "This link is not valid",
@@ -416,6 +419,9 @@ pub async fn slack(shared: &Arc<ControlPlane>, req: Request<Incoming>) -> Reply 
         slack_callback::verify(secret.as_bytes(), &timestamp, &signature, &body, now_secs)
     {
         tracing::warn!(error = %e, "slack callback refused");
+        shared
+            .approvals
+            .record_refused("a Slack callback", e.to_string());
         return ControlError::Unauthenticated(e.to_string()).into();
     }
     // A valid signature seen before is a replay, even within the 5-minute window.
@@ -431,6 +437,9 @@ pub async fn slack(shared: &Arc<ControlPlane>, req: Request<Incoming>) -> Reply 
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!("slack callback replayed");
+            shared
+                .approvals
+                .record_refused("a Slack callback", "a replay".into());
             return ControlError::Unauthenticated(
                 "this callback was already received (replay)".into(),
             )
