@@ -133,6 +133,17 @@ impl Guard {
         }
     }
 
+    /// The guard with its lookups cached for `ttl` (tests: the cache's expiry in
+    /// milliseconds, not [`RESOLVE_CACHE_TTL`]).
+    #[cfg(test)]
+    fn with_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.cache = moka::future::Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(ttl)
+            .build();
+        self
+    }
+
     /// Record the proxy's own bound listeners.
     pub fn set_own_listeners(&self, addrs: Vec<SocketAddr>) {
         if let Ok(mut own) = self.own.write() {
@@ -224,5 +235,93 @@ impl Guard {
                 host: name.to_owned(),
                 message: e.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Answers each lookup with the next of its answers (the last one again when out).
+    #[derive(Debug)]
+    struct Rebinding {
+        answers: Mutex<Vec<Vec<IpAddr>>>,
+        asked: Mutex<usize>,
+    }
+
+    impl Resolve for Rebinding {
+        fn lookup<'a>(&'a self, _host: &'a str) -> BoxFuture<'a, io::Result<Vec<IpAddr>>> {
+            let mut answers = self.answers.lock().unwrap();
+            *self.asked.lock().unwrap() += 1;
+            let answer = if answers.len() > 1 {
+                answers.remove(0)
+            } else {
+                answers[0].clone()
+            };
+            Box::pin(async move { Ok(answer) })
+        }
+    }
+
+    /// Dials nothing: these tests only resolve.
+    #[derive(Debug)]
+    struct NoDial;
+
+    impl Dial for NoDial {
+        fn dial(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<TcpStream>> {
+            Box::pin(async move { panic!("no test here dials, {addr} was asked") })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_that_rebinds_once_its_cached_answer_expires_is_checked_again() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let resolver = Arc::new(Rebinding {
+            answers: Mutex::new(vec![vec![ip("127.0.0.1")], vec![ip("10.0.0.1")]]),
+            asked: Mutex::new(0),
+        });
+        let guard = Guard::new(
+            resolver.clone(),
+            Arc::new(NoDial),
+            BTreeMap::new(),
+            vec!["127.0.0.1/32".parse().unwrap()],
+            Duration::from_secs(1),
+        )
+        .with_cache_ttl(Duration::from_millis(50));
+        let host = Host::Name("rebind.test".into());
+        let first = guard.resolve(&host, 443).await.unwrap();
+        assert_eq!(first, [SocketAddr::new(ip("127.0.0.1"), 443)]);
+        // Within the cache's life: the one answer again, no second question.
+        assert_eq!(guard.resolve(&host, 443).await.unwrap(), first);
+        assert_eq!(*resolver.asked.lock().unwrap(), 1);
+        // After it (TTL 0 answers rebinding to a private address): asked again, and the new
+        // answer is checked like the first, not trusted for the name's sake.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        match guard.resolve(&host, 443).await {
+            Err(EgressError::Blocked { address, .. }) => assert_eq!(address, "10.0.0.1"),
+            other => panic!("the rebound answer passed: {other:?}"),
+        }
+        assert_eq!(*resolver.asked.lock().unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_answer_mixing_an_allowed_and_a_private_address_is_refused_whole() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let resolver = Arc::new(Rebinding {
+            answers: Mutex::new(vec![vec![ip("127.0.0.1"), ip("169.254.169.254")]]),
+            asked: Mutex::new(0),
+        });
+        let guard = Guard::new(
+            resolver,
+            Arc::new(NoDial),
+            BTreeMap::new(),
+            vec!["127.0.0.1/32".parse().unwrap()],
+            Duration::from_secs(1),
+        );
+        let refused = guard.resolve(&Host::Name("mixed.test".into()), 443).await;
+        assert!(
+            matches!(&refused, Err(EgressError::Blocked { address, .. }) if address == "169.254.169.254"),
+            "{refused:?}"
+        );
     }
 }
