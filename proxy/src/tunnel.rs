@@ -109,8 +109,10 @@ pub struct Bounds {
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
-    /// A side closed (or failed), or both were idle: the relay's own end.
+    /// A side closed (or failed): the relay's own end.
     Closed,
+    /// Both directions were quiet for the relay's idle bound: the proxy closed it.
+    Idle(Duration),
     /// The session was torn down or expired.
     SessionOver,
     /// The session's byte budget that way is spent.
@@ -128,6 +130,7 @@ impl std::fmt::Display for Ended {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Ended::Closed => f.write_str("closed"),
+            Ended::Idle(idle) => write!(f, "closed: both ways were quiet for {idle:?}"),
             Ended::SessionOver => {
                 f.write_str("closed at teardown: the session was revoked or expired")
             }
@@ -235,7 +238,7 @@ where
                     Err(_) => {
                         let last = Duration::from_millis(way.activity.load(Ordering::Relaxed));
                         return if way.started.elapsed().saturating_sub(last) >= idle {
-                            Step::Done(Ended::Closed)
+                            Step::Done(Ended::Idle(idle))
                         } else {
                             Step::Again
                         };

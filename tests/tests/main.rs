@@ -50,6 +50,7 @@ mod h2_idle;
 mod hardening_headers;
 mod harness;
 mod harness_clients;
+mod idle_bounds;
 mod impact_counts;
 mod mcp;
 mod mcp_messages;
