@@ -30,6 +30,8 @@ const KV_SECRET: &str = "ghp_VAULT_CANARY_0f9e8d7c6b5a";
 const KV_HOST: &str = "api.example.test";
 const JWT_HOST: &str = "jwt.example.test";
 const DB_HOST: &str = "db.example.test";
+/// The KV credential again, cached for a second only.
+const KV_SHORT_HOST: &str = "kv-short.example.test";
 const MTLS_HOST: &str = "mtls.example.test";
 /// Served by the mTLS upstream but bound to no credential: the handshake must fail.
 const MTLS_UNBOUND: &str = "mtls-unbound.example.test";
@@ -63,7 +65,7 @@ impl Rig {
 
         let ca = TestCa::default();
         let upstream = Upstream::builder()
-            .names(&[KV_HOST, JWT_HOST, DB_HOST])
+            .names(&[KV_HOST, KV_SHORT_HOST, JWT_HOST, DB_HOST])
             .ca(&ca)
             .start()
             .await;
@@ -89,6 +91,13 @@ hosts = ["{KV_HOST}"]
 inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
 
 [[credential]]
+name = "github-short"
+source = {{ vault_kv = {{ mount = "secret", path = "github", field = "token" }} }}
+hosts = ["{KV_SHORT_HOST}"]
+inject = {{ header = "Authorization", value = "Bearer {{secret}}" }}
+ttl = "1s"
+
+[[credential]]
 name = "agent-jwt"
 source = {{ vault_jwt = {{ key = "agents", ttl = "2m" }} }}
 hosts = ["{JWT_HOST}"]
@@ -112,7 +121,7 @@ inject = {{ mtls = true }}
             bao.seal().await?;
         }
         let proxy = TestProxy::start(ProxySpec {
-            names: [KV_HOST, JWT_HOST, DB_HOST, MTLS_HOST, MTLS_UNBOUND]
+            names: [KV_HOST, KV_SHORT_HOST, JWT_HOST, DB_HOST, MTLS_HOST, MTLS_UNBOUND]
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
@@ -474,6 +483,7 @@ async fn vault_sealed_or_hung_answers_503_and_forwards_nothing_then_recovers() -
     let mut rig = Rig::start().await?;
     let warm = rig.session("agent-warm", None).await;
     assert_eq!(rig.get(&warm, KV_HOST).await.status, StatusCode::OK);
+    assert_eq!(rig.get(&warm, KV_SHORT_HOST).await.status, StatusCode::OK);
 
     // Sealed: a session without a cached credential gets 503 and nothing is forwarded.
     rig.bao.seal().await?;
@@ -487,6 +497,12 @@ async fn vault_sealed_or_hung_answers_503_and_forwards_nothing_then_recovers() -
     );
     // The warm session's credential is still inside its lifetime: it keeps working.
     assert_eq!(rig.get(&warm, KV_HOST).await.status, StatusCode::OK);
+    // Until it ends: the one cached for a second is not used past it, and nothing is
+    // forwarded without it.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let forwarded = rig.seen_at(KV_SHORT_HOST).len();
+    assert_unavailable(&rig.get(&warm, KV_SHORT_HOST).await, "github-short");
+    assert_eq!(rig.seen_at(KV_SHORT_HOST).len(), forwarded);
     let sealed = r#"ostiary_credentials_total{credential="github",source="vault_kv",outcome="vault_sealed"}"#;
     assert_eq!(rig.metric(sealed).await, 1.0);
 
