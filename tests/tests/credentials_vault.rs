@@ -121,10 +121,17 @@ inject = {{ mtls = true }}
             bao.seal().await?;
         }
         let proxy = TestProxy::start(ProxySpec {
-            names: [KV_HOST, KV_SHORT_HOST, JWT_HOST, DB_HOST, MTLS_HOST, MTLS_UNBOUND]
-                .iter()
-                .map(|h| h.to_string())
-                .collect(),
+            names: [
+                KV_HOST,
+                KV_SHORT_HOST,
+                JWT_HOST,
+                DB_HOST,
+                MTLS_HOST,
+                MTLS_UNBOUND,
+            ]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
             ports: vec![upstream.port(), mtls.port()],
             upstream_ca_pem: Some(upstream.ca_pem()),
             extra_toml: extra,
