@@ -277,12 +277,21 @@ fn wrapped_figures(scrubber: &Scrubber) {
     mime.truncate(mib);
     let mime = Bytes::from(mime);
     assert_eq!(scrubbed(scrubber, &mime), mime.len());
+    // The load harness's 1 MiB body: lines of 1,023 `y`, every newline a wrap candidate.
+    let mut ys = Vec::with_capacity(mib);
+    while ys.len() < mib {
+        ys.extend_from_slice(&[b'y'; 1023]);
+        ys.push(b'\n');
+    }
+    let ys = Bytes::from(ys);
     let base = median(50, || scrubbed(scrubber, &json));
     let wrapped = median(50, || scrubbed(scrubber, &mime));
+    let long_lines = median(50, || scrubbed(scrubber, &ys));
     println!(
         "scrub 1 MiB, no match: JSON lines {base:?}; MIME base64 lines (searched unwrapped too) \
-         {wrapped:?} ({:.2}x)",
+         {wrapped:?} ({:.2}x); lines of 1,023 `y` {long_lines:?} ({:.2}x)",
         wrapped.as_secs_f64() / base.as_secs_f64(),
+        long_lines.as_secs_f64() / base.as_secs_f64(),
     );
 }
 
