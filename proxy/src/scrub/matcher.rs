@@ -183,17 +183,8 @@ impl Matcher {
     fn searched<'h>(&'h self, hay: &'h [u8]) -> Matches<'h> {
         let spans = match &self.anchors {
             None => vec![(0, hay.len())],
-            Some(anchors) => {
-                let mut hits = Vec::new();
-                anchors.hits(hay, 0..hay.len(), &mut hits);
-                anchors.windows(hits, hay.len())
-            }
+            Some(anchors) => anchors.windows(hay),
         };
-        self.in_spans(hay, spans)
-    }
-
-    /// The matches of `hay` inside `spans` (merged, in order), found lazily.
-    fn in_spans<'h>(&'h self, hay: &'h [u8], spans: Vec<(usize, usize)>) -> Matches<'h> {
         Matches {
             matcher: self,
             hay,
@@ -206,55 +197,12 @@ impl Matcher {
 
     /// The matches of `hay` and those of its unwrapped `view` that span a break, in order,
     /// overlapping ones merged.
-    ///
-    /// The view is not searched whole. A match in it holds its form's anchor, and that
-    /// anchor either straddles a cut (only the view holds it whole: found by looking at
-    /// the few bytes around each cut) or does not (then `hay` holds it too, as the same
-    /// bytes — anchors are plain bytes, breaks are not — and the search of `hay` found it
-    /// already: it is moved to where it stands in the view). The view is searched around
-    /// those anchors alone.
     fn with_wrapped(&self, hay: &[u8], view: &wrapped::Unwrapped) -> Vec<(usize, usize)> {
-        let (in_hay, in_view) = match &self.anchors {
-            None => (self.searched(hay), self.searched(&view.bytes)),
-            Some(anchors) => {
-                let mut hits = Vec::new();
-                anchors.hits(hay, 0..hay.len(), &mut hits);
-                let mut view_hits: Vec<(usize, usize)> = hits
-                    .iter()
-                    .map(|&(start, anchor)| (view.to_view(start), anchor))
-                    .collect();
-                // An anchor straddling a cut starts less than its length before it. Cuts
-                // closer than that share one range (lines of base64 at 76 columns are one
-                // range: the view is scanned once, as a whole).
-                let longest = anchors.automaton.max_pattern_len();
-                let mut around: Option<std::ops::Range<usize>> = None;
-                for cut in view.cuts() {
-                    let from = cut.saturating_sub(longest - 1);
-                    let to = cut.saturating_add(longest - 1).min(view.bytes.len());
-                    match &mut around {
-                        Some(range) if from <= range.end => range.end = to,
-                        _ => {
-                            if let Some(range) = around.replace(from..to) {
-                                anchors.hits(&view.bytes, range, &mut view_hits);
-                            }
-                        }
-                    }
-                }
-                if let Some(range) = around {
-                    anchors.hits(&view.bytes, range, &mut view_hits);
-                }
-                let hay_spans = anchors.windows(hits, hay.len());
-                let view_spans = anchors.windows(view_hits, view.bytes.len());
-                (
-                    self.in_spans(hay, hay_spans),
-                    self.in_spans(&view.bytes, view_spans),
-                )
-            }
-        };
-        let across = in_view
+        let across = self
+            .searched(&view.bytes)
             .filter(|&(start, end)| view.spans_break(start, end))
             .map(|(start, end)| view.original(start, end));
-        let mut all: Vec<(usize, usize)> = in_hay.chain(across).collect();
+        let mut all: Vec<(usize, usize)> = self.searched(hay).chain(across).collect();
         all.sort_unstable();
         let mut merged: Vec<(usize, usize)> = Vec::with_capacity(all.len());
         for (start, end) in all {
@@ -268,32 +216,22 @@ impl Matcher {
 }
 
 impl Anchors {
-    /// Every position of `hay[range]` where an anchor starts (with the longest anchor
-    /// there), as `(start, anchor)`, added to `out`.
-    fn hits(&self, hay: &[u8], range: std::ops::Range<usize>, out: &mut Vec<(usize, usize)>) {
-        let mut pos = range.start;
-        while pos < range.end {
-            let Some(m) = self.automaton.find(AcInput::new(hay).span(pos..range.end)) else {
+    /// Merged windows around every anchor, in order.
+    fn windows(&self, hay: &[u8]) -> Vec<(usize, usize)> {
+        let mut windows: Vec<(usize, usize)> = Vec::new();
+        let mut pos = 0;
+        while pos < hay.len() {
+            let Some(m) = self.automaton.find(AcInput::new(hay).span(pos..hay.len())) else {
                 break;
             };
-            out.push((m.start(), m.pattern().as_usize()));
+            let (before, end) = self.reach[m.pattern().as_usize()];
+            windows.push((
+                m.start().saturating_sub(before),
+                m.start().saturating_add(end).min(hay.len()),
+            ));
             pos = m.start() + 1;
         }
-    }
-
-    /// Merged windows around the anchors `hits` of a buffer of `len` bytes, in order.
-    fn windows(&self, hits: Vec<(usize, usize)>, len: usize) -> Vec<(usize, usize)> {
-        let mut windows: Vec<(usize, usize)> = hits
-            .into_iter()
-            .map(|(start, anchor)| {
-                let (before, end) = self.reach[anchor];
-                (
-                    start.saturating_sub(before),
-                    start.saturating_add(end).min(len),
-                )
-            })
-            .collect();
-        // A window may end before an earlier one; hits may come in any order.
+        // Ordered by start already; a window may still end before an earlier one.
         windows.sort_unstable();
         let mut merged: Vec<(usize, usize)> = Vec::with_capacity(windows.len());
         for (start, end) in windows {
@@ -419,11 +357,12 @@ mod tests {
     }
 
     #[test]
-    fn a_wrapped_buffer_is_searched_around_its_cuts_as_if_its_view_were_searched_whole() {
+    fn a_wrapped_buffer_s_anchored_search_equals_a_search_of_its_whole_view() {
         // A token whose anchor is long (it straddles several cuts of short lines), one whose
         // anchor is short, and one that is a prefix of another's; and the short one alone,
-        // whose matches span breaks far from their anchor (found through the buffer's own
-        // anchors, not around the cuts).
+        // whose matches span breaks far from their anchor. A narrower search of the view
+        // (only around its cuts and the buffer's own anchors: tried on 2026-12-08, see
+        // docs/benchmarks.md) must find exactly this.
         let long = [
             form("ghp_R2d2C3poBb8Lk4Zq9Xw7Vn5Mt1Hs6Jf0Ya3e"),
             form("k3y+v4l/ue=<x>"),

@@ -90,20 +90,6 @@ impl Unwrapped {
         (self.at(start), self.at(end - 1) + 1)
     }
 
-    /// Where byte `h` of `hay` stands in the view (a byte of a break taken out: where the
-    /// bytes after that break begin).
-    pub fn to_view(&self, h: usize) -> usize {
-        match self.cuts.partition_point(|&(p, removed)| p + removed <= h) {
-            0 => h,
-            n => h - self.cuts[n - 1].1,
-        }
-    }
-
-    /// Where in the view each break was taken out: the bytes after it begin there.
-    pub fn cuts(&self) -> impl Iterator<Item = usize> + '_ {
-        self.cuts.iter().map(|&(p, _)| p)
-    }
-
     /// Whether the view's `start..end` spans a break taken out.
     pub fn spans_break(&self, start: usize, end: usize) -> bool {
         self.cuts.partition_point(|&(p, _)| p <= start)
