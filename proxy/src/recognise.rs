@@ -283,18 +283,20 @@ impl ToolCall<'_> {
     }
 }
 
+/// The body's length as its `Content-Length` declares it (classify refused two).
+pub(crate) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
 /// The whole body, or a refusal if it is larger than `limit`. A declared `Content-Length`
 /// over the limit is refused before anything is read.
 pub(crate) async fn read_body(
     req: &mut Request<ProxyBody>,
     limit: usize,
 ) -> Result<Bytes, ProxyError> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    if declared_length(req.headers()).is_some_and(|n| n > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let mut body = std::mem::replace(req.body_mut(), body::empty());

@@ -84,6 +84,14 @@ pub enum EgressError {
 /// tunnel's check and its dials see one answer; short enough to follow real changes.
 const RESOLVE_CACHE_TTL: Duration = Duration::from_secs(30);
 
+/// The cache of lookups, each answer kept `ttl`.
+fn resolve_cache(ttl: Duration) -> moka::future::Cache<String, Arc<Vec<IpAddr>>> {
+    moka::future::Cache::builder()
+        .max_capacity(10_000)
+        .time_to_live(ttl)
+        .build()
+}
+
 /// The guard itself.
 pub struct Guard {
     resolver: Arc<dyn Resolve>,
@@ -125,10 +133,7 @@ impl Guard {
             static_map,
             allow_private,
             own: RwLock::new(Vec::new()),
-            cache: moka::future::Cache::builder()
-                .max_capacity(10_000)
-                .time_to_live(RESOLVE_CACHE_TTL)
-                .build(),
+            cache: resolve_cache(RESOLVE_CACHE_TTL),
             connect_timeout,
         }
     }
@@ -137,10 +142,7 @@ impl Guard {
     /// milliseconds, not [`RESOLVE_CACHE_TTL`]).
     #[cfg(test)]
     fn with_cache_ttl(mut self, ttl: Duration) -> Self {
-        self.cache = moka::future::Cache::builder()
-            .max_capacity(10_000)
-            .time_to_live(ttl)
-            .build();
+        self.cache = resolve_cache(ttl);
         self
     }
 

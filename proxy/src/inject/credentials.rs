@@ -22,15 +22,14 @@
 //! known, requests ask for identity encoding and whole (not ranged) responses.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use base64::Engine;
 use http::header::{AUTHORIZATION, COOKIE, IF_RANGE, RANGE};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
-use ostiary_broker::{Broker, Held, Injection, Material, MintFor, Secret, SourceSpec};
+use ostiary_broker::{Binding, Broker, Held, Injection, Material, MintFor, Secret, SourceSpec};
 
 use super::body_guard::{BodyGuard, Tripped};
 use super::known::{self, KnownSecrets};
@@ -54,9 +53,9 @@ pub struct Credentials {
     cache_hits: HashMap<String, Counter>,
     /// Placeholders in streamed request bodies.
     body_guard: BodyGuard,
-    /// Some lasting credential could not be read yet ([`Credentials::learn_lasting`]):
-    /// the reaper tries again.
-    lasting_pending: AtomicBool,
+    /// The lasting credentials not read yet ([`Credentials::learn_lasting`]), which the
+    /// reaper tries again; `None` before the first try.
+    lasting_unread: Mutex<Option<Vec<String>>>,
 }
 
 /// What was injected into one request.
@@ -121,7 +120,7 @@ impl Credentials {
             broker,
             cache_hits,
             known: Arc::default(),
-            lasting_pending: AtomicBool::new(true),
+            lasting_unread: Mutex::new(None),
         }
     }
 
@@ -295,17 +294,25 @@ impl Credentials {
     /// `vault_kv`), read from their sources now, so that answers are scrubbed of them
     /// before this process injected any ([`KnownSecrets::learn_lasting`]). One that cannot
     /// be read (Vault not connected yet, a name missing from the file) is tried again at
-    /// the reaper's next round, until all were read. Returns how many could not be.
+    /// the reaper's next round, alone: those read are not read again. Returns how many
+    /// could not be read.
     pub async fn learn_lasting(&self) -> usize {
-        if !self.lasting_pending.load(Ordering::Relaxed) {
-            return 0;
-        }
+        let due: Vec<Arc<Binding>> = {
+            let unread = self
+                .lasting_unread
+                .lock()
+                .expect("lasting credentials poisoned");
+            self.broker
+                .bindings()
+                .iter()
+                .filter(|b| matches!(b.source, SourceSpec::File(_) | SourceSpec::VaultKv(_)))
+                .filter(|b| unread.as_ref().is_none_or(|names| names.contains(&b.name)))
+                .cloned()
+                .collect()
+        };
         let mut values = Vec::new();
-        let mut unread = 0;
-        for binding in self.broker.bindings() {
-            if !matches!(binding.source, SourceSpec::File(_) | SourceSpec::VaultKv(_)) {
-                continue;
-            }
+        let mut unread = Vec::new();
+        for binding in due {
             match self.broker.static_secret(&binding.name).await {
                 Ok(secret) => values.extend(known::values_from(
                     &binding.inject,
@@ -313,23 +320,31 @@ impl Credentials {
                     vec![secret],
                 )),
                 Err(e) => {
-                    unread += 1;
                     tracing::debug!(credential = %binding.name, error = %e,
                         "a lasting credential could not be read to be scrubbed; tried again");
+                    unread.push(binding.name.clone());
                 }
             }
         }
         if !values.is_empty() {
             // Compiling takes milliseconds per value: not on a runtime worker.
             let known = self.known.clone();
-            let learned = tokio::task::spawn_blocking(move || known.learn_lasting(values)).await;
-            if let Err(e) = learned {
+            if let Err(e) = tokio::task::spawn_blocking(move || known.learn_lasting(values)).await {
                 tracing::error!(error = %e, "learning the lasting credentials failed");
-                return unread + 1;
+                // Nothing was learned: every one is tried again.
+                *self
+                    .lasting_unread
+                    .lock()
+                    .expect("lasting credentials poisoned") = None;
+                return usize::MAX;
             }
         }
-        self.lasting_pending.store(unread > 0, Ordering::Relaxed);
-        unread
+        let count = unread.len();
+        *self
+            .lasting_unread
+            .lock()
+            .expect("lasting credentials poisoned") = Some(unread);
+        count
     }
 }
 

@@ -15,14 +15,14 @@ mod watch;
 
 use std::sync::{Arc, OnceLock};
 
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::Request;
 use serde_json::{Map, Value};
 
 use crate::body::{self, ProxyBody};
 use crate::classify::Target;
 use crate::error::ProxyError;
-use crate::recognise::{read_body, serves_tools};
+use crate::recognise::{declared_length, read_body, serves_tools};
 use ostiary_policies::Catalog;
 
 pub use form::FormKeys;
@@ -149,10 +149,7 @@ pub(crate) async fn refuse_in_body(
     if !(readings.untyped_form || readings.multipart) {
         return Ok(None);
     }
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = declared_length(req.headers());
     let body = std::mem::replace(req.body_mut(), body::empty());
     let (body, finding) = watch::watched(body, declared, readings.untyped_form, readings.multipart);
     *req.body_mut() = body;

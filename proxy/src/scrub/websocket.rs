@@ -116,7 +116,7 @@ impl FrameScrubber {
 
     /// A frame's head is whole: check it and start reading its payload.
     fn begin_frame(&mut self, out: &mut Vec<u8>) -> Result<(), FrameError> {
-        let head = std::mem::take(&mut self.head);
+        let head = &self.head;
         let (fin, opcode) = (head[0] & 0x80 != 0, head[0] & 0x0f);
         if head[0] & 0x70 != 0 {
             return Err(FrameError::Reserved);
@@ -150,9 +150,8 @@ impl FrameScrubber {
         };
         if control.is_none() && self.message.as_ref().is_some_and(|m| m.scrub.is_none()) {
             // Passed as it came: the head now, the payload as it arrives.
-            out.extend_from_slice(&head);
+            out.extend_from_slice(head);
         }
-        self.head = head;
         self.head.clear();
         self.frame = Some(Frame {
             fin,
